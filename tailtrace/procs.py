@@ -1,0 +1,115 @@
+"""Child-process plumbing shared by `serve`, `demo` and the tests: start in its own process
+group, wait until an HTTP endpoint answers, stop the whole group with no orphan left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tailtrace.errors import UserError
+
+__all__ = ["check_port_free", "start_process", "stop_process", "wait_http", "free_port"]
+
+
+def check_port_free(host: str, port: int, what: str) -> None:
+    """Raise `UserError` when something already listens on host:port.
+
+    `what` names the server that wanted the port, for the message.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise UserError(f"port {host}:{port} for the {what} is in use; pick another with its --port flag") from None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that was free on `host` a moment ago (for tests and the demo)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None = None) -> subprocess.Popen:
+    """Start `cmd` in a new session (its own process group) so that `stop_process` can end
+    it and every process it forks. Output goes to `log_path` (appended) or is inherited."""
+    out = open(log_path, "ab") if log_path else None
+    try:
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+    finally:
+        if out:
+            out.close()
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:
+    """SIGTERM the process group of `proc`, wait up to `timeout_s`, then SIGKILL the group.
+
+    Safe to call twice and on a process that already exited. Returns the exit status.
+    """
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = None
+    if pgid is not None and proc.poll() is None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    # Children (vLLM's EngineCore, workers) may outlive the leader: always sweep the group.
+    if pgid is not None:
+        deadline = time.monotonic() + 5.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, signal.SIGTERM if time.monotonic() < deadline - 3 else signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
+    """Poll `url` until it answers 2xx. Raise `UserError` if `proc` dies or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise UserError(f"the {what} exited with status {proc.returncode} before it answered at {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if 200 <= resp.status < 300:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.5)
+    raise UserError(f"the {what} did not answer at {url} within {timeout_s:.0f} s")

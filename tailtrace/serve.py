@@ -111,7 +111,8 @@ def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> 
     return cmd + list(cfg.extra_args)
 
 
-def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float = 900.0) -> subprocess.Popen:
+def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float = 900.0,
+               announce: bool = False) -> subprocess.Popen:
     """Start the (instrumented) vLLM server and return once `/v1/models` answers.
 
     Raises `UserError` when vLLM is missing, the port is taken, the model path is bad, or the
@@ -123,6 +124,9 @@ def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float 
     model_path, served = resolve_model(cfg.model)
     check_port_free(cfg.host, cfg.port, "vLLM server")
     proc = start_process(vllm_command(cfg, model_path, served), log_path, env=vllm_env(cfg))
+    if announce:
+        print(f"starting vLLM ({cfg.model}) on http://{cfg.host}:{cfg.port} (about a minute on CPU) ...",
+              file=sys.stderr, flush=True)
     try:
         wait_http(f"http://{cfg.host}:{cfg.port}/v1/models", timeout_s, proc, what="vLLM server")
     except UserError as exc:
@@ -153,8 +157,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     proc = None
     sampler = None
     try:
-        print(f"starting vLLM ({cfg.model}) on http://{cfg.host}:{cfg.port} ...", file=sys.stderr, flush=True)
-        proc = start_vllm(cfg)
+        proc = start_vllm(cfg, announce=True)
         if cfg.instrument and not args.no_sampler:
             sampler = _start_sampler(cfg.otlp_endpoint)
         print(f"vLLM OpenAI API: http://{cfg.host}:{cfg.port}/v1", flush=True)

@@ -1,0 +1,103 @@
+"""Foundation: the tiny model, `tailtrace serve`'s lifecycle and its bad-input errors."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tailtrace.cli import main
+from tailtrace.model import TINY, build_tiny_model
+from tailtrace.procs import free_port
+
+
+def _digest(d: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def test_tiny_model_is_byte_identical_across_builds(tmp_path):
+    a = build_tiny_model(tmp_path / "a")
+    b = build_tiny_model(tmp_path / "b")
+    da, db = _digest(a), _digest(b)
+    assert set(da) == {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert da == db
+
+
+def test_tiny_model_shape_fits_the_cpu_kernels_and_the_traces(tmp_path):
+    import json
+
+    from safetensors.numpy import load_file
+
+    d = build_tiny_model(tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["head_dim"] == cfg["hidden_size"] // cfg["num_attention_heads"] >= 64
+    assert cfg["max_position_embeddings"] >= 16384
+    w = load_file(str(d / "model.safetensors"))
+    assert w["model.embed_tokens.weight"].shape == (TINY["vocab_size"], TINY["hidden_size"])
+    assert w["model.layers.1.mlp.down_proj.weight"].shape == (TINY["hidden_size"], TINY["intermediate_size"])
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    assert tok.get_vocab_size() == TINY["vocab_size"]
+    text = "queue time vs service time"
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_serve_rejects_a_missing_model_path(capsys, tmp_path):
+    assert main(["serve", "--model", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not exist" in err
+
+
+def test_serve_rejects_a_port_in_use(capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "in use" in err and str(port) in err
+
+
+def test_serve_without_vllm_says_how_to_install(capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["serve"]) == 2
+    assert "vLLM is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_serve_stops_with_no_process_left_behind(tiny_model_dir, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "serve.log", "wb")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tailtrace", "serve", "--model", str(tiny_model_dir), "--port", str(port),
+         "--otlp-endpoint", f"http://127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline().decode()
+        assert f"http://127.0.0.1:{port}/v1" in line
+        children = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children if c.is_running())
+        assert "vllm" in names and len(children) >= 2  # API server + EngineCore (+ worker)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
+        assert time.monotonic() - started < 90
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

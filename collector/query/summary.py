@@ -1,0 +1,128 @@
+"""The tail report over a store: exact per-phase percentiles, who holds the tail (queue vs
+service), the batch-size distribution and the slowest requests with the layer that held them.
+
+Every function takes `query(sql, params) -> list of rows` (the collector's `/api/sql`, or a
+DuckDB connection wrapped the same way), so the report reads the same from a live collector or
+a saved file. Percentiles are exact: DuckDB `quantile_cont` over raw rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+__all__ = ["PHASES", "LAYER_OF_PHASE", "phase_percentiles", "tail_share", "batch_size_distribution",
+           "slowest_requests", "layer_of"]
+
+Query = Callable[[str, Sequence | None], list]
+
+# (label, requests column) in the order a request lives them.
+PHASES: list[tuple[str, str]] = [
+    ("client E2E", "client_e2e_ms"),
+    ("client TTFT", "client_ttft_ms"),
+    ("network", "network_ms"),
+    ("gateway", "gateway_ms"),
+    ("gateway queue", "gateway_queue_ms"),
+    ("frontend", "frontend_ms"),
+    ("engine queue", "queue_ms"),
+    ("preempted", "preempted_ms"),
+    ("prefill", "prefill_ms"),
+    ("decode", "decode_ms"),
+    ("engine E2E", "e2e_ms"),
+    ("engine TTFT", "ttft_ms"),
+    ("TPOT", "tpot_ms"),
+    ("unattributed", "unattributed_ms"),
+]
+
+# DESIGN.md's four layers; each phase column belongs to one.
+LAYER_OF_PHASE = {
+    "network_ms": "gateway and infrastructure",
+    "gateway_ms": "gateway and infrastructure",
+    "gateway_queue_ms": "gateway and infrastructure",
+    "frontend_ms": "gateway and infrastructure",
+    "queue_ms": "engine scheduling",
+    "preempted_ms": "engine scheduling",
+    "prefill_ms": "compute and hardware",
+    "decode_ms": "compute and hardware",
+}
+_HOLDING_PHASES = list(LAYER_OF_PHASE)
+_OUTER = "coalesce(client_e2e_ms, e2e_ms)"
+
+
+def _where(run_id: str | None) -> tuple[str, list]:
+    return ("WHERE run_id = ?", [run_id]) if run_id else ("", [])
+
+
+def phase_percentiles(query: Query, run_id: str | None = None) -> list[dict]:
+    """Per phase: label, column, n (non-NULL rows), p50, p90, p99, p999 (ms, exact)."""
+    where, params = _where(run_id)
+    parts = []
+    for _, col in PHASES:
+        parts.append(f"count({col}), quantile_cont({col}, 0.5), quantile_cont({col}, 0.9), "
+                     f"quantile_cont({col}, 0.99), quantile_cont({col}, 0.999)")
+    row = query(f"SELECT {', '.join(parts)} FROM requests {where}", params)[0]
+    out = []
+    for i, (label, col) in enumerate(PHASES):
+        n, p50, p90, p99, p999 = row[5 * i: 5 * i + 5]
+        out.append({"phase": label, "column": col, "n": n, "p50": p50, "p90": p90, "p99": p99, "p999": p999})
+    return out
+
+
+def tail_share(query: Query, run_id: str | None = None, quantile: float = 0.99) -> dict:
+    """For the requests at or above the `quantile` of outermost E2E: how their time splits into
+    queue time (gateway queue + engine queue + preempted), service time (prefill + decode) and
+    the rest (network, gateway, frontend, unattributed). Shares are fractions of their summed E2E."""
+    where, params = _where(run_id)
+    cond = f"{_OUTER} >= (SELECT quantile_cont({_OUTER}, ?) FROM requests {where})"
+    full_where = f"{where} {'AND' if where else 'WHERE'} {cond}"
+    row = query(
+        f"""SELECT count(*), sum({_OUTER}), sum(coalesce(queue_time_ms, 0)), sum(coalesce(service_time_ms, 0)),
+                   min({_OUTER})
+            FROM requests {full_where}""", params + [quantile] + params)[0]
+    n, total, queue, service, threshold = row
+    total = total or 0.0
+    other = max(0.0, total - (queue or 0) - (service or 0))
+    share = (lambda x: (x or 0) / total if total else None)
+    return {"quantile": quantile, "n": n, "threshold_ms": threshold, "queue_share": share(queue),
+            "service_share": share(service), "other_share": share(other)}
+
+
+def batch_size_distribution(query: Query, since_sql: str | None = None) -> dict:
+    """Batch size per engine step: percentiles and a histogram [(lo, hi, steps)], and the batch
+    size as seen by each output token (decode_steps). `since_sql` optionally restricts
+    engine_steps.time (e.g. "time >= TIMESTAMP '...'")."""
+    where = f"WHERE batch_size > 0 {('AND ' + since_sql) if since_sql else ''}"
+    p = query(f"""SELECT count(*), quantile_cont(batch_size, 0.5), quantile_cont(batch_size, 0.9),
+                         quantile_cont(batch_size, 0.99), max(batch_size), avg(batch_size)
+                  FROM engine_steps {where}""", None)[0]
+    hist = query(f"""SELECT CAST(pow(2, floor(log2(batch_size))) AS INT) AS lo, count(*)
+                     FROM engine_steps {where} GROUP BY lo ORDER BY lo""", None)
+    tok = query("SELECT quantile_cont(batch_size, 0.5), quantile_cont(batch_size, 0.99) FROM decode_steps", None)[0]
+    return {"steps": p[0], "p50": p[1], "p90": p[2], "p99": p[3], "max": p[4], "mean": p[5],
+            "histogram": [(lo, 2 * lo - 1, n) for lo, n in hist],
+            "per_token_p50": tok[0], "per_token_p99": tok[1]}
+
+
+def layer_of(row: dict, long_prompt_tokens: float | None = None) -> tuple[str, str]:
+    """(phase column, layer) holding most of a request's time. A request whose prefill holds it
+    and whose prompt is longer than `long_prompt_tokens` (the P90 of prompts) is put down to
+    request shape rather than compute."""
+    best = max(_HOLDING_PHASES, key=lambda c: row.get(c) or 0.0)
+    layer = LAYER_OF_PHASE[best]
+    if best == "prefill_ms" and long_prompt_tokens and (row.get("prompt_tokens") or 0) > long_prompt_tokens:
+        layer = "request shape"
+    return best, layer
+
+
+def slowest_requests(query: Query, run_id: str | None = None, limit: int = 5) -> list[dict]:
+    """The `limit` slowest requests by outermost E2E, each with its phases and the layer that held it."""
+    where, params = _where(run_id)
+    cols = ["trace_id", "request_id", "prompt_tokens", "output_tokens", "client_e2e_ms", "e2e_ms", *_HOLDING_PHASES]
+    rows = query(f"SELECT {', '.join(cols)} FROM requests {where} ORDER BY {_OUTER} DESC NULLS LAST LIMIT ?",
+                 params + [limit])
+    p90 = query(f"SELECT quantile_cont(prompt_tokens, 0.9) FROM requests {where}", params)[0][0]
+    out = []
+    for r in rows:
+        d = dict(zip(cols, r))
+        d["holding_phase"], d["layer"] = layer_of(d, p90)
+        out.append(d)
+    return out

@@ -1,0 +1,322 @@
+"""`tailtrace demo`: the main job, end to end, on a real trace.
+
+It starts the collector, the instrumented vLLM (the tiny model on CPU by default), the device
+sampler and the gateway; replays a window of a real trace through the gateway, open loop; prints
+the tail report (per-phase P50/P90/P99/P999, queue vs service share of the tail, batch sizes, the
+slowest requests and the layer that held them); and stops everything, leaving the DuckDB file.
+
+Default speed: the tiny model on one CPU core serves the Azure conversation trace at real time
+with almost no queueing (its batches stay small), so the demo plays it 4x faster: that takes the
+engine past its knee and the queue, batch growth and tail appear, as they do under real traffic
+(see docs/operations.md for the measurement behind the choice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tailtrace.errors import UserError
+from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
+
+__all__ = ["DemoConfig", "run_demo", "register"]
+
+DEFAULT_SPEED = 4.0
+DEFAULT_DURATION_S = 180.0
+MIN_FREE_MEMORY_GIB = 4.0
+
+
+@dataclass
+class DemoConfig:
+    """What `tailtrace demo` runs. Ports are DESIGN.md's defaults; `out_dir` holds the store,
+    the logs and the replay's per-request results."""
+
+    trace: str = "azure-conv"
+    duration_s: float = DEFAULT_DURATION_S
+    speed: float = DEFAULT_SPEED
+    start_s: float = 0.0
+    model: str = "tiny"
+    out_dir: Path = Path(".tailtrace/demo")
+    host: str = "127.0.0.1"
+    vllm_port: int = 8000
+    gateway_port: int = 8080
+    otlp_port: int = 4318
+    api_port: int = 9464
+    dashboard_port: int = 8501
+    dashboard: bool = False
+    decode_spans: str = "tail"
+    progress: bool = True
+    vllm_args: list[str] = field(default_factory=list)
+
+
+class _Stack:
+    """The processes of one demo, stopped upstream first (load, gateway, engine, then the
+    collector, which flushes last). Safe to stop twice."""
+
+    def __init__(self) -> None:
+        self.procs: list[tuple[str, object]] = []
+        self.sampler = None
+
+    def add(self, name: str, proc) -> None:
+        self.procs.append((name, proc))
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            try:
+                self.sampler.stop()
+            finally:
+                self.sampler = None
+        while self.procs:
+            name, proc = self.procs.pop()
+            stop_process(proc, timeout_s=30 if name == "collector" else 20)
+
+
+def _preflight(cfg: DemoConfig) -> None:
+    import psutil
+
+    from tailtrace.serve import require_vllm
+
+    require_vllm()
+    avail = psutil.virtual_memory().available / 2**30
+    if avail < MIN_FREE_MEMORY_GIB:
+        raise UserError(f"too little memory: {avail:.1f} GiB available, the demo needs {MIN_FREE_MEMORY_GIB:.0f} GiB "
+                        "(vLLM's KV cache, the collector and the replay)")
+    for what, port, flag in (("vLLM server", cfg.vllm_port, "--vllm-port"), ("gateway", cfg.gateway_port, "--gateway-port"),
+                             ("collector OTLP receiver", cfg.otlp_port, "--otlp-port"),
+                             ("collector API", cfg.api_port, "--api-port")):
+        try:
+            check_port_free(cfg.host, port, what)
+        except UserError:
+            raise UserError(f"port {cfg.host}:{port} for the {what} is in use; stop what holds it or pass {flag}") from None
+    if cfg.dashboard:
+        check_port_free(cfg.host, cfg.dashboard_port, "dashboard")
+
+
+def _tailtrace(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tailtrace", *args]
+
+
+def run_demo(cfg: DemoConfig, console=None) -> dict:
+    """Run the demo; return {"db": path, "run_id": ..., "requests": n, "replay": ReplayResult}.
+
+    Raises `UserError` for a port in use, vLLM missing, too little memory, or a part that does
+    not start (its log is named)."""
+    from rich.console import Console
+
+    from tailtrace.serve import ServeConfig, start_vllm
+
+    console = console or Console(stderr=True)
+    _preflight(cfg)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "tailtrace.duckdb"
+    for stale in (db, Path(f"{db}.wal")):
+        stale.unlink(missing_ok=True)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    otlp = f"http://{cfg.host}:{cfg.otlp_port}"
+    api = f"http://{cfg.host}:{cfg.api_port}"
+    vllm_url = f"http://{cfg.host}:{cfg.vllm_port}"
+    gw_url = f"http://{cfg.host}:{cfg.gateway_port}"
+    stack = _Stack()
+    try:
+        console.print(f"[bold]collector[/] {otlp} (OTLP), {api} (SQL API) → {db}")
+        coll = start_process(_tailtrace("collect", "--db", str(db), "--host", cfg.host, "--otlp-port", str(cfg.otlp_port),
+                                        "--api-port", str(cfg.api_port), "--scrape", f"{vllm_url}/metrics"),
+                             logs / "collector.log")
+        stack.add("collector", coll)
+        wait_http(f"{api}/healthz", 60, coll, what=f"collector (log: {logs / 'collector.log'})")
+
+        console.print(f"[bold]vLLM[/] ({cfg.model}) {vllm_url} — starting, about a minute on CPU")
+        t0 = time.monotonic()
+        vllm = start_vllm(ServeConfig(model=cfg.model, host=cfg.host, port=cfg.vllm_port, otlp_endpoint=otlp,
+                                      decode_spans=cfg.decode_spans, extra_args=cfg.vllm_args),
+                          log_path=logs / "vllm.log")
+        stack.add("vllm", vllm)
+        console.print(f"  vLLM answered after {time.monotonic() - t0:.0f} s")
+        stack.sampler = _start_sampler(otlp)
+
+        gw = start_process(_tailtrace("gateway", "--upstream", vllm_url, "--host", cfg.host, "--port", str(cfg.gateway_port),
+                                      "--otlp-endpoint", otlp), logs / "gateway.log")
+        stack.add("gateway", gw)
+        wait_http(f"{gw_url}/v1/models", 60, gw, what=f"gateway (log: {logs / 'gateway.log'})")
+        console.print(f"[bold]gateway[/] {gw_url} → {vllm_url}")
+
+        result = _replay(cfg, gw_url, otlp, console)
+        result.write(out / f"{result.run_id}.json")
+        n = _wait_for_store(api, result.run_id, len(result.records))
+        report = _report(api, result.run_id)
+        _print_report(console, report, cfg, result, n)
+        console.print(f"\nDuckDB store: [bold]{db}[/]   (query it: tailtrace sql --db {db} \"SELECT * FROM requests\")")
+    finally:
+        stack.stop()
+    if cfg.dashboard:
+        _serve_dashboard(cfg, db, console)
+    return {"db": db, "run_id": result.run_id, "requests": n, "replay": result, "report": report}
+
+
+def _start_sampler(otlp: str):
+    try:
+        from instrument.device.sampler import DeviceSampler
+    except ImportError:
+        return None
+    sampler = DeviceSampler(interval_s=0.1, endpoint=otlp)
+    sampler.start()
+    return sampler
+
+
+def _replay(cfg: DemoConfig, target: str, otlp: str, console):
+    from loadgen.replay import ReplayConfig, new_run_id, run_replay
+
+    run_id = new_run_id("demo")
+    console.print(f"[bold]replay[/] {cfg.trace}: {cfg.duration_s:.0f} s of schedule at {cfg.speed:g}x, open loop, "
+                  f"through the gateway (run {run_id})")
+    return run_replay(ReplayConfig(trace=cfg.trace, target=target, speed=cfg.speed, duration_s=cfg.duration_s,
+                                   start_s=cfg.start_s, otlp_endpoint=otlp, run_id=run_id, progress=cfg.progress))
+
+
+def _sql(api: str, query: str, params=None) -> list:
+    import httpx
+
+    r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, timeout=60)
+    if r.status_code != 200:
+        raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
+    return r.json()["rows"]
+
+
+def _wait_for_store(api: str, run_id: str, expected: int, timeout_s: float = 30.0) -> int:
+    """Wait until the store holds every request of the run (spans are exported in batches)."""
+    deadline = time.monotonic() + timeout_s
+    last, stable_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = _sql(api, "SELECT count(*) FROM requests WHERE run_id = ? AND e2e_ms IS NOT NULL", [run_id])[0][0]
+        if n >= expected:
+            return n
+        if n != last:
+            last, stable_since = n, time.monotonic()
+        elif time.monotonic() - stable_since > 8:
+            return n
+        time.sleep(0.5)
+    return last
+
+
+def _report(api: str, run_id: str) -> dict:
+    from collector.query import summary
+
+    def q(sql, params=None):
+        return _sql(api, sql, params)
+
+    return {
+        "phases": summary.phase_percentiles(q, run_id),
+        "tail": summary.tail_share(q, run_id),
+        "batch": summary.batch_size_distribution(q),
+        "slowest": summary.slowest_requests(q, run_id),
+        "complete": q("""SELECT count(*), count(*) FILTER (WHERE client_e2e_ms IS NOT NULL AND network_ms IS NOT NULL
+                            AND gateway_ms IS NOT NULL AND frontend_ms IS NOT NULL AND queue_ms IS NOT NULL
+                            AND prefill_ms IS NOT NULL AND decode_ms IS NOT NULL),
+                            count(*) FILTER (WHERE abs(unattributed_ms) < 5)
+                         FROM requests WHERE run_id = ?""", [run_id])[0],
+    }
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f}"
+
+
+def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:
+    from rich.table import Table
+
+    s = result.summary
+    total, complete, attributed = report["complete"]
+    console.print()
+    console.print(f"[bold]{len(result.records)} requests[/] sent ({s.to_dict().get('errors_total', 0)} errors), "
+                  f"{n} in the store; {complete}/{total} with every layer measured, "
+                  f"{attributed}/{total} with |unattributed| < 5 ms")
+    t = Table(title="Latency per phase (ms, exact percentiles over every request)")
+    for col in ("phase", "n", "P50", "P90", "P99", "P999"):
+        t.add_column(col, justify="right" if col != "phase" else "left")
+    for p in report["phases"]:
+        if p["n"]:
+            t.add_row(p["phase"], str(p["n"]), _fmt(p["p50"]), _fmt(p["p90"]), _fmt(p["p99"]), _fmt(p["p999"]))
+    console.print(t)
+    tail = report["tail"]
+    if tail["n"]:
+        console.print(
+            f"Tail (the {tail['n']} requests at or above P99 E2E, {_fmt(tail['threshold_ms'])} ms): "
+            f"[bold]queue time {100 * (tail['queue_share'] or 0):.0f}%[/], service time (prefill + decode) "
+            f"{100 * (tail['service_share'] or 0):.0f}%, network/gateway/frontend {100 * (tail['other_share'] or 0):.0f}%")
+    b = report["batch"]
+    if b["steps"]:
+        hist = "  ".join(f"{lo}-{hi}: {k}" for lo, hi, k in b["histogram"])
+        console.print(f"Batch size per engine step ({b['steps']} steps): P50 {b['p50']:.0f}, P90 {b['p90']:.0f}, "
+                      f"P99 {b['p99']:.0f}, max {b['max']}   [{hist}]")
+        console.print(f"Batch size as seen by each output token: P50 {b['per_token_p50']:.0f}, P99 {b['per_token_p99']:.0f}")
+    t = Table(title="Slowest requests and the layer that held them")
+    for col in ("trace_id", "prompt", "output", "client E2E", "engine queue", "prefill", "decode", "held by"):
+        t.add_column(col)
+    for r in report["slowest"]:
+        t.add_row(r["trace_id"][:16], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["client_e2e_ms"]),
+                  _fmt(r["queue_ms"]), _fmt(r["prefill_ms"]), _fmt(r["decode_ms"]),
+                  f"{r['layer']} ({r['holding_phase'].removesuffix('_ms')})")
+    console.print(t)
+
+
+def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
+    proc = start_process(_tailtrace("dashboard", "--db", str(db), "--host", cfg.host, "--port", str(cfg.dashboard_port)),
+                         Path(cfg.out_dir) / "logs" / "dashboard.log")
+    try:
+        wait_http(f"http://{cfg.host}:{cfg.dashboard_port}/_stcore/health", 60, proc, what="dashboard")
+        console.print(f"[bold]dashboard[/] http://{cfg.host}:{cfg.dashboard_port}  (Ctrl-C to stop)")
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_process(proc)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    if args.duration <= 0 or args.speed <= 0:
+        raise UserError("--duration and --speed must be positive")
+    cfg = DemoConfig(trace=args.trace, duration_s=args.duration, speed=args.speed, start_s=args.start, model=args.model,
+                     out_dir=Path(args.out), host=args.host, vllm_port=args.vllm_port, gateway_port=args.gateway_port,
+                     otlp_port=args.otlp_port, api_port=args.api_port, dashboard_port=args.dashboard_port,
+                     dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress)
+
+    def _on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_term)
+    try:
+        run_demo(cfg)
+    except KeyboardInterrupt:
+        print("tailtrace demo: interrupted; every process stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+def register(sub) -> None:
+    """Register `tailtrace demo`."""
+    p = sub.add_parser("demo", help="the main job: serve, trace and replay a real trace, then explain the tail")
+    p.add_argument("--trace", default="azure-conv", help="azure-conv (default), mooncake-conv or a CSV path")
+    p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="seconds of schedule replayed (default 180)")
+    p.add_argument("--speed", type=float, default=DEFAULT_SPEED, help=f"replay speed (default {DEFAULT_SPEED:g}x)")
+    p.add_argument("--start", type=float, default=0.0, help="offset into the trace, s")
+    p.add_argument("--model", default="tiny", help="tiny (CPU default), or a model path / hub name on a GPU host")
+    p.add_argument("--out", default=os.environ.get("TAILTRACE_DEMO_DIR", ".tailtrace/demo"), help="store and logs folder")
+    p.add_argument("--dashboard", action="store_true", help="keep the dashboard up on the result")
+    p.add_argument("--decode-spans", default="tail", choices=("full", "tail", "off"))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--vllm-port", type=int, default=8000)
+    p.add_argument("--gateway-port", type=int, default=8080)
+    p.add_argument("--otlp-port", type=int, default=4318)
+    p.add_argument("--api-port", type=int, default=9464)
+    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+    p.set_defaults(func=_cmd_demo)

@@ -36,7 +36,7 @@ class ServeConfig:
     otlp_endpoint: str | None = None
     decode_spans: str = "tail"
     instrument: bool = True
-    kv_cache_gib: float | None = None
+    kv_cache_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -82,7 +82,7 @@ def vllm_env(cfg: ServeConfig, base: dict | None = None) -> dict:
     else:
         env.pop("TAILTRACE_VLLM", None)
     if cfg.kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_gib))
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     # On a small CPU host leave one core to the collector, gateway and load generator: vLLM
     # binds its OpenMP threads to the cores it is given (measured in docs/operations.md).

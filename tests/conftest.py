@@ -51,7 +51,7 @@ def session_collector(tmp_path_factory):
 
 
 def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
-                    kv_cache_gib: float = 1.0, instrument: bool = True, env: dict | None = None):
+                    kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
     """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
     from tailtrace.serve import ServeConfig, start_vllm
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-__all__ = ["PHASES", "LAYER_OF_PHASE", "phase_percentiles", "tail_share", "batch_size_distribution",
-           "slowest_requests", "layer_of"]
+__all__ = [
+    "LAYER_OF_PHASE",
+    "PHASES",
+    "batch_size_distribution",
+    "layer_of",
+    "phase_percentiles",
+    "slowest_requests",
+    "tail_share",
+]
 
 Query = Callable[[str, Sequence | None], list]
 

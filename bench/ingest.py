@@ -1,0 +1,270 @@
+"""Ingest benchmark: OTLP/HTTP protobuf batches of 512 realistic LLM spans, sustained into the
+collector's DuckDB file, beside the limit of this machine (protobuf decoding alone of the same
+payloads), measured in one run.
+
+    .venv/bin/python bench/ingest.py [--quick] [--seconds 15] [--senders 6]
+
+It starts the real `tailtrace collect` (subprocess, free ports, a temporary file), sends
+pre-serialized payloads from a separate process with keep-alive connections, counts the rows
+committed in DuckDB (spans + engine_steps) over the timed window, and prints:
+  spans/s stored, decode-only spans/s (ExportTraceServiceRequest.FromString, one core),
+  and their ratio. Goal (issue 3): >= 100,000 spans/s and >= 50 % of the decode-only limit.
+
+A request mixes the spans of one LLM request through every layer: client.request, the gateway's
+server span, gateway.admission, gateway.upstream, gateway.stream, llm.request (with the compact
+per-token arrays for 64 output tokens), llm.frontend x2, llm.queue, llm.prefill, llm.decode,
+3 llm.decode.step (tail mode) and 2 llm.engine.step -> 16 spans; 32 requests per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BATCH_SPANS = 512
+SPANS_PER_REQUEST = 16
+T0 = 1_760_000_000 * 10**9
+
+
+def _kv(span, key, value):
+    kv = span.attributes.add()
+    kv.key = key
+    v = kv.value
+    if isinstance(value, bool):
+        v.bool_value = value
+    elif isinstance(value, int):
+        v.int_value = value
+    elif isinstance(value, float):
+        v.double_value = value
+    elif isinstance(value, str):
+        v.string_value = value
+    elif isinstance(value, list):
+        for x in value:
+            e = v.array_value.values.add()
+            if isinstance(x, float):
+                e.double_value = x
+            else:
+                e.int_value = x
+
+
+def make_template(seed: int = 1) -> tuple[bytes, list[bytes]]:
+    """One ExportTraceServiceRequest of BATCH_SPANS spans (serialized) and its trace ids."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from instrument import semconv as sc
+
+    rnd = random.Random(seed)
+    req = ExportTraceServiceRequest()
+    layers = {}
+    for svc in ("loadgen", "gateway", "vllm"):
+        rs = req.resource_spans.add()
+        for k, v in (("service.name", svc), ("host.name", "bench-host"), ("process.pid", 4242)):
+            kv = rs.resource.attributes.add()
+            kv.key = k
+            if isinstance(v, int):
+                kv.value.int_value = v
+            else:
+                kv.value.string_value = v
+        ss = rs.scope_spans.add()
+        ss.scope.name = f"tailtrace.{svc}"
+        layers[svc] = ss
+    tids = []
+    n_req = BATCH_SPANS // SPANS_PER_REQUEST
+    for r in range(n_req):
+        tid = b"\x7b" * 8 + r.to_bytes(8, "big")
+        tids.append(tid)
+        start = T0 + r * 50_000_000
+        out_tokens = 64
+        sid = iter(rnd.getrandbits(64).to_bytes(8, "big") for _ in range(100))
+
+        def span(layer, name, phase, s, e, parent=b"", kind=trace_pb2.Span.SPAN_KIND_INTERNAL, **attrs):
+            sp = layers[layer].spans.add()
+            sp.trace_id = tid  # noqa: B023 - called in this iteration
+            sp.span_id = next(sid)  # noqa: B023
+            sp.parent_span_id = parent
+            sp.name = name
+            sp.kind = kind
+            sp.start_time_unix_nano = s
+            sp.end_time_unix_nano = e
+            _kv(sp, sc.PHASE, phase)
+            for k, v in attrs.items():
+                _kv(sp, k, v)
+            return sp.span_id
+
+        model = "tiny-llama"
+        c = span("loadgen", sc.SPAN_CLIENT, sc.PHASE_CLIENT, start, start + 900_000_000,
+                 kind=trace_pb2.Span.SPAN_KIND_CLIENT, **{
+                     sc.RUN_ID: "bench", sc.GEN_AI_REQUEST_MODEL: model, sc.SCHEDULED_TIME: start,
+                     sc.SEND_TIME: start + 40_000, sc.SCHEDULE_LAG_MS: 0.04, sc.CLIENT_TTFT_MS: 120.5,
+                     sc.CLIENT_E2E_MS: 900.0, sc.CLIENT_TPOT_MS: 12.3, sc.CLIENT_QUEUE_MS: 0.0})
+        g = span("gateway", "POST /v1/completions", sc.PHASE_GATEWAY, start + 1_000_000, start + 898_000_000, c,
+                 trace_pb2.Span.SPAN_KIND_SERVER, **{"http.request.method": "POST", "http.route": "/v1/completions",
+                                                     "http.response.status_code": 200, sc.UPSTREAM: "vllm-0"})
+        span("gateway", sc.SPAN_GATEWAY_ADMISSION, sc.PHASE_GATEWAY_QUEUE, start + 1_100_000, start + 3_000_000, g,
+             **{sc.PRIORITY: "interactive", sc.QUEUE_DEPTH_AT_ENTRY: 3})
+        u = span("gateway", sc.SPAN_GATEWAY_UPSTREAM, sc.PHASE_UPSTREAM, start + 3_200_000, start + 896_000_000, g,
+                 trace_pb2.Span.SPAN_KIND_CLIENT, **{sc.UPSTREAM: "vllm-0", "server.address": "127.0.0.1"})
+        span("gateway", sc.SPAN_GATEWAY_STREAM, sc.PHASE_NETWORK, start + 120_000_000, start + 897_000_000, g,
+             **{sc.STREAM_BYTES: 20480, sc.STREAM_CHUNKS: out_tokens})
+        rs_ = start + 4_000_000
+        times = [rs_ + 110_000_000 + i * 12_000_000 for i in range(out_tokens)]
+        rq = span("vllm", sc.SPAN_LLM_REQUEST, sc.PHASE_ENGINE, rs_, start + 895_000_000, u,
+                  trace_pb2.Span.SPAN_KIND_SERVER, **{
+                      sc.REQUEST_ID: f"cmpl-{r}", sc.GEN_AI_REQUEST_MODEL: model, sc.GEN_AI_SYSTEM: "vllm",
+                      sc.GEN_AI_USAGE_INPUT_TOKENS: 1024, sc.GEN_AI_USAGE_OUTPUT_TOKENS: out_tokens,
+                      sc.GEN_AI_REQUEST_MAX_TOKENS: out_tokens, sc.CACHED_TOKENS: 0, sc.PREEMPTIONS: 0,
+                      sc.GEN_AI_LATENCY_TTFT: 0.112, sc.GEN_AI_LATENCY_E2E: 0.891, sc.GEN_AI_LATENCY_QUEUE: 0.002,
+                      sc.STATUS: "ok", sc.DECODE_SPANS_MODE: "tail", sc.STEPS_TIME: times,
+                      sc.STEPS_BATCH_SIZE: [rnd.randint(1, 32) for _ in times],
+                      sc.STEPS_PREFILL_TOKENS: [0] * out_tokens, sc.STEPS_DECODE_TOKENS: [8] * out_tokens,
+                      sc.STEPS_KV_USAGE: [round(rnd.random(), 3) for _ in times]})
+        _kv_list = [(sc.GEN_AI_RESPONSE_FINISH_REASONS, "length")]
+        del _kv_list
+        span("vllm", sc.SPAN_LLM_FRONTEND, sc.PHASE_FRONTEND, rs_, rs_ + 1_000_000, rq)
+        span("vllm", sc.SPAN_LLM_QUEUE, sc.PHASE_QUEUE, rs_ + 1_000_000, rs_ + 3_000_000, rq,
+             **{sc.WAITING_AT_ENTRY: 2})
+        span("vllm", sc.SPAN_LLM_PREFILL, sc.PHASE_PREFILL, rs_ + 3_000_000, rs_ + 110_000_000, rq,
+             **{sc.GEN_AI_USAGE_INPUT_TOKENS: 1024, sc.CACHED_TOKENS: 0, sc.PREEMPTED_MS: 0.0})
+        span("vllm", sc.SPAN_LLM_DECODE, sc.PHASE_DECODE, rs_ + 110_000_000, times[-1], rq,
+             **{sc.GEN_AI_USAGE_OUTPUT_TOKENS: out_tokens, sc.PREEMPTED_MS: 0.0})
+        span("vllm", sc.SPAN_LLM_FRONTEND, sc.PHASE_FRONTEND, times[-1], start + 895_000_000, rq)
+        for i in (1, 2, 3):
+            span("vllm", sc.SPAN_LLM_DECODE_STEP, sc.PHASE_DECODE_STEP, times[i - 1], times[i], rq, **{
+                sc.TOKEN_INDEX: i, sc.ITL_MS: 12.0, sc.BATCH_SIZE: 8, sc.BATCH_PREFILL_TOKENS: 0,
+                sc.BATCH_DECODE_TOKENS: 8, sc.KV_CACHE_USAGE: 0.31})
+        for i in range(2):
+            span("vllm", sc.SPAN_ENGINE_STEP, sc.PHASE_ENGINE_STEP, times[i], times[i] + 11_000_000, **{
+                sc.STEP_INDEX: r * 2 + i, sc.RUNNING: 8, sc.WAITING: 2, sc.BATCH_SIZE: 8, sc.PREFILL_TOKENS: 0,
+                sc.DECODE_TOKENS: 8, sc.STEP_MS: 11.0, sc.KV_CACHE_USAGE: 0.31, sc.PREEMPTIONS: 0})
+    n = sum(len(ss.spans) for ss in layers.values())
+    assert n == BATCH_SPANS, n
+    return req.SerializeToString(), tids
+
+
+def make_payloads(count: int, seed: int = 1) -> list[bytes]:
+    """`count` distinct payloads: the template with fresh trace ids (unique across payloads, so the
+    collector's de-duplication keeps every span)."""
+    tpl, tids = make_template(seed)
+    out = []
+    prefix = os.urandom(4)
+    for k in range(count):
+        p = tpl
+        for j, tid in enumerate(tids):
+            p = p.replace(tid, prefix + k.to_bytes(4, "big") + j.to_bytes(8, "big"))
+        out.append(p)
+    return out
+
+
+def decode_only(payloads: list[bytes], seconds: float) -> float:
+    """Spans/s of ExportTraceServiceRequest.FromString alone on one core (the machine's limit)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    n, t0 = 0, time.perf_counter()
+    i = 0
+    while time.perf_counter() - t0 < seconds:
+        ExportTraceServiceRequest.FromString(payloads[i % len(payloads)])
+        n += BATCH_SPANS
+        i += 1
+    return n / (time.perf_counter() - t0)
+
+
+def convert_only(payloads: list[bytes], seconds: float) -> float:
+    """Spans/s of decode + the collector's conversion to Arrow batches (no HTTP, no DuckDB)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from collector.processor.enrich import traces_to_batch
+
+    n, t0, i = 0, time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        traces_to_batch(ExportTraceServiceRequest.FromString(payloads[i % len(payloads)]))
+        n += BATCH_SPANS
+        i += 1
+    return n / (time.perf_counter() - t0)
+
+
+def _sender(port: int, payloads: list[bytes], stop_at: float, q) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    ok = refused = 0
+    for p in payloads:
+        if time.time() >= stop_at:
+            break
+        while True:
+            conn.request("POST", "/v1/traces", body=p, headers={"Content-Type": "application/x-protobuf"})
+            r = conn.getresponse()
+            r.read()
+            if r.status == 200:
+                ok += 1
+                break
+            if r.status in (429, 503):
+                refused += 1
+                time.sleep(float(r.getheader("Retry-After", "1")) * 0.05)
+                continue
+            raise RuntimeError(f"status {r.status}")
+    q.put((ok, refused))
+
+
+def _count(h) -> int:
+    return h.sql("SELECT (SELECT count(*) FROM spans) + (SELECT count(*) FROM engine_steps)")[0][0]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short run (about 20 s in all)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="timed ingest window")
+    ap.add_argument("--senders", type=int, default=6, help="concurrent HTTP connections")
+    args = ap.parse_args()
+    secs = 4.0 if args.quick else args.seconds
+    from collector.testing import start_collector
+
+    n_payloads = int(secs * 400) + 50  # room for 200k spans/s
+    t = time.perf_counter()
+    payloads = make_payloads(n_payloads)
+    print(f"payloads: {n_payloads} x {BATCH_SPANS} spans, {len(payloads[0]) / 1024:.0f} KiB each "
+          f"(built in {time.perf_counter() - t:.1f} s)")
+    dec = decode_only(payloads, 1.0 if args.quick else 3.0)
+    conv = convert_only(payloads, 1.0 if args.quick else 3.0)
+    with tempfile.TemporaryDirectory() as d:
+        h = start_collector(Path(d) / "bench.duckdb")
+        try:
+            ctx = mp.get_context("fork")
+            q = ctx.Queue()
+            per = [payloads[i::args.senders] for i in range(args.senders)]
+            stop_at = time.time() + secs
+            before = _count(h)
+            t0 = time.perf_counter()
+            procs = [ctx.Process(target=_sender, args=(h.otlp_port, p, stop_at, q)) for p in per]
+            for p in procs:
+                p.start()
+            res = [q.get(timeout=secs + 120) for _ in procs]
+            for p in procs:
+                p.join()
+            elapsed = time.perf_counter() - t0
+            ok = sum(r[0] for r in res)
+            refused = sum(r[1] for r in res)
+            stored = _count(h) - before
+        finally:
+            h.stop()
+    ingest = stored / elapsed
+    print(f"acknowledged batches: {ok} ({ok * BATCH_SPANS} spans), retried after 429/503: {refused}")
+    print(f"stored in DuckDB:     {stored} spans in {elapsed:.2f} s (all acknowledged spans: "
+          f"{'yes' if stored == ok * BATCH_SPANS else 'NO'})")
+    print(f"decode-only limit:    {dec:12,.0f} spans/s  (protobuf FromString, one core)")
+    print(f"decode + convert:     {conv:12,.0f} spans/s  (to Arrow batches, one core, no HTTP/DuckDB)")
+    print(f"ingest (HTTP->DuckDB):{ingest:12,.0f} spans/s")
+    print(f"ratio ingest / decode-only limit: {ingest / dec:.1%}   (goal >= 50 %, and >= 100,000 spans/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Sub-commands `collect`, `sql` and `export` (registered by tailtrace/cli.py).
+
+Registration is cheap: DuckDB, pyarrow, uvicorn are imported inside each command.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tailtrace.errors import UserError
+
+__all__ = ["register"]
+
+DEFAULT_API = "http://127.0.0.1:9464"
+
+
+def register(sub) -> None:
+    """Add `collect`, `sql` and `export` to the `tailtrace` sub-parsers."""
+    p = sub.add_parser("collect", help="receive OTLP/HTTP into a DuckDB file and serve SQL on it",
+                       description="OTLP/HTTP receiver (/v1/traces, /v1/metrics; protobuf or JSON; gzip) "
+                                   "writing into one DuckDB file, plus the SQL API, /metrics and /healthz.")
+    p.add_argument("--db", default=os.environ.get("TAILTRACE_DB", "tailtrace.duckdb"),
+                   help="DuckDB file (created if missing; env TAILTRACE_DB; default tailtrace.duckdb)")
+    p.add_argument("--host", default=os.environ.get("TAILTRACE_COLLECTOR_HOST", "127.0.0.1"),
+                   help="address both servers bind (default 127.0.0.1)")
+    p.add_argument("--otlp-port", type=int, default=int(os.environ.get("TAILTRACE_OTLP_PORT", "4318")),
+                   help="OTLP/HTTP port (default 4318)")
+    p.add_argument("--api-port", type=int, default=int(os.environ.get("TAILTRACE_API_PORT", "9464")),
+                   help="SQL API, /metrics and /healthz port (default 9464)")
+    p.add_argument("--retention", default=os.environ.get("TAILTRACE_RETENTION"),
+                   help="drop rows older than this, e.g. 7d, 12h (default: keep everything)")
+    p.add_argument("--max-body-mb", type=float, default=16.0,
+                   help="largest OTLP request body, compressed or not, in MiB (413 above; default 16)")
+    p.add_argument("--memory-limit-mb", type=int, default=2048,
+                   help="resident memory above which OTLP requests get 503 + Retry-After (default 2048)")
+    p.add_argument("--duckdb-memory-mb", type=int, default=1024, help="DuckDB's memory_limit (default 1024)")
+    p.add_argument("--max-pending-rows", type=int, default=200_000,
+                   help="rows queued for the writer above which OTLP requests get 429 (default 200000)")
+    p.add_argument("--max-inflight", type=int, default=32,
+                   help="OTLP requests read or decoded at once above which new ones get 429 (default 32)")
+    p.add_argument("--query-timeout", type=float, default=10.0, help="SQL statement timeout, s (default 10)")
+    p.add_argument("--max-rows", type=int, default=10_000, help="row cap of /api/sql (default 10000)")
+    p.add_argument("--scrape", action="append", default=[], metavar="URL",
+                   help="Prometheus endpoint to scrape into metric_points (repeatable)")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="scrape interval, s (default 1.0)")
+    p.set_defaults(func=_collect)
+
+    q = sub.add_parser("sql", help="run one read-only SQL query on the store",
+                       description="Run one SELECT on the store: through a running collector (--api, the "
+                                   "default) or on a DuckDB file no collector holds (--db).")
+    q.add_argument("query", help='e.g. "SELECT quantile_cont(e2e_ms, 0.99) FROM requests"')
+    g = q.add_mutually_exclusive_group()
+    g.add_argument("--db", help="DuckDB file (read-only; fails while a collector holds it: use --api)")
+    g.add_argument("--api", help=f"collector API base URL (default $TAILTRACE_API_URL or {DEFAULT_API})")
+    q.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    q.add_argument("--timeout", type=float, default=30.0, help="statement timeout, s (--db; default 30)")
+    q.add_argument("--max-rows", type=int, default=10_000, help="row cap (--db; default 10000)")
+    q.set_defaults(func=_sql)
+
+    e = sub.add_parser("export", help="export the store to Parquet, partitioned by table and hour",
+                       description="Write DIR/<table>/hour=YYYY-MM-DDTHH/*.parquet (Hive partitioning) for "
+                                   "DuckDB, ClickHouse, Spark or Trino.")
+    g = e.add_mutually_exclusive_group(required=True)
+    g.add_argument("--db", help="DuckDB file no collector holds")
+    g.add_argument("--api", help="a running collector's API base URL (snapshot while it runs)")
+    e.add_argument("--out", required=True, help="output folder")
+    e.add_argument("--tables", default=None, help="comma-separated subset (default: all)")
+    e.set_defaults(func=_export)
+
+
+def _collect(args) -> int:
+    from collector.server import CollectorConfig, parse_duration_s, run_collector
+
+    retention = None
+    if args.retention:
+        try:
+            retention = parse_duration_s(args.retention)
+        except ValueError:
+            raise UserError(f"--retention {args.retention!r}: use a duration like 7d, 12h, 30m") from None
+    for name in ("otlp_port", "api_port"):
+        if not 0 < getattr(args, name) < 65536:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is not a TCP port")
+    if args.otlp_port == args.api_port:
+        raise UserError("--otlp-port and --api-port must differ")
+    if args.max_body_mb <= 0 or args.max_rows <= 0 or args.query_timeout <= 0:
+        raise UserError("--max-body-mb, --max-rows and --query-timeout must be positive")
+    if args.scrape:
+        try:
+            import collector.scrape  # noqa: F401
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").startswith("collector.scrape"):
+                raise UserError("--scrape needs collector.scrape, which is not installed in this build") from None
+            raise
+    cfg = CollectorConfig(
+        db=args.db, host=args.host, otlp_port=args.otlp_port, api_port=args.api_port, retention_s=retention,
+        max_body_bytes=int(args.max_body_mb * 2**20), memory_limit_mb=args.memory_limit_mb,
+        duckdb_memory_mb=args.duckdb_memory_mb, max_pending_rows=args.max_pending_rows,
+        max_inflight=args.max_inflight, query_timeout_s=args.query_timeout, max_rows=args.max_rows,
+        scrape=tuple(args.scrape), scrape_interval_s=args.scrape_interval,
+    )
+    return run_collector(cfg)
+
+
+def _api_headers() -> dict:
+    tok = os.environ.get("TAILTRACE_API_TOKEN")
+    return {"Authorization": f"Bearer {tok}"} if tok else {}
+
+
+def _sql(args) -> int:
+    if args.db:
+        import duckdb
+
+        from collector.query.readonly import QueryRefused, QueryTimeout, run_guarded
+        from collector.store.duckdb_store import open_readonly
+
+        con = open_readonly(args.db)
+        try:
+            res = run_guarded(con.cursor, args.query, None, timeout_s=args.timeout, max_rows=args.max_rows)
+        except (QueryRefused, QueryTimeout) as exc:
+            raise UserError(str(exc)) from None
+        except duckdb.Error as exc:
+            raise UserError(" ".join(str(exc).split())) from None
+        finally:
+            con.close()
+        from collector.query.api import to_json_value
+
+        out = {"columns": res.columns, "types": res.types,
+               "rows": [[to_json_value(v) for v in r] for r in res.rows], "truncated": res.truncated}
+    else:
+        import httpx
+
+        url = (args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API).rstrip("/")
+        try:
+            r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=_api_headers(), timeout=120)
+        except httpx.HTTPError as exc:
+            raise UserError(f"cannot reach the collector API at {url} ({exc.__class__.__name__}); "
+                            "is `tailtrace collect` running? or use --db PATH") from None
+        try:
+            out = r.json()
+        except ValueError:
+            raise UserError(f"{url}/api/sql answered {r.status_code} without JSON") from None
+        if r.status_code != 200:
+            raise UserError(f"{out.get('error', r.text)}".replace("\n", " "))
+    _print(out, args.format)
+    return 0
+
+
+def _print(out: dict, fmt: str) -> None:
+    import sys
+
+    cols, rows = out["columns"], out["rows"]
+    if fmt == "json":
+        import json
+
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+    elif fmt == "csv":
+        import csv
+        import json
+
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if v is None else (json.dumps(v) if isinstance(v, (list, dict)) else v) for v in r])
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(*cols, show_lines=False)
+        for r in rows:
+            t.add_row(*["NULL" if v is None else str(v) for v in r])
+        Console().print(t)
+    if out.get("truncated"):
+        print(f"(truncated to {len(rows)} rows)", file=sys.stderr)
+
+
+def _export(args) -> int:
+    from collector.export.parquet import export_from_api, export_from_db
+    from collector.store.schema import USER_TABLES
+
+    tables = USER_TABLES if not args.tables else tuple(t.strip() for t in args.tables.split(",") if t.strip())
+    bad = [t for t in tables if t not in USER_TABLES]
+    if bad:
+        raise UserError(f"unknown table(s) {', '.join(bad)}; tables: {', '.join(USER_TABLES)}")
+    if args.db:
+        counts = export_from_db(args.db, args.out, tables)
+    else:
+        counts = export_from_api(args.api, args.out, tables, headers=_api_headers())
+    for t, n in counts.items():
+        print(f"{t}: {n} rows")
+    return 0

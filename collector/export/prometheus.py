@@ -1,0 +1,598 @@
+"""The collector's Prometheus exporter: `/metrics` built fresh from the DuckDB store on each scrape.
+
+`make_registry(query)` returns a `prometheus_client.CollectorRegistry` holding one custom collector,
+`StoreMetricsCollector`, that keeps no state: every scrape runs a handful of aggregate queries on the
+store (`requests`, `decode_steps`, `engine_steps`, `device_samples`) and turns the rows into metric
+families. The collector helper serves it with `prometheus_client.generate_latest(registry)`.
+
+What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base units in the name,
+`_total` for counters; every latency is in seconds):
+
+- `tailtrace_latency_window_quantile_seconds{model, phase, window, quantile}`: the *exact* quantile
+  (DuckDB `quantile_cont`, linear interpolation between the two nearest order statistics, i.e.
+  Hyndman & Fan type 7, the same as numpy's default) of the phase's latency over the requests that
+  completed in the last `window` (1m, 5m), for quantile 0.5, 0.9, 0.99 and 0.999. Absent when the
+  window holds no sample.
+- `tailtrace_latency_window_samples{model, phase, window}`: how many samples those quantiles are
+  computed from (alerts require a minimum, so that a quiet minute pages nobody).
+- `tailtrace_latency_seconds{model, phase}`: a histogram over every request in the store, with fine
+  log-spaced buckets (`BUCKETS_PER_DECADE` per decade from 0.1 ms to 1000 s) for PromQL aggregation
+  across collectors (`histogram_quantile` over `rate(...[5m])`); its quantiles are interpolated and so
+  approximate, the gauges above are exact.
+- `tailtrace_request_window_quantile_tokens{model, kind, window, quantile}` and
+  `..._window_samples`: input (`prompt`) and output lengths, the request-shape layer.
+- `tailtrace_requests_total{model, status}`, `tailtrace_prompt_tokens_total{model}`,
+  `tailtrace_output_tokens_total{model}`.
+- Engine scheduling, per `service_name` (the vLLM process): `tailtrace_engine_waiting_requests`
+  (queue depth), `tailtrace_engine_running_requests`, `tailtrace_engine_batch_size_requests`,
+  `tailtrace_engine_kv_cache_usage_ratio`, `tailtrace_engine_step_duration_last_seconds` from the latest
+  engine step (0 requests when the engine has not stepped for `idle_after_s`: vLLM steps as long as any
+  request is running or waiting), `tailtrace_engine_last_step_timestamp_seconds`, windowed batch size
+  quantiles and mean, `tailtrace_engine_steps_total`, `tailtrace_engine_preemptions_total`,
+  `tailtrace_engine_{prefill,decode}_tokens_total`, and histograms of step batch size
+  (`tailtrace_engine_step_batch_size_requests`) and step time (`tailtrace_engine_step_duration_seconds`).
+- Compute and hardware, per device: the latest `device_samples` row younger than `stale_after_s`
+  (`tailtrace_device_utilization_ratio`, `..._memory_used_bytes`, `..._sm_clock_hertz`,
+  `..._power_watts`, `..._temperature_celsius`, `..._throttle_reasons`).
+- `tailtrace_exporter_query_errors{query}` (1 when that query failed on this scrape; its families are
+  left out, the rest are still served) and `tailtrace_exporter_collect_duration_seconds`.
+
+Phases (the `phase` label) and the `requests` column each reads, per DESIGN.md: see `PHASES`. `queue`
+is the full queue time (`queue_time_ms` = gateway admission queue + engine queue + preempted) and
+`service` the service time (`prefill_ms` + `decode_ms`), the two halves of "queue vs service".
+Requests whose status is `error` or `abort` are counted in `tailtrace_requests_total` but left out of
+the latency metrics (a fast failure must not hide a slow tail). A request belongs to a window when it
+*completed* in it (arrival_time + e2e_ms); an ITL sample when its token was emitted in it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from instrument import semconv
+
+__all__ = [
+    "make_registry",
+    "StoreMetricsCollector",
+    "PhaseSpec",
+    "PHASES",
+    "QUANTILES",
+    "WINDOWS",
+    "LAYERS",
+    "LATENCY_BUCKETS_SECONDS",
+    "BATCH_SIZE_BUCKETS",
+    "METRIC_LATENCY_QUANTILE",
+    "METRIC_LATENCY_SAMPLES",
+    "METRIC_LATENCY_HISTOGRAM",
+]
+
+log = logging.getLogger(__name__)
+
+QueryFn = Callable[..., list]
+
+# ---------------------------------------------------------------- the four layers (DESIGN.md)
+LAYER_GATEWAY = "gateway_infrastructure"
+LAYER_SCHEDULING = "engine_scheduling"
+LAYER_COMPUTE = "compute_hardware"
+LAYER_SHAPE = "request_shape"
+#: label value -> the name DESIGN.md gives the layer
+LAYERS = {
+    LAYER_GATEWAY: "gateway and infrastructure",
+    LAYER_SCHEDULING: "engine scheduling",
+    LAYER_COMPUTE: "compute and hardware",
+    LAYER_SHAPE: "request shape",
+}
+
+# ---------------------------------------------------------------- metric names
+METRIC_LATENCY_QUANTILE = "tailtrace_latency_window_quantile_seconds"
+METRIC_LATENCY_SAMPLES = "tailtrace_latency_window_samples"
+METRIC_LATENCY_HISTOGRAM = "tailtrace_latency_seconds"
+METRIC_TOKENS_QUANTILE = "tailtrace_request_window_quantile_tokens"
+METRIC_TOKENS_SAMPLES = "tailtrace_request_window_samples"
+
+#: quantiles exported as gauges
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
+#: (label value, seconds): the trailing windows of the quantile gauges
+WINDOWS: tuple[tuple[str, int], ...] = (("1m", 60), ("5m", 300))
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One value of the `phase` label: where its samples come from and which layer it speaks of.
+
+    `column` is a `requests` column in milliseconds (None for `itl`, read from
+    `decode_steps.itl_ms`); `layer` is a key of `LAYERS`: the layer this phase's time is spent in
+    first, which the alert on it is labelled with.
+    """
+
+    name: str
+    column: str | None
+    layer: str
+    help: str
+
+
+PHASES: tuple[PhaseSpec, ...] = (
+    PhaseSpec("ttft", "ttft_ms", LAYER_SCHEDULING,
+              "time to first token, engine arrival to first token (vLLM's gen_ai.latency.time_to_first_token)"),
+    PhaseSpec("tpot", "tpot_ms", LAYER_COMPUTE, "time per output token after the first: decode_ms / (output_tokens - 1)"),
+    PhaseSpec("itl", None, LAYER_COMPUTE, "inter-token latency, one sample per output token after the first"),
+    PhaseSpec("e2e", "e2e_ms", LAYER_SHAPE, "end-to-end latency of the engine request (llm.request)"),
+    PhaseSpec("queue", "queue_time_ms", LAYER_SCHEDULING,
+              "queue time: gateway admission queue + engine queue + preempted"),
+    PhaseSpec("service", "service_time_ms", LAYER_COMPUTE, "service time: prefill + decode"),
+    PhaseSpec(semconv.PHASE_PREFILL, "prefill_ms", LAYER_COMPUTE, "prefill, less time preempted inside it"),
+    PhaseSpec(semconv.PHASE_DECODE, "decode_ms", LAYER_COMPUTE, "decode, less time preempted inside it"),
+    PhaseSpec(semconv.PHASE_GATEWAY, "gateway_ms", LAYER_GATEWAY,
+              "gateway work outside its admission queue and the upstream exchange"),
+    PhaseSpec(semconv.PHASE_NETWORK, "network_ms", LAYER_GATEWAY, "network: client<->gateway and gateway<->engine"),
+    PhaseSpec(semconv.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", LAYER_GATEWAY, "gateway admission queue"),
+    PhaseSpec("engine_queue", "queue_ms", LAYER_SCHEDULING, "engine (vLLM scheduler) waiting queue"),
+    PhaseSpec(semconv.PHASE_PREEMPTED, "preempted_ms", LAYER_SCHEDULING, "time preempted (KV-cache pressure)"),
+)
+_PHASE_BY_NAME = {p.name: p for p in PHASES}
+
+#: histogram resolution: bucket bounds 10**(k / BUCKETS_PER_DECADE) seconds
+BUCKETS_PER_DECADE = 10
+_LOG_MIN, _LOG_MAX = -4, 3  # 0.1 ms .. 1000 s
+_K_MIN, _K_MAX = _LOG_MIN * BUCKETS_PER_DECADE, _LOG_MAX * BUCKETS_PER_DECADE
+#: upper bounds (seconds) of the latency histograms, +Inf implied; ratio 10**0.1 (~1.26) between bounds,
+#: so `histogram_quantile` is within ~13 % of the truth
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = tuple(
+    float(f"{10 ** (k / BUCKETS_PER_DECADE):.6g}") for k in range(_K_MIN, _K_MAX + 1)
+)
+#: upper bounds of the engine step batch-size histogram (requests), +Inf implied
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+)
+
+# Latency metrics leave failed requests out.
+_OK = "coalesce(lower(CAST(status AS VARCHAR)), 'ok') NOT IN ('error', 'abort')"
+
+
+def make_registry(
+    query: QueryFn,
+    *,
+    now: Callable[[], float] = time.time,
+    idle_after_s: float = 60.0,
+    stale_after_s: float = 120.0,
+):
+    """A fresh `prometheus_client.CollectorRegistry` (never the global one) holding a
+    `StoreMetricsCollector` over `query`.
+
+    `query(sql: str, params: list | None = None) -> list[tuple]` runs read-only SQL on the store.
+    `now()` returns the wall-clock time in seconds since the epoch (injected in tests); the windows
+    end at `now()`. See `StoreMetricsCollector` for `idle_after_s` and `stale_after_s`.
+    """
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreMetricsCollector(query, now=now, idle_after_s=idle_after_s, stale_after_s=stale_after_s))
+    return registry
+
+
+class StoreMetricsCollector:
+    """A prometheus_client custom collector: `collect()` queries the store and yields fresh metric
+    families; nothing is kept between scrapes.
+
+    Threading: `collect()` may run on several threads at once (the HTTP server's); it only calls
+    `query`, which must be safe to call concurrently.
+
+    A query that raises (a table not created yet, a statement timeout) leaves its families out of
+    that scrape and sets `tailtrace_exporter_query_errors{query=...}` to 1; it never fails the scrape.
+
+    Args:
+        query: `query(sql, params) -> list[tuple]`, read-only SQL on the store.
+        now: wall-clock seconds since the epoch.
+        idle_after_s: an engine whose latest step is older than this has no running or waiting
+            request (vLLM steps while it has any): its queue depth and batch size read 0.
+        stale_after_s: device samples older than this are not exported (the sampler stopped).
+    """
+
+    def __init__(self, query: QueryFn, *, now: Callable[[], float] = time.time,
+                 idle_after_s: float = 60.0, stale_after_s: float = 120.0) -> None:
+        self._query = query
+        self._now = now
+        self._idle_after_s = idle_after_s
+        self._stale_after_s = stale_after_s
+
+    def describe(self) -> list:
+        """Nothing to describe up front (the families depend on the store's content)."""
+        return []
+
+    def collect(self) -> Iterable:
+        """Yield the metric families of one scrape (see the module docstring)."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        started = time.perf_counter()
+        now_s = float(self._now())
+        errors: dict[str, int] = {}
+        merged: dict[str, object] = {}  # one family per name, even when two queries feed it
+        for name, build in (
+            ("request_windows", self._request_windows),
+            ("itl_windows", self._itl_windows),
+            ("request_totals", self._request_totals),
+            ("latency_histograms", self._latency_histograms),
+            ("engine", self._engine),
+            ("engine_histograms", self._engine_histograms),
+            ("device", self._device),
+        ):
+            try:
+                families = list(build(now_s))
+            except Exception as exc:  # noqa: BLE001 - one failing query must not fail the scrape
+                log.warning("tailtrace /metrics: query %s failed: %s", name, exc)
+                errors[name] = 1
+                continue
+            errors[name] = 0
+            for fam in families:
+                if fam.name in merged:
+                    merged[fam.name].samples.extend(fam.samples)
+                else:
+                    merged[fam.name] = fam
+        yield from merged.values()
+        g = GaugeMetricFamily("tailtrace_exporter_query_errors",
+                              "1 when this exporter query failed on this scrape (its metrics are left out)",
+                              labels=["query"])
+        for name, value in errors.items():
+            g.add_metric([name], value)
+        yield g
+        yield GaugeMetricFamily("tailtrace_exporter_collect_duration_seconds",
+                                "time this scrape spent querying the store",
+                                value=time.perf_counter() - started)
+
+    # ------------------------------------------------------------ windowed exact quantiles
+    def _request_windows(self, now_s: float):
+        # Long format (one row per request and phase, NULLs dropped by UNPIVOT), then one group
+        # per (model, phase) with the 1m window as a FILTER inside the 5m one.
+        req_phases = [p for p in PHASES if p.column]
+        (w1, s1), (w5, s5) = WINDOWS
+        cut1, cut5 = int((now_s - s1) * 1000), int((now_s - s5) * 1000)
+        q = _sql_list(QUANTILES)
+        sel = ", ".join(f'{p.column} AS "{p.name}"' for p in req_phases)
+        on = ", ".join(f'"{p.name}"' for p in req_phases)
+        sql = (
+            "WITH u AS (UNPIVOT (SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, "
+            f"epoch_ms(arrival_time) + coalesce(e2e_ms, 0) AS end_ms, {sel}, "
+            "CAST(prompt_tokens AS DOUBLE) AS \"tokens:prompt\", CAST(output_tokens AS DOUBLE) AS \"tokens:output\" "
+            f"FROM requests WHERE {_OK}) ON {on}, \"tokens:prompt\", \"tokens:output\" INTO NAME phase VALUE v) "
+            f"SELECT model, phase, quantile_cont(v, {q}) FILTER (WHERE end_ms >= ?), count(v) FILTER (WHERE end_ms >= ?), "
+            f"quantile_cont(v, {q}), count(v) FROM u WHERE end_ms >= ? GROUP BY ALL ORDER BY ALL"
+        )
+        rows = self._query(sql, [cut1, cut1, cut5])
+        lat_q, lat_n, tok_q, tok_n = _families_windows()
+        seen = {(row[0], row[1]) for row in rows}
+        for model in sorted({m for m, _ in seen}):  # a phase with no sample reads 0, not absent
+            for p in req_phases:
+                if (model, p.name) not in seen:
+                    for w, _ in WINDOWS:
+                        lat_n.add_metric([model, p.name, w], 0)
+        for model, phase, q1, n1, q5, n5 in rows:
+            if phase.startswith("tokens:"):
+                kind = phase.split(":", 1)[1]
+                _add_window(tok_q, tok_n, [model, kind, w1], q1, n1, scale=1.0)
+                _add_window(tok_q, tok_n, [model, kind, w5], q5, n5, scale=1.0)
+            else:
+                _add_window(lat_q, lat_n, [model, phase, w1], q1, n1, scale=1e-3)
+                _add_window(lat_q, lat_n, [model, phase, w5], q5, n5, scale=1e-3)
+        return [lat_q, lat_n, tok_q, tok_n]
+
+    def _itl_windows(self, now_s: float):
+        cut = {w: int((now_s - secs) * 1000) for w, secs in WINDOWS}
+        q = _sql_list(QUANTILES)
+        cols = []
+        for w, _ in WINDOWS:
+            flt = f"FILTER (WHERE t_ms >= {cut[w]})"
+            cols.append(f"quantile_cont(itl_ms, {q}) {flt}, count(itl_ms) {flt}")
+        sql = (
+            "SELECT model, " + ", ".join(cols) + " FROM ("
+            "SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, d.itl_ms, epoch_ms(d.time) AS t_ms "
+            "FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
+            f"WHERE d.itl_ms IS NOT NULL AND {_OK.replace('status', 'r.status')}"
+            ") WHERE t_ms >= ? GROUP BY model ORDER BY model"
+        )
+        rows = self._query(sql, [min(cut.values())])
+        lat_q, lat_n, _, _ = _families_windows()
+        for row in rows:
+            model, vals = row[0], list(row[1:])
+            for w, _ in WINDOWS:
+                qs, n = vals.pop(0), vals.pop(0)
+                _add_window(lat_q, lat_n, [model, "itl", w], qs, n, scale=1e-3)
+        return [lat_q, lat_n]
+
+    # ------------------------------------------------------------ counters
+    def _request_totals(self, now_s: float):
+        from prometheus_client.core import CounterMetricFamily
+
+        rows = self._query(
+            "SELECT coalesce(CAST(model AS VARCHAR), 'unknown'), coalesce(CAST(status AS VARCHAR), 'unknown'), "
+            "count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0) "
+            "FROM requests GROUP BY ALL ORDER BY ALL"
+        )
+        reqs = CounterMetricFamily("tailtrace_requests", "LLM requests in the store, by final status",
+                                   labels=["model", "status"])
+        ptok = CounterMetricFamily("tailtrace_prompt_tokens", "input (prompt) tokens of the requests in the store",
+                                   labels=["model"])
+        otok = CounterMetricFamily("tailtrace_output_tokens", "output tokens of the requests in the store",
+                                   labels=["model"])
+        per_model: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for model, status, n, p, o in rows:
+            reqs.add_metric([model, status], n)
+            per_model[model][0] += float(p)
+            per_model[model][1] += float(o)
+        for model, (p, o) in per_model.items():
+            ptok.add_metric([model], p)
+            otok.add_metric([model], o)
+        return [reqs, ptok, otok]
+
+    # ------------------------------------------------------------ histograms
+    def _latency_histograms(self, now_s: float):
+        from prometheus_client.core import HistogramMetricFamily
+
+        req_phases = [p for p in PHASES if p.column]
+        sel = ", ".join(f"{p.column} / 1000.0 AS \"{p.name}\"" for p in req_phases)
+        on = ", ".join(f'"{p.name}"' for p in req_phases)
+        est, idx = _log_bucket_sql("v")
+        sql = (
+            f"WITH u AS (UNPIVOT (SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, {sel} "
+            f"FROM requests WHERE {_OK}) ON {on} INTO NAME phase VALUE v), "
+            "itl AS (SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, 'itl' AS phase, "
+            "d.itl_ms / 1000.0 AS v FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
+            f"WHERE d.itl_ms IS NOT NULL AND {_OK.replace('status', 'r.status')}) "
+            f"SELECT model, phase, {idx} AS k, count(*), sum(v) FROM (SELECT model, phase, v, {est} FROM "
+            "(SELECT * FROM u UNION ALL SELECT * FROM itl) WHERE v IS NOT NULL AND NOT isnan(v)) "
+            "GROUP BY ALL ORDER BY ALL"
+        )
+        rows = self._query(sql, [list(LATENCY_BUCKETS_SECONDS)])
+        fam = HistogramMetricFamily(METRIC_LATENCY_HISTOGRAM,
+                                    "latency per phase over every request in the store (log-spaced buckets)",
+                                    labels=["model", "phase"])
+        _add_histograms(fam, rows, LATENCY_BUCKETS_SECONDS)
+        return [fam]
+
+    def _engine_histograms(self, now_s: float):
+        from prometheus_client.core import HistogramMetricFamily
+
+        rows = self._query(
+            "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown'), batch_size, count(*) "
+            "FROM engine_steps WHERE batch_size IS NOT NULL GROUP BY ALL ORDER BY ALL"
+        )
+        batch = HistogramMetricFamily("tailtrace_engine_step_batch_size_requests",
+                                      "requests scheduled per engine step", labels=["service_name"])
+        grouped: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        for svc, size, n in rows:
+            grouped[svc].append((float(size), int(n)))
+        for svc, vals in grouped.items():
+            counts = [0] * (len(BATCH_SIZE_BUCKETS) + 1)
+            total = 0.0
+            for size, n in vals:
+                counts[_index_le(BATCH_SIZE_BUCKETS, size)] += n
+                total += size * n
+            batch.add_metric([svc], _cumulative(BATCH_SIZE_BUCKETS, counts), total)
+
+        est, idx = _log_bucket_sql("v")
+        rows = self._query(
+            f"SELECT svc, {idx} AS k, count(*), sum(v) FROM (SELECT svc, v, {est} FROM ("
+            "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS svc, step_ms / 1000.0 AS v "
+            "FROM engine_steps) WHERE v IS NOT NULL AND NOT isnan(v)) GROUP BY ALL ORDER BY ALL",
+            [list(LATENCY_BUCKETS_SECONDS)],
+        )
+        step = HistogramMetricFamily("tailtrace_engine_step_duration_seconds",
+                                     "engine step time (one forward pass of the whole batch)",
+                                     labels=["service_name"])
+        _add_histograms(step, rows, LATENCY_BUCKETS_SECONDS, with_phase=False)
+        return [batch, step]
+
+    # ------------------------------------------------------------ engine scheduling
+    def _engine(self, now_s: float):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        cut = {w: int((now_s - secs) * 1000) for w, secs in WINDOWS}
+        q = _sql_list(QUANTILES)
+        win_cols = []
+        for w, _ in WINDOWS:
+            flt = f"FILTER (WHERE t_ms >= {cut[w]})"
+            win_cols.append(f"quantile_cont(batch_size, {q}) {flt}, avg(batch_size) {flt}, "
+                            f"max(waiting) {flt}, count(*) {flt}")
+        rows = self._query(
+            "SELECT svc, max(t_ms), arg_max(waiting, t_ms), arg_max(running, t_ms), arg_max(batch_size, t_ms), "
+            "arg_max(kv_cache_usage, t_ms), arg_max(step_ms, t_ms), count(*), coalesce(sum(preemptions), 0), "
+            "coalesce(sum(prefill_tokens), 0), coalesce(sum(decode_tokens), 0), "
+            + ", ".join(win_cols)
+            + " FROM (SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS svc, epoch_ms(time) AS t_ms, "
+            "waiting, running, batch_size, kv_cache_usage, step_ms, preemptions, prefill_tokens, decode_tokens "
+            "FROM engine_steps) GROUP BY svc ORDER BY svc"
+        )
+        lab = ["service_name"]
+        waiting = GaugeMetricFamily("tailtrace_engine_waiting_requests",
+                                    "engine queue depth: requests waiting at the latest engine step", labels=lab)
+        running = GaugeMetricFamily("tailtrace_engine_running_requests",
+                                    "requests running at the latest engine step", labels=lab)
+        batch = GaugeMetricFamily("tailtrace_engine_batch_size_requests",
+                                  "requests scheduled in the latest engine step", labels=lab)
+        kv = GaugeMetricFamily("tailtrace_engine_kv_cache_usage_ratio",
+                               "KV-cache usage (0..1) after the latest engine step", labels=lab)
+        step_last = GaugeMetricFamily("tailtrace_engine_step_duration_last_seconds",
+                                      "duration of the latest engine step", labels=lab)
+        last_ts = GaugeMetricFamily("tailtrace_engine_last_step_timestamp_seconds",
+                                    "wall-clock end of the latest engine step (Unix seconds)", labels=lab)
+        steps = CounterMetricFamily("tailtrace_engine_steps", "engine steps in the store", labels=lab)
+        preempt = CounterMetricFamily("tailtrace_engine_preemptions", "preemptions in the store", labels=lab)
+        ptoks = CounterMetricFamily("tailtrace_engine_prefill_tokens", "prefill tokens scheduled", labels=lab)
+        dtoks = CounterMetricFamily("tailtrace_engine_decode_tokens", "decode tokens scheduled", labels=lab)
+        bq = GaugeMetricFamily("tailtrace_engine_batch_size_window_quantile_requests",
+                               "exact quantile of the batch size of the engine steps in the window",
+                               labels=lab + ["window", "quantile"])
+        bmean = GaugeMetricFamily("tailtrace_engine_batch_size_window_mean_requests",
+                                  "mean batch size of the engine steps in the window", labels=lab + ["window"])
+        wmax = GaugeMetricFamily("tailtrace_engine_waiting_window_max_requests",
+                                 "largest engine queue depth seen in the window", labels=lab + ["window"])
+        nwin = GaugeMetricFamily("tailtrace_engine_window_steps", "engine steps in the window",
+                                 labels=lab + ["window"])
+        for row in rows:
+            svc, t_ms, w_, r_, b_, kv_, st_, n, pre, pt, dt = row[:11]
+            idle = t_ms is None or now_s - t_ms / 1000.0 > self._idle_after_s
+            waiting.add_metric([svc], 0 if idle else _num(w_))
+            running.add_metric([svc], 0 if idle else _num(r_))
+            batch.add_metric([svc], 0 if idle else _num(b_))
+            if kv_ is not None:
+                kv.add_metric([svc], float(kv_))
+            if st_ is not None:
+                step_last.add_metric([svc], float(st_) / 1000.0)
+            if t_ms is not None:
+                last_ts.add_metric([svc], t_ms / 1000.0)
+            steps.add_metric([svc], n)
+            preempt.add_metric([svc], float(pre))
+            ptoks.add_metric([svc], float(pt))
+            dtoks.add_metric([svc], float(dt))
+            vals = list(row[11:])
+            for w, _ in WINDOWS:
+                qs, mean, wm, cnt = vals[:4]
+                del vals[:4]
+                nwin.add_metric([svc, w], cnt)
+                if cnt:
+                    for qv, x in zip(QUANTILES, qs or []):
+                        if x is not None:
+                            bq.add_metric([svc, w, _qlabel(qv)], float(x))
+                    if mean is not None:
+                        bmean.add_metric([svc, w], float(mean))
+                    if wm is not None:
+                        wmax.add_metric([svc, w], float(wm))
+        return [waiting, running, batch, kv, step_last, last_ts, steps, preempt, ptoks, dtoks, bq, bmean, wmax, nwin]
+
+    # ------------------------------------------------------------ compute and hardware
+    def _device(self, now_s: float):
+        from prometheus_client.core import GaugeMetricFamily
+
+        cutoff = int((now_s - self._stale_after_s) * 1000)
+        rows = self._query(
+            "SELECT host, device_index, uuid, t_ms, arg_max(util_pct, t_ms), arg_max(mem_util_pct, t_ms), "
+            "arg_max(mem_used_bytes, t_ms), arg_max(mem_total_bytes, t_ms), arg_max(sm_clock_mhz, t_ms), "
+            "arg_max(power_w, t_ms), arg_max(temp_c, t_ms), arg_max(throttle_reasons, t_ms), arg_max(source, t_ms) "
+            "FROM (SELECT coalesce(CAST(host AS VARCHAR), 'unknown') AS host, "
+            "coalesce(CAST(device_index AS VARCHAR), '0') AS device_index, "
+            "coalesce(CAST(device_uuid AS VARCHAR), '') AS uuid, epoch_ms(time) AS t_ms, util_pct, mem_util_pct, "
+            "mem_used_bytes, mem_total_bytes, sm_clock_mhz, power_w, temp_c, throttle_reasons, "
+            "CAST(source AS VARCHAR) AS source, max(epoch_ms(time)) OVER (PARTITION BY host, device_index) AS last "
+            "FROM device_samples WHERE epoch_ms(time) >= ?) WHERE t_ms = last "
+            "GROUP BY host, device_index, uuid, t_ms ORDER BY host, device_index",
+            [cutoff],
+        )
+        lab = ["host", "device_index", "device_uuid", "source"]
+        specs = (  # (name, help, column offset, scale)
+            ("tailtrace_device_utilization_ratio", "device (GPU) utilisation, 0..1", 4, 0.01),
+            ("tailtrace_device_memory_utilization_ratio", "device memory-bandwidth utilisation, 0..1", 5, 0.01),
+            ("tailtrace_device_memory_used_bytes", "device memory used", 6, 1.0),
+            ("tailtrace_device_memory_total_bytes", "device memory total", 7, 1.0),
+            ("tailtrace_device_sm_clock_hertz", "SM clock", 8, 1e6),
+            ("tailtrace_device_power_watts", "board power draw", 9, 1.0),
+            ("tailtrace_device_temperature_celsius", "device temperature", 10, 1.0),
+        )
+        fams = [GaugeMetricFamily(name, help_, labels=lab) for name, help_, _, _ in specs]
+        throttle = GaugeMetricFamily("tailtrace_device_throttled",
+                                     "1 when the device reports a clock throttle reason (names in label `reasons`)",
+                                     labels=lab + ["reasons"])
+        for row in rows:
+            labels = [str(row[0]), str(row[1]), str(row[2]), str(row[12] or "unknown")]
+            for fam, (_, _, col, scale) in zip(fams, specs):
+                if row[col] is not None:
+                    fam.add_metric(labels, float(row[col]) * scale)
+            reasons = "" if row[11] is None else str(row[11])
+            active = reasons.strip() not in ("", "0", "none", "[]")
+            throttle.add_metric(labels + [reasons if active else ""], 1 if active else 0)
+        return fams + [throttle]
+
+
+# ---------------------------------------------------------------- helpers
+def _families_windows():
+    from prometheus_client.core import GaugeMetricFamily
+
+    lat_q = GaugeMetricFamily(METRIC_LATENCY_QUANTILE,
+                              "exact quantile (quantile_cont over raw samples) of the phase latency over the "
+                              "requests completed in the trailing window",
+                              labels=["model", "phase", "window", "quantile"])
+    lat_n = GaugeMetricFamily(METRIC_LATENCY_SAMPLES,
+                              "samples in the trailing window behind tailtrace_latency_window_quantile_seconds",
+                              labels=["model", "phase", "window"])
+    tok_q = GaugeMetricFamily(METRIC_TOKENS_QUANTILE,
+                              "exact quantile of the request length (kind: prompt = input, output) over the "
+                              "requests completed in the trailing window",
+                              labels=["model", "kind", "window", "quantile"])
+    tok_n = GaugeMetricFamily(METRIC_TOKENS_SAMPLES,
+                              "requests in the trailing window behind tailtrace_request_window_quantile_tokens",
+                              labels=["model", "kind", "window"])
+    return lat_q, lat_n, tok_q, tok_n
+
+
+def _add_window(fam_q, fam_n, labels: list[str], qs, n, *, scale: float) -> None:
+    n = int(n or 0)
+    fam_n.add_metric(labels, n)
+    if n and qs is not None:
+        for qv, x in zip(QUANTILES, qs):
+            if x is not None and not math.isnan(x):
+                fam_q.add_metric(labels + [_qlabel(qv)], float(x) * scale)
+
+
+def _qlabel(q: float) -> str:
+    return repr(float(q))
+
+
+def _num(x) -> float:
+    return 0.0 if x is None else float(x)
+
+
+def _sql_list(values: Sequence[float]) -> str:
+    return "[" + ", ".join(repr(float(v)) for v in values) + "]"
+
+
+def _log_bucket_sql(v: str) -> tuple[str, str]:
+    """SQL for the 0-based index of the first latency bound >= `v` (len(bounds) for +Inf), with
+    the bound list passed as parameter $1. Returns (estimate, index): `estimate` (alias `e`) goes in
+    an inner SELECT, from log10(v); `index` in the outer one corrects it against the bounds
+    themselves, so a value equal to a bound lands in that bound's bucket (`le` is inclusive) and
+    rounding in log10 never moves a sample."""
+    n = len(LATENCY_BUCKETS_SECONDS)
+    est = (f"least(greatest(CAST(ceil(log10(greatest({v}, 1e-300)) * {BUCKETS_PER_DECADE}) AS BIGINT) "
+           f"- ({_K_MIN}), 0), {n}) AS e")
+    b = "($1::DOUBLE[])"
+    idx = (f"CASE WHEN {v} <= {b}[1] THEN 0 WHEN {v} > {b}[{n}] THEN {n} "
+           f"WHEN e < {n} AND {v} > {b}[e + 1] THEN e + 1 WHEN e > 0 AND {v} <= {b}[e] THEN e - 1 ELSE e END")
+    return est, idx
+
+
+def _index_le(bounds: Sequence[float], x: float) -> int:
+    """0-based index of the first bound >= x (len(bounds) for +Inf)."""
+    import bisect
+
+    return bisect.bisect_left(bounds, x)
+
+
+def _cumulative(bounds: Sequence[float], counts: list[int]) -> list[tuple[str, float]]:
+    out, acc = [], 0
+    for bound, c in zip(list(bounds) + [math.inf], counts):
+        acc += c
+        out.append(("+Inf" if bound == math.inf else _float_label(bound), acc))
+    return out
+
+
+def _float_label(x: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(x)
+
+
+def _add_histograms(fam, rows, bounds: Sequence[float], *, with_phase: bool = True) -> None:
+    """rows: (labels..., k, count, sum) with k the 0-based bucket index (len(bounds) = +Inf)."""
+    width = 2 if with_phase else 1
+    grouped: dict[tuple, tuple[list[int], list[float]]] = {}
+    for row in rows:
+        key = tuple(str(x) for x in row[:width])
+        k, n, s = int(row[width]), int(row[width + 1]), float(row[width + 2] or 0.0)
+        counts, total = grouped.setdefault(key, ([0] * (len(bounds) + 1), [0.0]))
+        counts[min(max(k, 0), len(bounds))] += n
+        total[0] += s
+    for key, (counts, total) in grouped.items():
+        fam.add_metric(list(key), _cumulative(bounds, counts), total[0])

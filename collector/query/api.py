@@ -1,0 +1,169 @@
+"""The API port: `/api/sql` (read-only SQL, JSON or Arrow IPC), `/api/export/{table}` (a whole
+table as Arrow IPC, for `tailtrace export --api`), `/metrics` (the Prometheus exporter of
+collector/export/prometheus.py, when present) and `/healthz`.
+
+Errors are JSON `{"error": "..."}`: 400 SQL error, 401 missing/wrong bearer token (only when
+TAILTRACE_API_TOKEN is set), 403 a statement that is not one SELECT or that touches the file
+system, 404 unknown table or no exporter, 408 statement timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import hmac
+import json
+import math
+import os
+import uuid
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from collector.query.readonly import (
+    DEFAULT_MAX_ROWS,
+    DEFAULT_TIMEOUT_S,
+    QueryRefused,
+    QueryTimeout,
+    run_guarded,
+)
+from collector.store.schema import USER_TABLES
+
+__all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def to_json_value(v):
+    """A DuckDB result value as JSON: times ISO 8601, decimals and non-finite floats as numbers
+    or null, bytes base64, nested lists/dicts recursively."""
+    if v is None or isinstance(v, (str, bool, int)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, (dt.datetime, dt.date, dt.time)):
+        return v.isoformat()
+    if isinstance(v, dt.timedelta):
+        return v.total_seconds()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(v)).decode("ascii")
+    if isinstance(v, uuid.UUID):
+        return str(v)
+    if isinstance(v, (list, tuple)):
+        return [to_json_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): to_json_value(x) for k, x in v.items()}
+    return str(v)
+
+
+def _err(status: int, msg: str) -> JSONResponse:
+    return JSONResponse({"error": msg}, status_code=status)
+
+
+def _arrow_bytes(table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS,
+                 token: str | None = None) -> Starlette:
+    """The API ASGI app over a started `DuckDBStore`. `token` defaults to TAILTRACE_API_TOKEN."""
+    import duckdb
+
+    token = token if token is not None else os.environ.get("TAILTRACE_API_TOKEN") or None
+    registry = None
+    try:
+        from collector.export.prometheus import make_registry  # written by another part
+
+        registry = make_registry(store.read_query)
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("collector.export"):
+            raise
+
+    def authorized(request: Request) -> bool:
+        if not token:
+            return True
+        got = request.headers.get("authorization", "")
+        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
+
+    async def sql(request: Request) -> Response:
+        if not authorized(request):
+            return _err(401, "missing or wrong bearer token (Authorization: Bearer $TAILTRACE_API_TOKEN)")
+        params = None
+        if request.method == "GET":
+            q = request.query_params.get("q") or request.query_params.get("sql")
+        else:
+            try:
+                body = json.loads(await request.body() or b"null")
+            except (ValueError, UnicodeDecodeError):
+                return _err(400, 'body must be JSON: {"sql": "SELECT ...", "params": [...]}')
+            if not isinstance(body, dict):
+                return _err(400, 'body must be a JSON object: {"sql": "SELECT ...", "params": [...]}')
+            q, params = body.get("sql"), body.get("params")
+            if params is not None and not isinstance(params, list):
+                return _err(400, "params must be a JSON array")
+        if not isinstance(q, str) or not q.strip():
+            return _err(400, "no SQL: POST {\"sql\": \"SELECT ...\"} or GET /api/sql?q=SELECT...")
+        want_arrow = ARROW_STREAM in request.headers.get("accept", "")
+        await run_in_threadpool(store.refresh, min(timeout_s, 5.0))
+        try:
+            res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=timeout_s,
+                                          max_rows=max_rows, arrow=want_arrow)
+        except QueryRefused as exc:
+            return _err(403, str(exc))
+        except QueryTimeout as exc:
+            return _err(408, str(exc))
+        except duckdb.PermissionException as exc:
+            return _err(403, str(exc).splitlines()[0])
+        except duckdb.Error as exc:
+            return _err(400, str(exc).strip())
+        except Exception as exc:  # noqa: BLE001 - a JSON 500, never a traceback to the user
+            return _err(500, f"internal error: {exc.__class__.__name__}: {exc}")
+        if want_arrow:
+            return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM,
+                            headers={"X-Truncated": str(res.truncated).lower()})
+        return JSONResponse({"columns": res.columns, "types": res.types,
+                             "rows": [[to_json_value(v) for v in r] for r in res.rows],
+                             "truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)})
+
+    async def export_table(request: Request) -> Response:
+        if not authorized(request):
+            return _err(401, "missing or wrong bearer token (Authorization: Bearer $TAILTRACE_API_TOKEN)")
+        table = request.path_params["table"]
+        if table not in USER_TABLES:
+            return _err(404, f"no table {table!r}; tables: {', '.join(USER_TABLES)}")
+        await run_in_threadpool(store.refresh, 30.0)
+        try:
+            res = await run_in_threadpool(run_guarded, store.cursor, f"SELECT * FROM {table}", None,
+                                          timeout_s=600.0, max_rows=None, arrow=True)
+        except duckdb.Error as exc:
+            return _err(400, str(exc).strip())
+        return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM)
+
+    async def metrics(request: Request) -> Response:
+        if registry is None:
+            return _err(404, "the Prometheus exporter (collector/export/prometheus.py) is not installed")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        data = await run_in_threadpool(generate_latest, registry)
+        return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "pending_rows": store.pending_rows, **store.stats})
+
+    return Starlette(routes=[
+        Route("/api/sql", sql, methods=["GET", "POST"]),
+        Route("/api/export/{table}", export_table, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])

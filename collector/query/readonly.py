@@ -1,0 +1,130 @@
+"""Read-only SQL on the store, with a time budget and a row cap.
+
+The security boundary is the connection, not a regex: the database is opened with
+`enable_external_access=false` (no file, URL, ATTACH or INSTALL) and `lock_configuration=true`;
+each user query must parse (DuckDB's parser) as exactly one SELECT/EXPLAIN, runs inside a
+transaction that is always rolled back, is interrupted past its budget, and returns at most
+`max_rows` rows (cap + 1 fetched to report `truncated`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryRefused", "QueryResult", "QueryTimeout", "run_guarded"]
+
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_ROWS = 10_000
+
+
+class QueryTimeout(TimeoutError):
+    """The query ran past its budget and was interrupted."""
+
+    def __init__(self, sql: str, timeout_s: float):
+        super().__init__(f"query interrupted after {timeout_s:g} s (the statement timeout)")
+        self.sql = sql
+        self.timeout_s = timeout_s
+
+
+class QueryRefused(ValueError):
+    """The SQL is not one read-only statement (or not SQL)."""
+
+
+@dataclass
+class QueryResult:
+    """columns: names; types: DuckDB type names; rows: list of tuples (at most max_rows);
+    arrow: a pyarrow.Table instead of rows when asked; truncated: more rows existed;
+    elapsed_ms: wall time of execute + fetch."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple] | None
+    truncated: bool
+    elapsed_ms: float
+    arrow: object = None
+
+
+def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                max_rows: int | None = DEFAULT_MAX_ROWS, arrow: bool = False) -> QueryResult:
+    """Run `sql` on a fresh cursor from `cursor_factory()` with every guard of the module docstring.
+
+    Raises QueryRefused (not one SELECT), QueryTimeout (past `timeout_s`), duckdb.Error (SQL
+    errors, e.g. a permission error for read_csv('/etc/passwd')). `max_rows=None`: no cap."""
+    import duckdb
+
+    from collector.store.duckdb_store import is_read_only_sql
+
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryRefused("empty SQL")
+    cur = cursor_factory()
+    try:
+        why = is_read_only_sql(cur, sql)
+        if why:
+            raise QueryRefused(why)
+        box: dict = {}
+
+        def work():
+            try:
+                t0 = time.perf_counter()
+                cur.execute("BEGIN TRANSACTION")
+                try:
+                    cur.execute(sql, params or None)
+                    desc = cur.description or []
+                    cols = [d[0] for d in desc]
+                    types = [str(d[1]) for d in desc]
+                    if arrow:
+                        if max_rows is None:
+                            tbl = _reader(cur, 100_000).read_all()
+                            truncated = False
+                        else:
+                            reader = _reader(cur, min(max_rows + 1, 100_000))
+                            batches, n = [], 0
+                            for rb in reader:
+                                batches.append(rb)
+                                n += rb.num_rows
+                                if n > max_rows:
+                                    break
+                            import pyarrow as pa
+
+                            tbl = pa.Table.from_batches(batches, schema=reader.schema)
+                            truncated = tbl.num_rows > max_rows
+                            tbl = tbl.slice(0, max_rows)
+                        box["res"] = QueryResult(cols, types, None, truncated,
+                                                 (time.perf_counter() - t0) * 1e3, tbl)
+                    else:
+                        rows = cur.fetchall() if max_rows is None else cur.fetchmany(max_rows + 1)
+                        truncated = max_rows is not None and len(rows) > max_rows
+                        box["res"] = QueryResult(cols, types, rows[:max_rows] if truncated else rows, truncated,
+                                                 (time.perf_counter() - t0) * 1e3)
+                finally:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except duckdb.Error:
+                        pass
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["exc"] = exc
+
+        th = threading.Thread(target=work, name="sql-query", daemon=True)
+        th.start()
+        th.join(timeout_s)
+        if th.is_alive():
+            cur.interrupt()
+            th.join(5.0)
+            raise QueryTimeout(sql, timeout_s)
+        if "exc" in box:
+            raise box["exc"]
+        return box["res"]
+    finally:
+        try:
+            cur.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _reader(cur, batch_size: int):
+    """A pyarrow RecordBatchReader over the cursor's pending result (DuckDB 1.x and 2.x names)."""
+    if hasattr(cur, "to_arrow_reader"):
+        return cur.to_arrow_reader(batch_size)
+    return cur.fetch_record_batch(rows_per_batch=batch_size)

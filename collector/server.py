@@ -1,0 +1,116 @@
+"""`tailtrace collect`: the store, the OTLP/HTTP receiver and the API server in one process.
+
+Start downstream first (store, then receiver and API), stop upstream first (receiver: its
+in-flight requests finish and are committed; then API; then the store flushes, refreshes
+`requests` and checkpoints). SIGTERM and SIGINT stop cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+__all__ = ["CollectorConfig", "parse_duration_s", "run_collector"]
+
+log = logging.getLogger("tailtrace.collector")
+
+
+def parse_duration_s(text: str) -> float:
+    """'7d', '12h', '30m', '45s' or a number of seconds -> seconds. Raises ValueError."""
+    t = str(text).strip().lower()
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1, "w": 604800}
+    if t and t[-1] in units:
+        v = float(t[:-1]) * units[t[-1]]
+    else:
+        v = float(t)
+    if not v > 0:
+        raise ValueError(f"duration {text!r} must be positive")
+    return v
+
+
+class CollectorConfig:
+    """Settings of one collector process (see `tailtrace collect --help` and docs/collector.md)."""
+
+    def __init__(self, db, host="127.0.0.1", otlp_port=4318, api_port=9464, retention_s=None,
+                 max_body_bytes=16 * 2**20, memory_limit_mb=2048, duckdb_memory_mb=1024,
+                 max_pending_rows=200_000, max_inflight=32, query_timeout_s=10.0, max_rows=10_000,
+                 scrape=(), scrape_interval_s=1.0, dedup_window=1_000_000):
+        self.__dict__.update(locals())
+        del self.__dict__["self"]
+
+
+class _Server:
+    """uvicorn.Server without its own signal handling (two servers share one loop)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class S(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                yield
+
+        return S(config)
+
+
+def run_collector(cfg: CollectorConfig) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit status. Raises UserError on a busy port or file."""
+    import uvicorn
+
+    from collector.processor.limiter import AdmissionLimiter
+    from collector.query.api import make_api_app
+    from collector.receiver.otlp_http import make_otlp_app
+    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.procs import check_port_free
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    check_port_free(cfg.host, cfg.otlp_port, "collector's OTLP receiver (--otlp-port)")
+    check_port_free(cfg.host, cfg.api_port, "collector's API (--api-port)")
+    scraper = None
+    store = DuckDBStore(cfg.db, memory_limit_mb=cfg.duckdb_memory_mb, retention_s=cfg.retention_s,
+                        max_pending_rows=cfg.max_pending_rows, dedup_window=cfg.dedup_window).start()
+    limiter = AdmissionLimiter(store.overloaded, max_inflight=cfg.max_inflight,
+                               memory_limit_mb=cfg.memory_limit_mb).start()
+    try:
+        if cfg.retention_s:
+            store.run_retention_now()
+        if cfg.scrape:
+            from collector.scrape import Scraper  # checked importable by the CLI
+
+            scraper = Scraper(list(cfg.scrape), store.sink, cfg.scrape_interval_s)
+            scraper.start()
+        otlp = _Server(uvicorn.Config(make_otlp_app(store, limiter, cfg.max_body_bytes), host=cfg.host,
+                                      port=cfg.otlp_port, log_level="warning", access_log=False,
+                                      lifespan="off", timeout_graceful_shutdown=30))
+        api = _Server(uvicorn.Config(make_api_app(store, timeout_s=cfg.query_timeout_s, max_rows=cfg.max_rows),
+                                     host=cfg.host, port=cfg.api_port, log_level="warning", access_log=False,
+                                     lifespan="off", timeout_graceful_shutdown=5))
+
+        async def main():
+            loop = asyncio.get_running_loop()
+
+            def ask_stop():
+                otlp.should_exit = True
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, ask_stop)
+            api_task = asyncio.create_task(api.serve())
+            log.info("collector: OTLP/HTTP on http://%s:%d, API on http://%s:%d, store %s",
+                     cfg.host, cfg.otlp_port, cfg.host, cfg.api_port, cfg.db)
+            await otlp.serve()          # returns after SIGTERM, once in-flight requests are answered
+            api.should_exit = True
+            await api_task
+
+        asyncio.run(main())
+    finally:
+        if scraper is not None:
+            with contextlib.suppress(Exception):
+                scraper.stop()
+        limiter.stop()
+        store.stop()
+    log.info("collector stopped; %s", store.stats)
+    return 0

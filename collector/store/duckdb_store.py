@@ -1,0 +1,485 @@
+"""The only DuckDB writer: one thread, fed by a queue, resolving a future per batch on commit.
+
+Threading contract: `submit`, `sink`, `refresh`, `read_query`, `cursor` and `stop` may be called
+from any thread. Every write happens on the writer thread, which group-commits whatever is
+queued (one transaction for many OTLP requests) and only then resolves their futures; the
+receiver answers 200 after that, so an acknowledged span is in DuckDB's WAL (fsynced on
+commit) and survives `kill -9`.
+
+De-duplication: a span is identified by (trace_id, span_id). The writer remembers the keys of the
+last `dedup_window` spans it stored (two generations of Python sets, ~80 bytes per key; reloaded
+from the file at start) and drops a span whose key it holds, so a retried or re-sent batch is
+stored once. A duplicate older than the window is stored again (documented in docs/schema.md);
+an exact PRIMARY KEY costs ~6 us per span in DuckDB's ART, over half the ingest budget.
+
+`requests` is materialized incrementally: each commit records the traces it touched in
+`_dirty_traces` (same transaction); the writer recomputes those rows from `_request_spans` when
+idle, at most every `refresh_interval_s`, before any `read_query`, and at stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+
+from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
+from tailtrace.errors import UserError
+
+__all__ = ["DuckDBStore", "StoreUnavailable", "is_read_only_sql", "open_readonly"]
+
+log = logging.getLogger("tailtrace.collector.store")
+
+_STOP = object()
+
+
+class StoreUnavailable(RuntimeError):
+    """The store could not commit a batch (disk full, closed, ...). Retryable: 503."""
+
+
+class _KeyWindow:
+    """The keys of about the last `size` spans stored (two generations of sets)."""
+
+    def __init__(self, size: int):
+        self.half = max(1, size // 2)
+        self.cur: set[bytes] = set()
+        self.prev: set[bytes] = set()
+
+    def __contains__(self, k: bytes) -> bool:
+        return k in self.cur or k in self.prev
+
+    def update(self, keys) -> None:
+        self.cur.update(keys)
+        if len(self.cur) >= self.half:
+            self.prev, self.cur = self.cur, set()
+
+
+def _db_config(memory_limit_mb: int, threads: int | None, read_only: bool) -> dict:
+    cfg = {"enable_external_access": False, "memory_limit": f"{memory_limit_mb}MB",
+           "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    if threads:
+        cfg["threads"] = threads
+    if read_only:
+        cfg["access_mode"] = "READ_ONLY"
+    return cfg
+
+
+def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
+    """Open a store file read-only with the SQL API's guards (no file system, locked config).
+
+    Raises `UserError` when the file is missing or held by a running collector."""
+    import duckdb
+
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"no DuckDB file at {p}; start `tailtrace collect --db {p}` first")
+    try:
+        con = duckdb.connect(str(p), read_only=True, config=_db_config(memory_limit_mb, None, False))
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise UserError(f"{p} is held by a running collector (DuckDB allows one writer process per file); "
+                            "query it through the collector: --api http://127.0.0.1:9464") from None
+        raise UserError(f"cannot open {p}: {exc}") from None
+    except duckdb.Error as exc:
+        raise UserError(f"cannot open {p} as a DuckDB file: {exc}") from None
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def is_read_only_sql(con, sql: str) -> str | None:
+    """None when `sql` is exactly one SELECT (or EXPLAIN) statement, else the reason to refuse it.
+
+    Parsed by DuckDB's own parser, not a regex. This is one of three guards: the connection also
+    has `enable_external_access=false` and `lock_configuration=true`, and user queries run in a
+    transaction that is rolled back."""
+    import duckdb
+
+    try:
+        stmts = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        return f"SQL does not parse: {exc}".splitlines()[0]
+    if len(stmts) != 1:
+        return f"send exactly one statement (got {len(stmts)})"
+    kind = stmts[0].type
+    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+        return f"only SELECT queries are allowed (got {kind.name})"
+    return None
+
+
+class DuckDBStore:
+    """Owns one DuckDB file: schema, the writer thread, incremental `requests`, retention.
+
+    path: the DuckDB file (created with the schema of docs/schema.md if missing).
+    max_pending_rows: rows queued but not committed above which `overloaded()` is true.
+    retention_s: rows older than this (by their time column) are deleted every minute; None keeps all.
+    """
+
+    def __init__(self, path: str | Path, *, memory_limit_mb: int = 1024, threads: int | None = None,
+                 dedup_window: int = 1_000_000, refresh_interval_s: float = 1.0,
+                 retention_s: float | None = None, max_pending_rows: int = 200_000,
+                 max_group_rows: int = 50_000):
+        self.path = Path(path)
+        self.memory_limit_mb = memory_limit_mb
+        self.threads = threads
+        self.refresh_interval_s = refresh_interval_s
+        self.retention_s = retention_s
+        self.max_pending_rows = max_pending_rows
+        self.max_group_rows = max_group_rows
+        self._q: queue.Queue = queue.Queue()
+        self._window = _KeyWindow(dedup_window)
+        self._dedup_window = dedup_window
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._dirty = False
+        self._root = None
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.stats = {"committed_rows": 0, "duplicates": 0, "commits": 0, "failed_batches": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> DuckDBStore:
+        """Open (or create) the file and start the writer. Raises `UserError` if the file is held
+        by another process or is not a DuckDB file."""
+        import duckdb
+
+        if self._root is not None:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._root = duckdb.connect(str(self.path),
+                                        config=_db_config(self.memory_limit_mb, self.threads, False))
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise UserError(f"{self.path} is held by another process (another collector?); "
+                                "DuckDB allows one writer per file") from None
+            raise UserError(f"cannot open {self.path}: {exc}") from None
+        except duckdb.Error as exc:
+            raise UserError(f"cannot open {self.path} as a DuckDB file: {exc}") from None
+        con = self._root.cursor()
+        for stmt in DDL:
+            con.execute(stmt)
+        con.execute("SET lock_configuration = true")
+        self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
+        self._preload_keys(con)
+        self._thread = threading.Thread(target=self._run, args=(con,), name="duckdb-writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def _preload_keys(self, con) -> None:
+        n = self._dedup_window
+        rows = con.execute(
+            f"""SELECT trace_id || span_id FROM (SELECT trace_id, span_id FROM spans
+                 ORDER BY rowid DESC LIMIT {n})
+                UNION ALL SELECT trace_id || span_id FROM (SELECT trace_id, span_id FROM engine_steps
+                 WHERE span_id IS NOT NULL ORDER BY rowid DESC LIMIT {n})""").fetchall()
+        keys = []
+        for (h,) in rows:
+            try:
+                keys.append(bytes.fromhex(h))
+            except (TypeError, ValueError):
+                pass
+        self._window.update(keys)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Commit what is queued, refresh `requests`, checkpoint and close. Safe twice and
+        without start."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._thread is not None:
+            self._q.put(_STOP)
+            self._thread.join(timeout_s)
+        if self._root is not None:
+            try:
+                self._root.close()
+            except Exception:
+                log.exception("closing DuckDB")
+            self._root = None
+
+    # ------------------------------------------------------------------ writes
+    @property
+    def pending_rows(self) -> int:
+        """Rows queued and not yet committed."""
+        return self._pending
+
+    def overloaded(self) -> bool:
+        """True when the queue holds more than `max_pending_rows` (the receiver answers 429)."""
+        return self._pending > self.max_pending_rows
+
+    def submit(self, batch) -> Future:
+        """Queue an `enrich.Batch`; the future resolves to the number of rows stored (after commit)
+        or raises `StoreUnavailable`."""
+        fut: Future = Future()
+        if self._stopped or self._thread is None:
+            fut.set_exception(StoreUnavailable("the store is not running"))
+            return fut
+        n = max(1, batch.rows)
+        with self._lock:
+            self._pending += n
+        self._q.put(("batch", batch, fut, n))
+        return fut
+
+    def sink(self, table: str, rows: list[dict]) -> None:
+        """Append `rows` to `metric_points` or `device_samples` without waiting (the scraper's
+        sink). Row keys are the table's columns; `time` may be a datetime (UTC if naive), ns
+        since the epoch (int > 1e14) or seconds (float); `labels` may be a dict. Raises
+        `ValueError` for another table."""
+        from collector.processor.enrich import DEVICE_SCHEMA, METRIC_SCHEMA, Batch
+
+        schema = {"metric_points": METRIC_SCHEMA, "device_samples": DEVICE_SCHEMA}.get(table)
+        if schema is None:
+            raise ValueError(f"sink accepts metric_points or device_samples, not {table!r}")
+        if not rows:
+            return
+        b = Batch()
+        b.tables[table] = _rows_to_table(rows, schema)
+        self.submit(b)
+
+    def refresh(self, timeout_s: float = 10.0) -> bool:
+        """Bring `requests` up to date with everything committed before this call. Returns False
+        on timeout."""
+        if self._thread is None or self._stopped:
+            return False
+        if not self._dirty and self._q.empty():
+            return True
+        ev = threading.Event()
+        self._q.put(("refresh", ev))
+        return ev.wait(timeout_s)
+
+    # ------------------------------------------------------------------ reads
+    def cursor(self):
+        """A new connection to the same database (for the read-only query layer)."""
+        if self._root is None:
+            raise StoreUnavailable("the store is not running")
+        return self._root.cursor()
+
+    def read_query(self, sql: str, params: list | None = None, timeout_s: float = 10.0) -> list[tuple]:
+        """Run one read-only SELECT on the store, after refreshing `requests`. For the Prometheus
+        exporter and the dashboard. Raises `ValueError` for anything but one SELECT,
+        `collector.query.readonly.QueryTimeout` past `timeout_s`, and duckdb.Error on SQL errors."""
+        from collector.query.readonly import run_guarded
+
+        self.refresh(timeout_s)
+        res = run_guarded(self.cursor, sql, params, timeout_s=timeout_s, max_rows=None)
+        return [tuple(r) for r in res.rows]
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self, con) -> None:
+        last_refresh = time.monotonic()
+        last_retention = 0.0
+        while True:
+            try:
+                item = self._q.get(timeout=0.2)
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if item is None:
+                if self._dirty and now - last_refresh >= self.refresh_interval_s:
+                    self._refresh(con)
+                    last_refresh = now
+                if self.retention_s and now - last_retention >= 60:
+                    self._retention(con)
+                    last_retention = now
+                continue
+            group, controls, rows = [], [], 0
+            while True:
+                if item is _STOP or item[0] != "batch":
+                    controls.append(item)
+                else:
+                    group.append(item)
+                    rows += item[3]
+                if rows >= self.max_group_rows:
+                    break
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+            if group:
+                self._commit_group(con, group)
+            if self._dirty and (time.monotonic() - last_refresh >= self.refresh_interval_s
+                                or controls):
+                self._refresh(con)
+                last_refresh = time.monotonic()
+            for c in controls:
+                if c is _STOP:
+                    self._drain_after_stop(con)
+                    try:
+                        con.execute("CHECKPOINT")
+                    except Exception:
+                        log.exception("checkpoint at stop")
+                    con.close()
+                    return
+                if c[0] == "retention":
+                    self._retention(con)
+                c[1].set()
+
+    def _drain_after_stop(self, con) -> None:
+        rest = []
+        while True:
+            try:
+                it = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if it is not _STOP and it[0] == "batch":
+                rest.append(it)
+            elif it is not _STOP:
+                if it[0] == "retention":
+                    self._retention(con)
+                it[1].set()
+        if rest:
+            self._commit_group(con, rest)
+        if self._dirty:
+            self._refresh(con)
+
+    def _commit_group(self, con, group) -> None:
+        try:
+            self._commit(con, group)
+        except Exception as exc:  # noqa: BLE001 - one bad batch must not fail the others
+            _rollback(con)
+            if len(group) > 1:
+                for g in group:
+                    self._commit_group(con, [g])
+                return
+            _, _, fut, n = group[0]
+            self.stats["failed_batches"] += 1
+            log.error("commit failed: %s", exc)
+            with self._lock:
+                self._pending -= n
+            if not fut.done():
+                fut.set_exception(StoreUnavailable(f"store commit failed: {exc}"))
+
+    def _commit(self, con, group) -> None:
+        seen: set[bytes] = set()
+        window = self._window
+        parts: dict[str, list[pa.Table]] = {}
+        dups = 0
+        for _, batch, _, _ in group:
+            keys = batch.keys
+            drop = []
+            for i, k in enumerate(keys):
+                if k in seen or k in window:
+                    drop.append(i)
+                else:
+                    seen.add(k)
+            dups += len(drop)
+            for name, t in batch.tables.items():
+                if "_src" in t.column_names:
+                    if drop:
+                        import pyarrow.compute as pc
+
+                        t = t.filter(pc.invert(pc.is_in(t["_src"], value_set=pa.array(drop, pa.int32()))))
+                    t = t.drop_columns(["_src"])
+                if t.num_rows:
+                    parts.setdefault(name, []).append(t)
+        con.execute("BEGIN TRANSACTION")
+        stored = 0
+        for name, ts in parts.items():
+            t = pa.concat_tables(ts) if len(ts) > 1 else ts[0]
+            con.register("_batch", t)
+            try:
+                if name == "_decode_arrays":
+                    con.execute(_EXPLODE_DECODE)
+                else:
+                    con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
+                    if name == "_request_spans":
+                        con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
+            finally:
+                con.unregister("_batch")
+            stored += t.num_rows
+        con.execute("COMMIT")
+        window.update(seen)
+        if "_request_spans" in parts:
+            self._dirty = True
+        self.stats["committed_rows"] += stored
+        self.stats["duplicates"] += dups
+        self.stats["commits"] += 1
+        total = 0
+        for _, _, fut, n in group:
+            total += n
+            if not fut.done():
+                fut.set_result(n)
+        with self._lock:
+            self._pending -= total
+
+    def _refresh(self, con) -> None:
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for stmt in REFRESH_REQUESTS:
+                con.execute(stmt)
+            con.execute("COMMIT")
+            self._dirty = False
+        except Exception:
+            _rollback(con)
+            log.exception("refreshing requests")
+
+    def _retention(self, con) -> None:
+        if not self.retention_s:
+            return
+        cutoff = time.time() - self.retention_s
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for table, col in TIME_COLUMNS.items():
+                con.execute(f"DELETE FROM {table} WHERE {col} < make_timestamp(CAST(? * 1e6 AS BIGINT))",
+                            [cutoff])
+            con.execute("COMMIT")
+        except Exception:
+            _rollback(con)
+            log.exception("retention")
+
+    def run_retention_now(self, timeout_s: float = 30.0) -> bool:
+        """Apply retention at once (at start and in tests). Returns False on timeout."""
+        if self._thread is None or self._stopped:
+            return False
+        ev = threading.Event()
+        self._q.put(("retention", ev))
+        return ev.wait(timeout_s)
+
+
+_EXPLODE_DECODE = """
+INSERT INTO decode_steps
+SELECT trace_id, request_id, i - 1 AS token_index, make_timestamp(t[i] // 1000) AS time,
+       CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END AS itl_ms,
+       bs[i], pf[i], dc[i], kv[i]
+FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
+"""
+
+
+def _rollback(con) -> None:
+    try:
+        con.execute("ROLLBACK")
+    except Exception:  # noqa: BLE001 - no transaction open
+        pass
+
+
+def _to_us(t):
+    if t is None:
+        return None
+    if isinstance(t, datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=UTC)
+        return int(t.timestamp() * 1e6)
+    if isinstance(t, int) and t > 10**14:
+        return t // 1000
+    return int(float(t) * 1e6)
+
+
+def _rows_to_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    import json
+
+    cols = {}
+    for f in schema:
+        vals = [r.get(f.name) for r in rows]
+        if f.name == "time":
+            cols[f.name] = pa.array([_to_us(v) for v in vals], pa.int64()).cast(f.type)
+        elif f.name == "labels":
+            cols[f.name] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals],
+                                    pa.string())
+        else:
+            cols[f.name] = pa.array(vals, f.type)
+    return pa.table(cols, schema=schema)

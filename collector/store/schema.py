@@ -1,0 +1,142 @@
+"""DDL of the store and the SQL that materializes `requests`. docs/schema.md documents each column.
+
+Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
+"""
+
+from __future__ import annotations
+
+from instrument import semconv as sc
+
+__all__ = ["DDL", "REFRESH_REQUESTS", "TIME_COLUMNS", "USER_TABLES"]
+
+DDL = [
+    """CREATE TABLE IF NOT EXISTS spans (
+        trace_id VARCHAR, span_id VARCHAR, parent_span_id VARCHAR, name VARCHAR, kind VARCHAR,
+        service_name VARCHAR, start_time TIMESTAMP, end_time TIMESTAMP, duration_ms DOUBLE,
+        status_code VARCHAR, status_message VARCHAR, phase VARCHAR, attributes JSON, resource JSON,
+        events JSON, scope_name VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS engine_steps (
+        time TIMESTAMP, service_name VARCHAR, step_index BIGINT, running BIGINT, waiting BIGINT,
+        batch_size BIGINT, prefill_tokens BIGINT, decode_tokens BIGINT, step_ms DOUBLE,
+        kv_cache_usage DOUBLE, preemptions BIGINT, trace_id VARCHAR, span_id VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS decode_steps (
+        trace_id VARCHAR, request_id VARCHAR, token_index INTEGER, time TIMESTAMP, itl_ms DOUBLE,
+        batch_size INTEGER, batch_prefill_tokens INTEGER, batch_decode_tokens INTEGER,
+        kv_cache_usage DOUBLE)""",
+    """CREATE TABLE IF NOT EXISTS device_samples (
+        time TIMESTAMP, host VARCHAR, device_index BIGINT, device_uuid VARCHAR, util_pct DOUBLE,
+        mem_util_pct DOUBLE, mem_used_bytes DOUBLE, mem_total_bytes DOUBLE, sm_clock_mhz DOUBLE,
+        mem_clock_mhz DOUBLE, power_w DOUBLE, temp_c DOUBLE, throttle_mask DOUBLE,
+        throttle_reasons VARCHAR, source VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS metric_points (
+        time TIMESTAMP, source VARCHAR, name VARCHAR, labels JSON, value DOUBLE)""",
+    # Narrow fact table: one row per span of a request phase (see enrich.FACT_PHASES).
+    """CREATE TABLE IF NOT EXISTS _request_spans (
+        trace_id VARCHAR, span_id VARCHAR, phase VARCHAR, start_ns BIGINT, end_ns BIGINT,
+        duration_ms DOUBLE, service_name VARCHAR, preempted_ms DOUBLE, status VARCHAR,
+        request_id VARCHAR, model VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT,
+        cached_tokens BIGINT, preemptions BIGINT, finish_reason VARCHAR, ttft_s DOUBLE,
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE)""",
+    # Traces whose `requests` row is stale; written in the same transaction as their spans.
+    "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
+    """CREATE TABLE IF NOT EXISTS requests (
+        request_id VARCHAR, trace_id VARCHAR, model VARCHAR, arrival_time TIMESTAMP, status VARCHAR,
+        finish_reason VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT,
+        preemptions BIGINT, network_ms DOUBLE, gateway_ms DOUBLE, gateway_queue_ms DOUBLE,
+        frontend_ms DOUBLE, queue_ms DOUBLE, prefill_ms DOUBLE, preempted_ms DOUBLE, decode_ms DOUBLE,
+        unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
+        client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE)""",
+]
+
+# The column that retention (and Parquet partitioning) uses, per table.
+TIME_COLUMNS = {
+    "spans": "start_time", "engine_steps": "time", "decode_steps": "time", "device_samples": "time",
+    "metric_points": "time", "requests": "arrival_time", "_request_spans": "make_timestamp(start_ns // 1000)",
+}
+USER_TABLES = ("spans", "requests", "decode_steps", "engine_steps", "device_samples", "metric_points")
+
+
+def _p(phase: str) -> str:
+    return f"phase = '{phase}'"
+
+
+# The requests of the dirty traces. Letters as in DESIGN.md: C client.request, G gateway server
+# span, A sum of gateway.admission, U gateway.upstream, R llm.request. When a trace holds several
+# spans of one root phase (a retried upstream, say) the one that ended last counts.
+_AGG = f"""
+WITH f AS (
+    SELECT * FROM _request_spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)
+), a AS (
+    SELECT trace_id,
+        arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
+        min(start_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_start,
+        arg_max(client_ttft_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_ttft,
+        arg_max(schedule_lag_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS lag,
+        arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_status,
+        arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g,
+        min(start_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_start,
+        arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_status,
+        arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_svc,
+        sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_GATEWAY_QUEUE)}) AS a,
+        arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_UPSTREAM)}) AS u,
+        arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r,
+        min(start_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_start,
+        arg_max(request_id, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS request_id,
+        arg_max(model, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_model,
+        any_value(model) AS any_model,
+        arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_status,
+        arg_max(finish_reason, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS finish_reason,
+        arg_max(prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS prompt_tokens,
+        arg_max(output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS output_tokens,
+        arg_max(cached_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS cached_tokens,
+        arg_max(preemptions, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS preemptions,
+        arg_max(ttft_s, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS ttft_s,
+        arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_svc,
+        arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_svc,
+        sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_FRONTEND)}) AS frontend_ms,
+        sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_QUEUE)}) AS queue_ms,
+        sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_PREEMPTED)}) AS preempted_ms,
+        sum(duration_ms - coalesce(preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_PREFILL)}) AS prefill_ms,
+        sum(duration_ms - coalesce(preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_DECODE)}) AS decode_ms,
+        any_value(priority) AS priority,
+        any_value(run_id) AS run_id,
+        count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}'))
+            AS roots
+    FROM f GROUP BY trace_id
+), b AS (
+    SELECT *,
+        CASE
+            WHEN g IS NULL THEN c - r
+            WHEN c IS NULL AND (u IS NULL OR r IS NULL) THEN NULL
+            ELSE coalesce(c - g, 0) + coalesce(u - r, 0)
+        END AS network_ms,
+        g - coalesce(a, 0) - coalesce(u, 0) AS gateway_ms
+    FROM a WHERE roots > 0
+)
+SELECT
+    request_id, trace_id, coalesce(r_model, any_model) AS model,
+    make_timestamp(coalesce(c_start, g_start, r_start) // 1000) AS arrival_time,
+    coalesce(r_status, c_status, g_status) AS status, finish_reason, prompt_tokens, output_tokens,
+    cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
+    prefill_ms, preempted_ms, decode_ms,
+    coalesce(c, g, r) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
+        + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
+        + coalesce(preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
+    ttft_s * 1000 AS ttft_ms,
+    CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
+    r AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
+    CASE WHEN a IS NULL AND queue_ms IS NULL AND preempted_ms IS NULL THEN NULL
+         ELSE coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(preempted_ms, 0) END AS queue_time_ms,
+    CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
+         ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
+    coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms
+FROM b
+"""
+
+# Run in one transaction by the writer.
+REFRESH_REQUESTS = [
+    "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
+    "INSERT INTO requests " + _AGG,
+    "DELETE FROM _dirty_traces",
+]

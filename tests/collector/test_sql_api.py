@@ -1,0 +1,139 @@
+"""The read-only SQL API (/api/sql), `tailtrace sql`, `tailtrace export` on a real collector."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from collector.testing import start_collector
+from tests.collector.otlp_payloads import simple_spans
+
+
+@pytest.fixture(scope="module")
+def coll(tmp_path_factory):
+    env_tok = os.environ.pop("TAILTRACE_API_TOKEN", None)
+    h = start_collector(tmp_path_factory.mktemp("sql") / "store.duckdb", "--query-timeout", "2", "--max-rows", "5")
+    r = httpx.post(h.otlp_url + "/v1/traces", content=simple_spans(12, "q").bytes(),
+                   headers={"Content-Type": "application/x-protobuf"})
+    assert r.status_code == 200
+    yield h
+    h.stop()
+    if env_tok is not None:
+        os.environ["TAILTRACE_API_TOKEN"] = env_tok
+
+
+def api(coll, sql, **kw):
+    return httpx.post(coll.api_url + "/api/sql", json={"sql": sql, **kw}, timeout=30, headers=kw.pop("h", None))
+
+
+def test_select_json_shape_cap_and_params(coll):
+    r = api(coll, "SELECT name, duration_ms FROM spans WHERE service_name = ? ORDER BY name", params=["q"])
+    d = r.json()
+    assert r.status_code == 200 and d["columns"] == ["name", "duration_ms"] and d["types"] == ["VARCHAR", "DOUBLE"]
+    assert len(d["rows"]) == 5 and d["truncated"] is True and d["rows"][0] == ["op0", 1.0]
+    g = httpx.get(coll.api_url + "/api/sql", params={"q": "SELECT count(*) FROM spans"})
+    assert g.json()["rows"] == [[12]] and g.json()["truncated"] is False
+
+
+def test_arrow_ipc(coll):
+    r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT span_id FROM spans"},
+                   headers={"Accept": "application/vnd.apache.arrow.stream"})
+    t = pa.ipc.open_stream(r.content).read_all()
+    assert t.num_rows == 5 and t.column_names == ["span_id"] and r.headers["x-truncated"] == "true"
+
+
+@pytest.mark.parametrize("sql", [
+    "COPY spans TO '/tmp/tailtrace-leak.csv'",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM '/etc/passwd'",
+    "ATTACH '/tmp/other.duckdb' AS o",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "DROP TABLE spans",
+    "DELETE FROM spans",
+    "SET enable_external_access = true",
+    "SELECT 1; DROP TABLE spans",
+    "CALL checkpoint()",
+])
+def test_refused(coll, sql):
+    r = api(coll, sql)
+    assert r.status_code in (400, 403), r.text
+    assert r.json()["error"]
+    assert api(coll, "SELECT count(*) FROM spans").json()["rows"] == [[12]]
+    assert not os.path.exists("/tmp/tailtrace-leak.csv")
+
+
+def test_query_that_runs_forever_is_interrupted(coll):
+    r = api(coll, "SELECT count(*) FROM range(10000000000) a, range(10000000000) b")
+    assert r.status_code == 408 and "timeout" in r.json()["error"]
+    assert api(coll, "SELECT 1").json()["rows"] == [[1]]      # the API still answers
+
+
+def test_bad_sql_is_400(coll):
+    r = api(coll, "SELEC nonsense")
+    assert r.status_code in (400, 403) and r.json()["error"]
+    assert httpx.post(coll.api_url + "/api/sql", content=b"{broken").status_code == 400
+
+
+def test_cli_sql_via_api_and_held_file(coll):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "tailtrace", "sql", *a],
+                                    capture_output=True, text=True, check=False, timeout=60)
+    p = run("SELECT count(*) AS n FROM spans", "--api", coll.api_url, "--format", "csv")
+    assert p.returncode == 0 and p.stdout.split() == ["n", "12"]
+    p = run("SELECT 1", "--db", str(coll.db_path))
+    assert p.returncode == 2 and "--api" in p.stderr and "Traceback" not in p.stderr
+    p = run("DROP TABLE spans", "--api", coll.api_url)
+    assert p.returncode == 2 and "only SELECT" in p.stderr
+
+
+def test_bearer_token(tmp_path):
+    env = dict(os.environ, TAILTRACE_API_TOKEN="s3cret")
+    old = os.environ.get("TAILTRACE_API_TOKEN")
+    os.environ["TAILTRACE_API_TOKEN"] = "s3cret"   # start_collector passes the environment on
+    try:
+        h = start_collector(tmp_path / "tok.duckdb")
+    finally:
+        if old is None:
+            os.environ.pop("TAILTRACE_API_TOKEN")
+        else:
+            os.environ["TAILTRACE_API_TOKEN"] = old
+    try:
+        assert httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}).status_code == 401
+        ok = httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}, headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        p = subprocess.run([sys.executable, "-m", "tailtrace", "sql", "SELECT 41+1", "--api", h.api_url,
+                            "--format", "json"], capture_output=True, text=True, check=False, timeout=60, env=env)
+        assert p.returncode == 0 and '"rows": [[42]]' in p.stdout
+    finally:
+        h.stop()
+
+
+def test_export_parquet_api_and_db(tmp_path):
+    import duckdb
+
+    h = start_collector(tmp_path / "e.duckdb")
+    try:
+        assert httpx.post(h.otlp_url + "/v1/traces", content=simple_spans(4, "e").bytes(),
+                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+        p = subprocess.run([sys.executable, "-m", "tailtrace", "export", "--api", h.api_url, "--out",
+                            str(tmp_path / "snap"), "--tables", "spans"], capture_output=True, text=True, check=False, timeout=120)
+        assert p.returncode == 0, p.stderr
+        p = subprocess.run([sys.executable, "-m", "tailtrace", "export", "--db", str(h.db_path), "--out",
+                            str(tmp_path / "x")], capture_output=True, text=True, check=False, timeout=120)
+        assert p.returncode == 2 and "--api" in p.stderr
+    finally:
+        h.stop()
+    p = subprocess.run([sys.executable, "-m", "tailtrace", "export", "--db", str(tmp_path / "e.duckdb"), "--out",
+                        str(tmp_path / "full")], capture_output=True, text=True, check=False, timeout=120)
+    assert p.returncode == 0, p.stderr
+    for d in ("snap", "full"):
+        parts = sorted(os.listdir(tmp_path / d / "spans"))
+        assert parts == ["hour=2025-10-09T08"]
+        n = duckdb.sql(f"SELECT count(*), min(hour) FROM read_parquet('{tmp_path / d}/spans/**/*.parquet', "
+                       "hive_partitioning = true)").fetchall()[0]
+        assert n == (4, "2025-10-09T08")

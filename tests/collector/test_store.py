@@ -1,0 +1,191 @@
+"""The store without sockets: the requests formulas of DESIGN.md, decode_steps, engine_steps,
+de-duplication, retention. Each test builds its own DuckDB file."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from collector.processor.enrich import traces_to_batch
+from collector.store.duckdb_store import DuckDBStore
+from instrument import semconv as sc
+from tests.collector.otlp_payloads import MS, T0, TraceBuilder
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = DuckDBStore(tmp_path / "s.duckdb").start()
+    yield s
+    s.stop()
+    s.stop()  # safe twice
+
+
+def put(store, builder):
+    b = traces_to_batch(builder.req)
+    store.submit(b).result(30)
+    return b
+
+
+def full_tree(b: TraceBuilder, tid: bytes, *, client=True, gateway=True, t0=T0):
+    """One request through every layer; times in ms after t0 (see the expected values below)."""
+    at = lambda ms: t0 + int(ms * MS)
+    c = g = u = b""
+    if client:
+        c = b.span("loadgen", sc.SPAN_CLIENT, at(0), at(1000), trace_id=tid, attrs={
+            sc.PHASE: sc.PHASE_CLIENT, sc.CLIENT_TTFT_MS: 150.0, sc.RUN_ID: "run-1", sc.SCHEDULE_LAG_MS: 0.5,
+        }).span_id
+    if gateway:
+        g = b.span("gateway", "POST /v1/completions", at(10), at(990), trace_id=tid, parent=c,
+                   attrs={sc.PHASE: sc.PHASE_GATEWAY}).span_id
+        b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, at(11), at(31), trace_id=tid, parent=g,
+               attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE, sc.PRIORITY: "interactive"})
+        u = b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, at(35), at(985), trace_id=tid, parent=g,
+                   attrs={sc.PHASE: sc.PHASE_UPSTREAM}).span_id
+    steps = [at(165 + 90 * i) for i in range(10)]
+    r = b.span("vllm", sc.SPAN_LLM_REQUEST, at(40), at(980), trace_id=tid, parent=u or c, attrs={
+        sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "cmpl-" + tid.hex()[:6], sc.GEN_AI_REQUEST_MODEL: "tiny",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: 100, sc.GEN_AI_USAGE_OUTPUT_TOKENS: 10, sc.CACHED_TOKENS: 16,
+        sc.PREEMPTIONS: 1, sc.GEN_AI_RESPONSE_FINISH_REASONS: ["length"], sc.GEN_AI_LATENCY_TTFT: 0.125,
+        sc.STEPS_TIME: steps, sc.STEPS_BATCH_SIZE: list(range(1, 11)), sc.STEPS_PREFILL_TOKENS: [0] * 10,
+        sc.STEPS_DECODE_TOKENS: [4] * 10, sc.STEPS_KV_USAGE: [0.5] * 10,
+    }).span_id
+    for s, e, name, phase, extra in (
+        (40, 45, sc.SPAN_LLM_FRONTEND, sc.PHASE_FRONTEND, {}),
+        (45, 65, sc.SPAN_LLM_QUEUE, sc.PHASE_QUEUE, {}),
+        (65, 165, sc.SPAN_LLM_PREFILL, sc.PHASE_PREFILL, {sc.PREEMPTED_MS: 10.0}),
+        (100, 110, sc.SPAN_LLM_PREEMPTED, sc.PHASE_PREEMPTED, {}),
+        (165, 975, sc.SPAN_LLM_DECODE, sc.PHASE_DECODE, {sc.PREEMPTED_MS: 0.0}),
+        (975, 980, sc.SPAN_LLM_FRONTEND, sc.PHASE_FRONTEND, {}),
+    ):
+        b.span("vllm", name, at(s), at(e), trace_id=tid, parent=r, attrs={sc.PHASE: phase, **extra})
+
+
+COLS = ("network_ms", "gateway_ms", "gateway_queue_ms", "frontend_ms", "queue_ms", "prefill_ms", "preempted_ms",
+        "decode_ms", "unattributed_ms", "e2e_ms", "client_e2e_ms", "client_ttft_ms", "ttft_ms", "tpot_ms",
+        "queue_time_ms", "service_time_ms")
+
+
+def row(store, tid):
+    r = store.read_query(f"SELECT {', '.join(COLS)} FROM requests WHERE trace_id = ?", [tid.hex()])
+    assert len(r) == 1, r
+    return {k: (None if v is None else round(v, 6)) for k, v in zip(COLS, r[0])}
+
+
+def test_requests_every_layer(store):
+    b = TraceBuilder()
+    tid = os.urandom(16)
+    full_tree(b, tid)
+    put(store, b)
+    assert row(store, tid) == {
+        "network_ms": 30.0,        # (C - G) + (U - R) = 20 + 10
+        "gateway_ms": 10.0,        # G - A - U = 980 - 20 - 950
+        "gateway_queue_ms": 20.0, "frontend_ms": 10.0, "queue_ms": 20.0,
+        "prefill_ms": 90.0,        # 100 - its preempted 10
+        "preempted_ms": 10.0, "decode_ms": 810.0,
+        "unattributed_ms": 0.0,    # C - every phase = 1000 - 1000
+        "e2e_ms": 940.0, "client_e2e_ms": 1000.0, "client_ttft_ms": 150.0, "ttft_ms": 125.0,
+        "tpot_ms": 90.0,           # 810 / (10 - 1)
+        "queue_time_ms": 50.0,     # 20 + 20 + 10
+        "service_time_ms": 900.0,  # 90 + 810
+    }
+    other = store.read_query("SELECT request_id, model, status, finish_reason, prompt_tokens, output_tokens, "
+                             "cached_tokens, preemptions, priority, run_id, schedule_lag_ms, service_name, "
+                             "epoch_us(arrival_time) FROM requests")
+    assert other == [("cmpl-" + tid.hex()[:6], "tiny", "ok", "length", 100, 10, 16, 1, "interactive", "run-1", 0.5,
+                      "vllm", T0 // 1000)]
+
+
+def test_requests_missing_layers_are_null(store):
+    b = TraceBuilder()
+    engine_only, no_gateway = os.urandom(16), os.urandom(16)
+    full_tree(b, engine_only, client=False, gateway=False)
+    full_tree(b, no_gateway, client=True, gateway=False)
+    put(store, b)
+    e = row(store, engine_only)
+    assert e["network_ms"] is None and e["gateway_ms"] is None and e["gateway_queue_ms"] is None
+    assert e["client_e2e_ms"] is None and e["client_ttft_ms"] is None
+    assert e["queue_time_ms"] == 30.0                  # engine queue 20 + preempted 10, no gateway queue
+    assert e["unattributed_ms"] == 0.0                 # R 940 - (10 + 20 + 90 + 10 + 810)
+    n = row(store, no_gateway)
+    assert n["network_ms"] == 60.0                     # no gateway: C - R = 1000 - 940
+    assert n["gateway_ms"] is None and n["gateway_queue_ms"] is None
+
+
+def test_requests_assembled_across_batches(store):
+    """Layers arrive in different requests (the engine first, the client last): one row, updated."""
+    tid = os.urandom(16)
+    b = TraceBuilder()
+    full_tree(b, tid)
+    spans = [(rs, sp) for rs in b.req.resource_spans for ss in rs.scope_spans for sp in ss.spans]
+    by_service = {}
+    for rs, sp in spans:
+        by_service.setdefault(rs.resource.attributes[0].value.string_value, []).append(sp)
+    for service in ("vllm", "gateway", "loadgen"):
+        part = TraceBuilder()
+        for sp in by_service[service]:
+            part.span(service, sp.name, sp.start_time_unix_nano, sp.end_time_unix_nano, trace_id=sp.trace_id,
+                      span_id=sp.span_id, parent=sp.parent_span_id)
+            part.req.resource_spans[0].scope_spans[0].spans[-1].attributes.extend(sp.attributes)
+        put(store, part)
+        assert store.read_query("SELECT count(*) FROM requests")[0][0] == 1
+    assert row(store, tid)["network_ms"] == 30.0
+
+
+def test_decode_and_engine_steps(store):
+    b = TraceBuilder()
+    tid = os.urandom(16)
+    full_tree(b, tid, client=False, gateway=False)
+    b.span("vllm", sc.SPAN_ENGINE_STEP, T0, T0 + 7 * MS, attrs={
+        sc.PHASE: sc.PHASE_ENGINE_STEP, sc.STEP_INDEX: 42, sc.RUNNING: 3, sc.WAITING: 1, sc.BATCH_SIZE: 3,
+        sc.PREFILL_TOKENS: 128, sc.DECODE_TOKENS: 2, sc.STEP_MS: 6.5, sc.KV_CACHE_USAGE: 0.25, sc.PREEMPTIONS: 0})
+    put(store, b)
+    rows = store.read_query("SELECT token_index, epoch_us(time), itl_ms, batch_size, batch_decode_tokens, "
+                            "kv_cache_usage, request_id FROM decode_steps ORDER BY token_index")
+    assert len(rows) == 10
+    assert rows[0][:3] == (0, (T0 + 165 * MS) // 1000, None)
+    assert all(r[2] == 90.0 for r in rows[1:])
+    assert [r[3] for r in rows] == list(range(1, 11)) and rows[5][4:] == (4, 0.5, "cmpl-" + tid.hex()[:6])
+    es = store.read_query("SELECT epoch_us(time), service_name, step_index, running, waiting, batch_size, "
+                          "prefill_tokens, decode_tokens, step_ms, kv_cache_usage, preemptions FROM engine_steps")
+    assert es == [((T0 + 7 * MS) // 1000, "vllm", 42, 3, 1, 3, 128, 2, 6.5, 0.25, 0)]
+    # engine steps are not spans
+    assert store.read_query(f"SELECT count(*) FROM spans WHERE phase = '{sc.PHASE_ENGINE_STEP}'")[0][0] == 0
+
+
+def test_same_batch_twice_stored_once(store, tmp_path):
+    b = TraceBuilder()
+    full_tree(b, os.urandom(16))
+    put(store, b)
+    put(store, b)
+    counts = store.read_query("SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM decode_steps), "
+                              "(SELECT count(*) FROM requests), (SELECT count(*) FROM _request_spans)")[0]
+    assert counts == (11, 10, 1, 11)
+    assert store.stats["duplicates"] == 11
+    # the window is reloaded from the file: a resend after a restart is still stored once
+    store.stop()
+    s2 = DuckDBStore(store.path).start()
+    try:
+        s2.submit(traces_to_batch(b.req)).result(30)
+        assert s2.read_query("SELECT count(*) FROM spans")[0][0] == 11
+    finally:
+        s2.stop()
+
+
+def test_retention_drops_old_rows(tmp_path):
+    import time
+
+    s = DuckDBStore(tmp_path / "r.duckdb", retention_s=3600).start()
+    try:
+        now = time.time_ns()
+        b = TraceBuilder()
+        full_tree(b, os.urandom(16), t0=now - 2 * 3600 * 10**9)   # 2 h old
+        full_tree(b, os.urandom(16), t0=now - 60 * 10**9)         # 1 min old
+        s.submit(traces_to_batch(b.req)).result(30)
+        assert s.read_query("SELECT count(*) FROM requests")[0][0] == 2
+        assert s.run_retention_now()
+        assert s.read_query("SELECT count(*) FROM requests")[0][0] == 1
+        assert s.read_query("SELECT count(*) FROM spans")[0][0] == 11
+        assert s.read_query("SELECT count(*) FROM decode_steps")[0][0] == 10
+    finally:
+        s.stop()

@@ -119,7 +119,10 @@ SELECT
     make_timestamp(coalesce(c_start, g_start, r_start) // 1000) AS arrival_time,
     coalesce(r_status, c_status, g_status) AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
-    prefill_ms, preempted_ms, decode_ms,
+    prefill_ms,
+    -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
+    CASE WHEN r IS NOT NULL THEN coalesce(preempted_ms, 0) END AS preempted_ms,
+    decode_ms,
     coalesce(c, g, r) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
         + coalesce(preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,

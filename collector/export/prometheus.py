@@ -51,24 +51,24 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 from instrument import semconv
 
 __all__ = [
-    "make_registry",
-    "StoreMetricsCollector",
-    "PhaseSpec",
+    "BATCH_SIZE_BUCKETS",
+    "LATENCY_BUCKETS_SECONDS",
+    "LAYERS",
+    "METRIC_LATENCY_HISTOGRAM",
+    "METRIC_LATENCY_QUANTILE",
+    "METRIC_LATENCY_SAMPLES",
     "PHASES",
     "QUANTILES",
     "WINDOWS",
-    "LAYERS",
-    "LATENCY_BUCKETS_SECONDS",
-    "BATCH_SIZE_BUCKETS",
-    "METRIC_LATENCY_QUANTILE",
-    "METRIC_LATENCY_SAMPLES",
-    "METRIC_LATENCY_HISTOGRAM",
+    "PhaseSpec",
+    "StoreMetricsCollector",
+    "make_registry",
 ]
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,130 @@
+"""compose.yaml: validated by `docker compose config` where Docker Compose v2 runs, and always by a
+structural check: the services, the GPU reservations, DESIGN.md's ports on loopback, bind mounts
+that exist in the repo, the files the images COPY, and every `tailtrace` command line parsed by the
+real CLI parser."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose.yaml"
+
+# DESIGN.md's ports (plus the third-party services' usual ones), container port == host port
+PORTS = {"vllm": [8000], "gateway": [8080], "collector": [4318, 9464], "dashboard": [8501],
+         "prometheus": [9090], "grafana": [3000], "dcgm-exporter": [9400]}
+
+
+def _interpolate(value: str) -> str:
+    """Compose's `${VAR:-default}` / `${VAR}` / `$$` with an empty environment."""
+    value = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+    value = re.sub(r"\$\{[A-Z0-9_]+\}", "", value)
+    return value.replace("$$", "$")
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())  # resolves the x-* anchors and `<<` merges
+
+
+def _compose_v2() -> list[str] | None:
+    for cmd in (["docker", "compose"], ["docker-compose"]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        r = subprocess.run(cmd + ["version", "--short"], check=False, capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip().lstrip("v").startswith("2"):
+            return cmd
+    return None
+
+
+def test_docker_compose_config_accepts_it():
+    cmd = _compose_v2()
+    if cmd is None:
+        pytest.skip("no Docker Compose v2 here (docker compose / docker-compose): the structural checks below run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
+    r = subprocess.run(cmd + ["-f", str(COMPOSE), "config", "--quiet"], check=False, capture_output=True, text=True, env=env,
+                       cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+
+
+def test_services_ports_gpu_and_mounts():
+    doc = _compose()
+    services = doc["services"]
+    assert set(services) == set(PORTS)
+    for name, svc in services.items():
+        assert "image" in svc or "build" in svc, name
+        published = []
+        for p in svc.get("ports", []):
+            host_ip, host_port, container_port = _interpolate(p).split(":")
+            assert host_ip == "127.0.0.1", f"{name} publishes {p} beyond loopback"
+            assert host_port == container_port
+            published.append(int(host_port))
+        assert published == PORTS[name], (name, published)
+        for v in svc.get("volumes", []):
+            src = _interpolate(v).split(":")[0]
+            if src.startswith("./"):
+                assert (ROOT / src).exists(), f"{name} mounts {src}, missing in the repo"
+            elif not src.startswith(("~", "/")):
+                assert src in doc["volumes"], f"{name} uses undeclared volume {src}"
+    # the GPU is reserved for vLLM and dcgm-exporter
+    for name in ("vllm", "dcgm-exporter"):
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), name
+    # vLLM runs from the official image, with tailtrace installed into it
+    vllm_build = services["vllm"]["build"]
+    assert vllm_build["args"]["VLLM_IMAGE"].endswith(":-vllm/vllm-openai:v0.32.0}")
+    assert "pip install" in vllm_build["dockerfile_inline"]
+
+
+def test_images_copy_only_what_exists():
+    for name, svc in _compose()["services"].items():
+        build = svc.get("build")
+        if not build:
+            continue
+        for line in build["dockerfile_inline"].splitlines():
+            if line.strip().startswith("COPY"):
+                for src in line.split()[1:-1]:
+                    assert (ROOT / build["context"] / src).exists(), f"{name}: COPY {src}: missing in the repo"
+
+
+def test_tailtrace_command_lines_parse_with_the_real_cli():
+    from tailtrace.cli import build_parser
+
+    parser = build_parser()
+    checked = 0
+    for name, svc in _compose()["services"].items():
+        argv = [_interpolate(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
+        if not argv or argv[0] != "tailtrace":
+            continue
+        args = parser.parse_args(argv[1:])
+        assert callable(getattr(args, "func", None)), name
+        host = getattr(args, "host", None)
+        assert host == "0.0.0.0", f"{name} must bind 0.0.0.0 inside its container"
+        checked += 1
+    assert checked == 4  # vllm (serve), gateway, collector, dashboard
+
+
+def test_prometheus_and_grafana_point_at_the_services():
+    doc = _compose()
+    services = doc["services"]
+    prom_cfg = yaml.safe_load((ROOT / "grafana/prometheus/prometheus.yml").read_text())
+    targets = {t for job in prom_cfg["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
+    for target in targets - {"localhost:9090"}:
+        host, port = target.split(":")
+        assert host in services and int(port) in PORTS[host], target
+    assert {"collector:9464", "vllm:8000", "dcgm-exporter:9400"} <= targets
+    mounts = dict(_interpolate(v).split(":")[:2] for v in services["grafana"]["volumes"] if v.startswith("./"))
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    provider = yaml.safe_load((ROOT / "grafana/provisioning/dashboards/tailtrace.yaml").read_text())
+    assert mounts["./grafana/dashboards"] == provider["providers"][0]["options"]["path"]
+    ds = yaml.safe_load((ROOT / "grafana/provisioning/datasources/tailtrace.yaml").read_text())
+    assert ds["datasources"][0]["url"] == "http://prometheus:9090"
+    prom_mounts = dict(_interpolate(v).split(":")[:2] for v in services["prometheus"]["volumes"])
+    assert prom_mounts["./grafana/prometheus"] == "/etc/prometheus"
+    assert prom_cfg["rule_files"] == ["rules.yml"]  # beside prometheus.yml in /etc/prometheus

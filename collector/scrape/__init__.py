@@ -4,7 +4,7 @@ DCGM's per-GPU fields into `device_samples` (source='dcgm').
 Imports are lazy so that command registration stays cheap.
 """
 
-__all__ = ["Scraper", "ScrapeTarget", "parse_target", "load_targets", "parse_exposition"]
+__all__ = ["ScrapeTarget", "Scraper", "load_targets", "parse_exposition", "parse_target"]
 
 
 def __getattr__(name):

@@ -14,22 +14,29 @@ Row shapes (the `sink(table, rows)` contract):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from instrument.device.reasons import throttle_reasons_label
 
-__all__ = ["ParsedExposition", "parse_exposition", "detect_kind", "dcgm_device_rows", "is_dcgm_blank",
-           "DEFAULT_EXCLUDE"]
+__all__ = [
+    "DEFAULT_EXCLUDE",
+    "ParsedExposition",
+    "dcgm_device_rows",
+    "detect_kind",
+    "is_dcgm_blank",
+    "parse_exposition",
+]
 
 # Series left out of metric_points unless asked for: histogram buckets (tailtrace's percentiles
 # are exact, computed from raw spans, never interpolated from buckets) and the `_created`
 # timestamps prometheus-client adds to counters and histograms.
 DEFAULT_EXCLUDE = (r"_bucket$", r"_created$")
 
-_COUNTER_TYPE = re.compile(r"^#\s*TYPE\s+(\S+)\s+counter\s*$", re.M)
+_COUNTER_TYPE = re.compile(r"^#\s*TYPE\s+(\S+)\s+counter\s*$", re.MULTILINE)
 
 # DCGM's "no value" sentinels, which dcgm-exporter passes through as numbers (dcgm_structs.h:
 # DCGM_INT64_BLANK = 0x7ffffffffffffff0 and the NOT_FOUND/NOT_SUPPORTED/NOT_PERMISSIONED codes
@@ -46,7 +53,7 @@ def is_dcgm_blank(value: float) -> bool:
 
 def utc_naive(t_s: float) -> datetime:
     """Unix seconds -> naive UTC datetime (what the store's TIMESTAMP columns hold)."""
-    return datetime.fromtimestamp(t_s, timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(t_s, UTC).replace(tzinfo=None)
 
 
 @dataclass
@@ -126,6 +133,15 @@ def parse_exposition(
 _MIB = float(1 << 20)
 
 
+def _first(fields: dict, *names):
+    """The first of `names` with a value in `fields`, else None."""
+    for n in names:
+        v = fields.get(n)
+        if v is not None:
+            return v
+    return None
+
+
 def dcgm_device_rows(metric_rows: list[dict], default_host: str = "") -> list[dict]:
     """Pivot dcgm-exporter series (metric_points rows) into one device_samples row per GPU.
 
@@ -166,12 +182,7 @@ def dcgm_device_rows(metric_rows: list[dict], default_host: str = "") -> list[di
         meta[key] = (host, idx, lab.get("UUID", ""))
     rows = []
     for key, f in per_gpu.items():
-        def g(*names):
-            for n in names:
-                v = f.get(n)
-                if v is not None:
-                    return v
-            return None
+        g = functools.partial(_first, f)
 
         sm_active = g("DCGM_FI_PROF_SM_ACTIVE")
         dram_active = g("DCGM_FI_PROF_DRAM_ACTIVE")

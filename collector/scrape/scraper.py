@@ -21,12 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 from collector.scrape.parse import DEFAULT_EXCLUDE, ParsedExposition, parse_exposition, utc_naive
 from collector.scrape.targets import ScrapeTarget, parse_target
 from tailtrace.errors import UserError
 
-__all__ = ["Scraper", "TargetStatus", "ScrapeError"]
+__all__ = ["ScrapeError", "Scraper", "TargetStatus"]
 
 log = logging.getLogger("tailtrace.scrape")
 
@@ -107,7 +108,7 @@ class Scraper:
         self._started = False
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Scraper":
+    def start(self) -> Scraper:
         """Start one scraping thread per target. Returns self. Idempotent."""
         if self._started:
             return self
@@ -138,7 +139,7 @@ class Scraper:
             self._client.close()
             self._client = None
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -231,7 +232,7 @@ class Scraper:
             return
         try:
             self.sink(table, rows)
-        except Exception:  # noqa: BLE001 - a failing sink must not kill the scraper
+        except Exception:
             st.sink_errors += 1
             if st.sink_errors in (1, 10, 100) or st.sink_errors % 1000 == 0:
                 log.warning("scrape sink failed for %s (%d times)", table, st.sink_errors, exc_info=True)
@@ -254,7 +255,7 @@ class Scraper:
                 self.scrape_once(target)
             except ScrapeError:
                 pass
-            except Exception:  # noqa: BLE001 - never let a target's thread die
+            except Exception:
                 log.exception("unexpected error scraping %s", target.url)
                 st.consecutive_failures += 1
             now = time.monotonic()

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tailtrace.errors import UserError
 
-__all__ = ["KINDS", "ScrapeTarget", "ScrapeConfig", "parse_target", "load_targets"]
+__all__ = ["KINDS", "ScrapeConfig", "ScrapeTarget", "load_targets", "parse_target"]
 
 KINDS = ("auto", "vllm", "dcgm")
 

@@ -1,0 +1,42 @@
+"""Distributions: histograms and CDFs with P99/P999 marked; batch size per engine step and per decode
+step; input and output lengths; latency against input length."""
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+
+ctx = ui.require()
+ui.header("Distributions", "engine scheduling · request shape",
+          "Exact quantiles from every row. Histograms use log-spaced bins (20 per decade).")
+
+have = set(ctx.schema.get("requests", ())) | ({data.ITL} if "itl_ms" in ctx.schema.get("decode_steps", ()) else set())
+options = [m for m in ("e2e_ms", "ttft_ms", "tpot_ms", data.ITL, "client_e2e_ms", "client_ttft_ms",
+                       "queue_time_ms", "service_time_ms") if m in have]
+metric = st.selectbox("Latency", options, format_func=lambda m: data.ALL_METRICS[m], key="dist_metric")
+d = data.latency_distribution(ctx.src, ctx.filters, metric)
+if d["count"] == 0:
+    ui.show_empty(f"No value of {data.ALL_METRICS[metric]} in the selection.")
+else:
+    q = d["quantiles"]
+    ui.metric_row([(lab, ui.fmt_ms(q.get(lab)), None) for lab in data.QUANTILE_LABELS] +
+                  [("values", f"{d['count']:,}", None)])
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(charts.histogram(d["hist"], q, data.ALL_METRICS[metric]), key="dist_hist")
+    c2.plotly_chart(charts.cdf(d["cdf"], q, data.ALL_METRICS[metric]), key="dist_cdf")
+
+st.subheader("Batch size")
+b = data.batch_size_distribution(ctx.src, ctx.filters, ctx.schema)
+if len(b):
+    st.plotly_chart(charts.batch_sizes(b), key="dist_batch")
+    mean = b.assign(w=b["batch_size"] * b["count"]).groupby("view")[["w", "count"]].sum()
+    st.caption(" · ".join(f"mean batch size per {v}: {r.w / r['count']:.2f}" for v, r in mean.iterrows())
+               + ". A decode step sees the batch it ran in, so large batches weigh more there.")
+else:
+    st.info("No engine or decode steps recorded in the selection.")
+
+st.subheader("Input and output lengths")
+st.plotly_chart(charts.lengths(data.length_distribution(ctx.src, ctx.filters)), key="dist_len")
+st.subheader("Latency against input length")
+li = data.latency_by_input_length(ctx.src, ctx.filters)
+st.plotly_chart(charts.latency_vs_input(li), key="dist_li")
+st.dataframe(li, hide_index=True)

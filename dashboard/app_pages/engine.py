@@ -1,0 +1,31 @@
+"""Engine and device: running/waiting, KV usage, step time, device utilisation, clocks and throttle
+reasons on the same time axis as latency."""
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+
+ctx = ui.require()
+ui.header("Engine and device", "engine scheduling · compute and hardware",
+          "Scheduler state and the GPU per time bucket, under the request latency of the same buckets.")
+first, last = data.bounds(ctx.src, ctx.filters)
+width = data.bucket_ms(first, last)
+eng = data.engine_timeline(ctx.src, ctx.filters, ctx.schema, width)
+dev = data.device_timeline(ctx.src, ctx.filters, ctx.schema, width)
+lat = data.throughput_timeline(ctx.src, ctx.filters, ctx.slo, width)
+if not len(eng):
+    ui.show_empty("No engine steps in the selection: the vLLM plugin emits them (`tailtrace serve`).")
+    st.stop()
+st.caption(f"Bucket width {width / 1000:g} s · {int(eng['steps'].sum()):,} engine steps"
+           + (f" · {dev['device'].nunique()} device(s)" if len(dev) else ""))
+st.plotly_chart(charts.engine_device(lat, eng, dev), key="eng_fig")
+if not len(dev):
+    st.info("No device samples in the selection. Run the device sampler (`tailtrace sample`) next to the "
+            "engine to see utilisation, clocks and throttle reasons here.")
+else:
+    reasons = dev[dev["throttled"] > 0]
+    if len(reasons):
+        st.warning("Throttling seen: " + ", ".join(sorted({r for x in reasons["throttle_reasons"].dropna()
+                                                           for r in str(x).split(", ") if r})))
+with st.expander("Engine steps per bucket"):
+    st.dataframe(eng, hide_index=True)

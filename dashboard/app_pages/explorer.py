@@ -1,0 +1,54 @@
+"""Request explorer: the slowest requests; for one, the waterfall of its spans from client to engine
+and its per-token ITL timeline coloured by batch size and co-scheduled prefill tokens."""
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+
+ctx = ui.require()
+ui.header("Request explorer", "all four, for one request",
+          "Pick one of the slowest requests (or paste a request id) to see its spans and every decode step.")
+
+cols = set(ctx.schema.get("requests", ()))
+options = [m for m in ("e2e_ms", "client_e2e_ms", "ttft_ms", "tpot_ms", "queue_time_ms") if m in cols]
+c1, c2 = st.columns([1, 1])
+metric = c1.selectbox("Slowest by", options, format_func=lambda m: data.REQUEST_METRICS[m], key="ex_metric")
+typed = c2.text_input("…or request id", key="ex_typed").strip()
+slow = data.slowest_requests(ctx.src, ctx.filters, metric, ctx.schema)
+st.dataframe(slow, hide_index=True, height=260)
+if not len(slow) and not typed:
+    ui.show_empty(f"No request with {data.REQUEST_METRICS[metric]} in the selection.")
+    st.stop()
+ids = [str(x) for x in slow["request_id"]]
+fmt = {str(r): f"{r} · {ui.fmt_ms(v)}" for r, v in zip(slow["request_id"], slow[metric])}
+picked = st.selectbox("Request", ids, format_func=lambda r: fmt.get(r, r), key="ex_pick") if ids else None
+rid = typed or picked
+det = data.request_detail(ctx.src, rid, ctx.schema)
+req = det["request"]
+if req is None:
+    st.warning(f"No request with id {rid!r} in the store.")
+    st.stop()
+ui.metric_row([
+    ("E2E", ui.fmt_ms(ui.safe_float(req.get("client_e2e_ms")) or ui.safe_float(req.get("e2e_ms"))), "outermost measured"),
+    ("TTFT", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), None),
+    ("Queue time", ui.fmt_ms(ui.safe_float(req.get("queue_time_ms"))), "gateway queue + engine queue + preempted"),
+    ("Service time", ui.fmt_ms(ui.safe_float(req.get("service_time_ms"))), "prefill + decode"),
+    ("Tokens in → out", f"{req.get('prompt_tokens')} → {req.get('output_tokens')}", None),
+])
+st.caption(f"trace {req.get('trace_id')} · model {req.get('model')} · service {req.get('service_name', 'n/a')} · "
+           f"arrived {req.get('arrival_time')} UTC · status {req.get('status')}")
+tree = data.span_tree(det["spans"])
+if len(tree):
+    st.plotly_chart(charts.waterfall(tree), key="ex_waterfall")
+    if det["decode_step_spans"]:
+        st.caption(f"{det['decode_step_spans']} per-token spans (llm.decode.step) are left out of the waterfall; "
+                   "their timings are below.")
+else:
+    st.info("No spans of this trace in the store.")
+steps = det["steps"]
+if len(steps):
+    st.plotly_chart(charts.itl_timeline(steps), key="ex_itl")
+    with st.expander("Decode steps"):
+        st.dataframe(steps, hide_index=True)
+else:
+    st.info("No decode steps recorded for this request.")

@@ -1,0 +1,40 @@
+"""Overview: request rate, token throughput, goodput and SLO attainment, exact P50/P90/P99/P999 of
+TTFT, TPOT, ITL and E2E."""
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+
+ctx = ui.require()
+ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the sidebar, and exact latency "
+          "percentiles (quantile_cont over every request / decode step in DuckDB).")
+
+s = data.summary(ctx.src, ctx.filters, ctx.slo)
+ui.metric_row([
+    ("Requests", f"{s['requests']:,}", "requests that arrived in the window"),
+    ("Request rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""), "requests / (last − first arrival)"),
+    ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), "sum of output tokens / window"),
+    ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), "sum of prompt tokens / window"),
+    ("Goodput (req/s)", ui.fmt_rate(s["goodput_rps"], ""),
+     "requests per second that finished OK and met every SLO (vLLM benchmark_serving --goodput; DistServe)"),
+    ("SLO attainment", ui.fmt_pct(s["slo_attainment"]), f"{s['good']:,} of {s['requests']:,} requests met every SLO"),
+])
+
+pct = data.percentiles(ctx.src, ctx.filters, ctx.schema)
+by_metric = {m: r for m, r in zip(pct["metric"], pct.to_dict("records"))}
+cards = []
+for m, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), (data.ITL, "ITL"), ("e2e_ms", "E2E")):
+    r = by_metric.get(m)
+    cards.append((f"{name} P99", ui.fmt_ms(r["P99"]) if r else "n/a",
+                  f"P999 {ui.fmt_ms(r['P999'])} · P50 {ui.fmt_ms(r['P50'])} · n = {r['count']:,}" if r else
+                  "no data"))
+ui.metric_row(cards)
+
+st.subheader("Latency percentiles (ms, exact)")
+st.dataframe(pct.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True,
+             column_config={c: st.column_config.NumberColumn(format="%.3f") for c in
+                            ("mean", "P50", "P90", "P99", "P999", "max")})
+
+tl = data.throughput_timeline(ctx.src, ctx.filters, ctx.slo, data.bucket_ms(s["first_time"], s["last_time"]))
+if len(tl) > 1:
+    st.plotly_chart(charts.throughput(tl), key="ov_tp")

@@ -1,0 +1,47 @@
+"""Queue vs service: per-phase latency stacked over time; for requests above P99, which phase holds
+the time."""
+
+import streamlit as st
+
+from dashboard import charts, data, ui
+
+ctx = ui.require()
+ui.header("Queue vs service", "gateway and infrastructure · engine scheduling · compute",
+          "Queue time = gateway queue + engine queue + preempted; service time = prefill + decode. "
+          "Unattributed = outermost E2E minus every phase (shown, never hidden).")
+
+phases = data.phase_columns(ctx.schema)
+first, last = data.bounds(ctx.src, ctx.filters)
+tl = data.phases_timeline(ctx.src, ctx.filters, phases, data.bucket_ms(first, last))
+st.plotly_chart(charts.stacked_phases(tl, phases), key="qs_stack")
+
+pct = data.percentiles(ctx.src, ctx.filters, ctx.schema, include_itl=False)
+qs = pct[pct["metric"].isin(["queue_time_ms", "service_time_ms"])]
+if len(qs):
+    st.dataframe(qs.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True)
+
+st.subheader("The tail: requests above P99")
+metrics = [m for m in ("client_e2e_ms", "e2e_ms", "client_ttft_ms", "ttft_ms", "tpot_ms")
+           if m in set(ctx.schema.get("requests", ()))]
+present = [m for m in metrics if (pct["metric"] == m).any()]
+metric = st.selectbox("Tail of", present or metrics, format_func=lambda m: data.REQUEST_METRICS[m], key="qs_metric")
+tb = data.tail_breakdown(ctx.src, ctx.filters, phases, metric)
+if tb["threshold_ms"] is None:
+    ui.show_empty(f"No request has {data.REQUEST_METRICS[metric]}.")
+    st.stop()
+tail_n = int(tb["shares"].set_index("grp").loc["tail", "requests"]) if "tail" in set(tb["shares"]["grp"]) else 0
+dom = tb["dominant"]
+top = dom.iloc[0] if len(dom) else None
+ui.metric_row([
+    (f"P99 of {data.REQUEST_METRICS[metric]}", ui.fmt_ms(tb["threshold_ms"]), "exact, quantile_cont"),
+    ("Requests above P99", f"{tail_n:,}", None),
+    ("Phase holding most tail requests", f"{top['label']}" if top is not None else "n/a",
+     f"largest phase in {int(top['requests'])} of {tail_n} tail requests" if top is not None else None),
+])
+if len(tb["shares"]):
+    st.plotly_chart(charts.tail_shares(tb["shares"], phases, data.REQUEST_METRICS[metric]), key="qs_tail")
+c1, c2 = st.columns([1, 2])
+c1.caption("Tail requests by their largest phase")
+c1.dataframe(dom[["label", "requests"]].rename(columns={"label": "phase"}), hide_index=True)
+c2.caption("Slowest tail requests (ms)")
+c2.dataframe(tb["slowest"], hide_index=True)

@@ -1,0 +1,236 @@
+"""Plotly figures of the dashboard, built from the DataFrames of dashboard/data.py (no queries here).
+
+Every time axis is UTC; every latency axis is milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+__all__ = [
+    "PHASE_COLORS",
+    "batch_sizes",
+    "cdf",
+    "engine_device",
+    "histogram",
+    "itl_timeline",
+    "latency_vs_input",
+    "lengths",
+    "stacked_phases",
+    "tail_shares",
+    "throughput",
+    "waterfall",
+]
+
+# One colour per phase, grouped by layer (blues: gateway/infra, oranges: scheduling, greens: compute).
+PHASE_COLORS = {
+    "network_ms": "#9ecae1", "gateway_ms": "#6baed6", "gateway_queue_ms": "#2171b5",
+    "frontend_ms": "#fdae6b", "queue_ms": "#e6550d", "preempted_ms": "#a63603",
+    "prefill_ms": "#74c476", "decode_ms": "#238b45", "unattributed_ms": "#bdbdbd",
+}
+SPAN_PHASE_COLORS = {
+    "client": "#636363", "gateway": "#6baed6", "gateway_queue": "#2171b5", "upstream": "#4292c6",
+    "network": "#9ecae1", "http": "#c6dbef", "engine": "#fd8d3c", "frontend": "#fdae6b", "queue": "#e6550d",
+    "prefill": "#74c476", "preempted": "#a63603", "decode": "#238b45", "decode_step": "#a1d99b",
+}
+
+_LAYOUT = {"margin": {"l": 10, "r": 10, "t": 40, "b": 10}, "legend": {"orientation": "h", "y": -0.15}}
+
+
+def _fig(title: str, **kw) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=title, **_LAYOUT, **kw)
+    return fig
+
+
+def throughput(tl: pd.DataFrame) -> go.Figure:
+    """Request rate and goodput (req/s, left) and output tokens/s (right) per bucket."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Scatter(x=tl["bucket"], y=tl["request_rate_rps"], name="requests/s", mode="lines"))
+    fig.add_trace(go.Scatter(x=tl["bucket"], y=tl["goodput_rps"], name="goodput (req/s meeting SLOs)",
+                             mode="lines"))
+    fig.add_trace(go.Scatter(x=tl["bucket"], y=tl["output_tps"], name="output tokens/s", mode="lines",
+                             line={"dash": "dot"}), secondary_y=True)
+    fig.update_layout(title="Throughput and goodput", **_LAYOUT)
+    fig.update_yaxes(title_text="req/s", secondary_y=False)
+    fig.update_yaxes(title_text="tokens/s", secondary_y=True)
+    return fig
+
+
+def stacked_phases(tl: pd.DataFrame, phases: Sequence[tuple[str, str, str]]) -> go.Figure:
+    """Mean ms per request of each phase, stacked per time bucket (they add up to the mean E2E)."""
+    fig = _fig("Where the time goes: mean ms per request, by phase", yaxis_title="ms per request")
+    for col, label, layer in phases:
+        if col in tl:
+            fig.add_trace(go.Scatter(x=tl["bucket"], y=tl[col].fillna(0), name=label, stackgroup="phases",
+                                     mode="lines", line={"width": 0.5, "color": PHASE_COLORS.get(col)},
+                                     hovertemplate=f"{label} ({layer}): %{{y:.1f}} ms<extra></extra>"))
+    return fig
+
+
+def tail_shares(shares: pd.DataFrame, phases: Sequence[tuple[str, str, str]], metric_label: str) -> go.Figure:
+    """Mean ms per phase: all requests vs the tail (above P99), as stacked horizontal bars."""
+    fig = _fig(f"All requests vs the tail (above P99 of {metric_label}): mean ms per phase",
+               barmode="stack", xaxis_title="ms per request")
+    names = {"all": "all requests", "tail": "above P99"}
+    for col, label, _ in phases:
+        if col in shares:
+            fig.add_trace(go.Bar(y=[names.get(g, g) for g in shares["grp"]], x=shares[col].fillna(0),
+                                 name=label, orientation="h", marker_color=PHASE_COLORS.get(col)))
+    return fig
+
+
+def _mark_quantiles(fig: go.Figure, quantiles: dict, which=("P99", "P999"), row=None, col=None) -> None:
+    for lab, dash in zip(which, ("dash", "dot")):
+        v = quantiles.get(lab)
+        if v is not None:
+            kw = {"row": row, "col": col} if row else {}
+            fig.add_vline(x=v, line_dash=dash, line_color="#d62728", annotation_text=f"{lab} {v:.1f} ms",
+                          annotation_position="top", **kw)
+
+
+def histogram(hist: pd.DataFrame, quantiles: dict, label: str) -> go.Figure:
+    """Counts on log-spaced bins (x: ms, log scale) with P99 and P999 marked."""
+    fig = _fig(f"Histogram of {label}", xaxis_title="ms (log scale)", yaxis_title="count", xaxis_type="log",
+               bargap=0)
+    mid = (hist["lo_ms"] * hist["hi_ms"]) ** 0.5
+    fig.add_trace(go.Bar(x=mid, y=hist["count"], width=hist["hi_ms"] - hist["lo_ms"], name=label,
+                         customdata=hist[["lo_ms", "hi_ms"]],
+                         hovertemplate="%{customdata[0]:.2f}–%{customdata[1]:.2f} ms: %{y}<extra></extra>"))
+    _mark_quantiles(fig, quantiles)
+    return fig
+
+
+def cdf(c: pd.DataFrame, quantiles: dict, label: str) -> go.Figure:
+    """Exact CDF (left) and the tail as 1 - CDF on a log axis (right), P99/P999 marked."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(f"CDF of {label} (exact quantiles)",
+                                                        "Tail: 1 − CDF (log scale)"))
+    fig.add_trace(go.Scatter(x=c["value_ms"], y=c["prob"], mode="lines", name="CDF"), row=1, col=1)
+    t = c[c["prob"] < 1.0]
+    fig.add_trace(go.Scatter(x=t["value_ms"], y=1 - t["prob"], mode="lines+markers", name="1 − CDF"),
+                  row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_xaxes(title_text=f"{label} (ms)")
+    for lab, dash in (("P99", "dash"), ("P999", "dot")):
+        v = quantiles.get(lab)
+        if v is not None:
+            for k in (1, 2):
+                fig.add_vline(x=v, line_dash=dash, line_color="#d62728", row=1, col=k,
+                              annotation_text=f"{lab} {v:.1f} ms" if k == 2 else None,
+                              annotation_position="bottom left" if lab == "P99" else "top right")
+    fig.update_layout(margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=False)
+    return fig
+
+
+def batch_sizes(b: pd.DataFrame) -> go.Figure:
+    """Share of engine steps and of decode steps at each batch size."""
+    fig = _fig("Batch size: per engine step vs as seen by each decode step", barmode="group",
+               xaxis_title="batch size (requests in the step)", yaxis_title="share")
+    for view, g in b.groupby("view", sort=False):
+        fig.add_trace(go.Bar(x=g["batch_size"], y=g["share"], name=str(view)))
+    return fig
+
+
+def lengths(ld: pd.DataFrame) -> go.Figure:
+    """Input and output length histograms side by side."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("Input (prompt) tokens", "Output tokens"))
+    for k, kind in enumerate(("input", "output"), start=1):
+        g = ld[ld["kind"] == kind]
+        fig.add_trace(go.Bar(x=(g["lo_tokens"] + g["hi_tokens"]) / 2, y=g["count"], width=g["hi_tokens"] - g["lo_tokens"],
+                             name=kind, showlegend=False), row=1, col=k)
+    fig.update_layout(title="Request shape", bargap=0, **_LAYOUT)
+    return fig
+
+
+def latency_vs_input(li: pd.DataFrame) -> go.Figure:
+    """Exact P50/P99 TTFT and E2E per input-length bin (log2 bins)."""
+    fig = _fig("Latency against input length", xaxis_title="input tokens (bin lower edge, log2 bins)",
+               yaxis_title="ms", xaxis_type="log", yaxis_type="log")
+    for col, name, dash in (("ttft_p50_ms", "TTFT P50", "solid"), ("ttft_p99_ms", "TTFT P99", "dash"),
+                            ("e2e_p50_ms", "E2E P50", "solid"), ("e2e_p99_ms", "E2E P99", "dash")):
+        fig.add_trace(go.Scatter(x=li["lo_tokens"], y=li[col], name=name, mode="lines+markers",
+                                 line={"dash": dash}, customdata=li["requests"],
+                                 hovertemplate="%{x}+ tokens: %{y:.1f} ms (%{customdata} requests)<extra></extra>"))
+    return fig
+
+
+def waterfall(tree: pd.DataFrame) -> go.Figure:
+    """Spans of one trace as a waterfall: one bar per span from its start offset, indented by depth."""
+    fig = _fig("Span waterfall (client → gateway → engine)", xaxis_title="ms since the first span",
+               height=max(250, 28 * len(tree) + 80), barmode="overlay")
+    fig.add_trace(go.Bar(
+        y=tree["label"], x=tree["duration_ms"].fillna(0), base=tree["offset_ms"], orientation="h",
+        marker_color=[SPAN_PHASE_COLORS.get(str(p), "#888") for p in tree["phase"]],
+        customdata=tree[["phase", "service_name", "duration_ms"]],
+        hovertemplate="%{y}<br>phase %{customdata[0]} · %{customdata[1]}<br>%{customdata[2]:.2f} ms<extra></extra>",
+    ))
+    fig.update_yaxes(autorange="reversed")
+    return fig
+
+
+def itl_timeline(steps: pd.DataFrame) -> go.Figure:
+    """ITL per output token (colour: batch size of that step; diamonds: steps that also ran prefill),
+    above the prefill tokens co-scheduled in each step."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.05)
+    has_pf = "batch_prefill_tokens" in steps
+    pf = steps["batch_prefill_tokens"].fillna(0) if has_pf else pd.Series(0, index=steps.index)
+    fig.add_trace(go.Scatter(
+        x=steps["token_index"], y=steps["itl_ms"], mode="markers", name="ITL",
+        marker={"color": steps.get("batch_size"), "colorscale": "Viridis", "showscale": True,
+                    "colorbar": {"title": "batch", "len": 0.7, "y": 0.65}, "size": [9 if v > 0 else 5 for v in pf],
+                    "symbol": ["diamond" if v > 0 else "circle" for v in pf]},
+        customdata=pd.DataFrame({"b": steps.get("batch_size"), "p": pf}),
+        hovertemplate="token %{x}: %{y:.2f} ms<br>batch %{customdata[0]} · prefill tokens %{customdata[1]}"
+                      "<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=steps["token_index"], y=pf, name="co-scheduled prefill tokens",
+                         marker_color="#e6550d"), row=2, col=1)
+    fig.update_yaxes(title_text="ITL (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="prefill tok", row=2, col=1)
+    fig.update_xaxes(title_text="output token index", row=2, col=1)
+    fig.update_layout(title="Per-token ITL (colour: batch size; ◆ steps with prefill)", height=520, **_LAYOUT)
+    return fig
+
+
+def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go.Figure:
+    """Latency, scheduler state, step time, KV usage and the device on one shared time axis."""
+    rows = [("Latency P99 (ms)", "lat"), ("Running / waiting", "eng"), ("Batch size", "eng"),
+            ("Step time (ms)", "eng"), ("KV-cache usage", "eng")]
+    if len(dev):
+        rows += [("Device util (%)", "dev"), ("SM clock (MHz)", "dev"), ("Throttled (share)", "dev")]
+    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.02,
+                        subplot_titles=[r[0] for r in rows])
+    r = 1
+    fig.add_trace(go.Scatter(x=lat["bucket"], y=lat["ttft_p99_ms"], name="TTFT P99", mode="lines"), row=r, col=1)
+    fig.add_trace(go.Scatter(x=lat["bucket"], y=lat["e2e_p99_ms"], name="E2E P99", mode="lines"), row=r, col=1)
+    for svc, g in (eng.groupby("service_name") if len(eng) else []):
+        for k, (col, name) in enumerate((("running", "running"), ("waiting", "waiting"))):
+            if col in g:
+                fig.add_trace(go.Scatter(x=g["bucket"], y=g[col], name=f"{svc} {name}", mode="lines"), row=2, col=1)
+        if "batch_size" in g:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["batch_size"], name=f"{svc} batch", mode="lines"),
+                          row=3, col=1)
+        if "step_ms" in g:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["step_ms"], name=f"{svc} step mean", mode="lines"),
+                          row=4, col=1)
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["step_p99_ms"], name=f"{svc} step P99", mode="lines",
+                                     line={"dash": "dot"}), row=4, col=1)
+        if "kv_cache_usage" in g:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["kv_cache_usage"], name=f"{svc} KV", mode="lines"),
+                          row=5, col=1)
+    if len(dev):
+        for d, g in dev.groupby("device"):
+            if "util_pct" in g:
+                fig.add_trace(go.Scatter(x=g["bucket"], y=g["util_pct"], name=f"{d} util", mode="lines"), row=6, col=1)
+            if "sm_clock_mhz" in g:
+                fig.add_trace(go.Scatter(x=g["bucket"], y=g["sm_clock_mhz"], name=f"{d} SM clock", mode="lines"),
+                              row=7, col=1)
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["throttled"], name=f"{d} throttled", mode="lines",
+                                     customdata=g["throttle_reasons"],
+                                     hovertemplate="%{y:.0%} throttled: %{customdata}<extra></extra>"), row=8, col=1)
+    fig.update_layout(height=190 * len(rows), title="Engine and device on the latency time axis (UTC)",
+                      margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=True)
+    return fig

@@ -1,0 +1,91 @@
+"""`tailtrace dashboard`: serve the Streamlit app on 127.0.0.1, on a saved store or live.
+
+    tailtrace dashboard --db tailtrace.duckdb          # a store file (read-only)
+    tailtrace dashboard --api http://127.0.0.1:9464    # live, through the collector's SQL API
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register", "streamlit_command"]
+
+DEFAULT_PORT = 8501
+DEFAULT_API = "http://127.0.0.1:9464"
+
+
+def register(sub) -> None:
+    """Add the `dashboard` sub-command to the `tailtrace` parser (cheap: no Streamlit import)."""
+    p = sub.add_parser("dashboard", help="serve the Streamlit dashboard (queue vs service, P99/P999, batch sizes)",
+                       description="Serve tailtrace's dashboard. With --db it reads a saved DuckDB store "
+                                   "(read-only; stop the collector first or copy the file); with --api it "
+                                   "reads live through the collector's SQL API. Default: --api "
+                                   f"{DEFAULT_API} (TAILTRACE_API_URL overrides).")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--db", type=Path, help="path of a DuckDB store written by `tailtrace collect`")
+    src.add_argument("--api", help=f"base URL of the collector's query API (default {DEFAULT_API})")
+    p.add_argument("--port", type=int, default=None, help=f"port to serve on (default {DEFAULT_PORT}; "
+                                                          "TAILTRACE_DASHBOARD_PORT)")
+    p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; TAILTRACE_DASHBOARD_HOST)")
+    p.set_defaults(func=_run)
+
+
+def streamlit_command(host: str, port: int) -> list[str]:
+    """The `streamlit run` command line for the app: headless, no usage statistics, no file watcher."""
+    import sys
+
+    app = Path(__file__).resolve().parent / "app.py"
+    return [sys.executable, "-m", "streamlit", "run", str(app),
+            "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+            "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
+            "--server.runOnSave", "false", "--global.developmentMode", "false",
+            "--theme.base", "light", "--client.toolbarMode", "minimal"]
+
+
+def _run(args: argparse.Namespace) -> int:
+    import os
+    import subprocess
+
+    from dashboard.data import ENV_API, ENV_DB
+    from tailtrace.errors import UserError
+    from tailtrace.procs import check_port_free
+
+    host = args.host or os.environ.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
+    try:
+        port = int(args.port if args.port is not None else os.environ.get("TAILTRACE_DASHBOARD_PORT", DEFAULT_PORT))
+    except ValueError:
+        raise UserError("TAILTRACE_DASHBOARD_PORT must be a port number") from None
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port} is not a TCP port (1-65535)")
+    env = dict(os.environ)
+    env.pop(ENV_API, None)
+    env.pop(ENV_DB, None)
+    if args.db is not None:
+        db = args.db.expanduser()
+        if not db.is_file():
+            raise UserError(f"--db {db}: no such file; give a DuckDB store written by `tailtrace collect --db PATH`")
+        with open(db, "rb") as fh:
+            head = fh.read(16)
+        if len(head) < 12 or head[8:12] != b"DUCK":
+            raise UserError(f"--db {db} is not a DuckDB database file")
+        env[ENV_DB] = str(db.resolve())
+        where = f"store file {db}"
+    else:
+        api = (args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API).rstrip("/")
+        if not api.startswith(("http://", "https://")):
+            raise UserError(f"--api {api!r} must be a URL like {DEFAULT_API}")
+        env[ENV_API] = api
+        where = f"collector API {api}"
+    check_port_free(host, port, "dashboard")
+    print(f"tailtrace dashboard: http://{host}:{port}  ({where})", flush=True)
+    proc = subprocess.Popen(streamlit_command(host, port), env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        return 130

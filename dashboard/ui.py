@@ -1,0 +1,265 @@
+"""The frame every page shares: the data source (cached), the sidebar filters, query caching,
+number formatting and the "no data yet" state.
+
+`app.py` calls `build_context()` once per run (it draws the sidebar); pages call `context()` to get it.
+Queries go through `CachedSource`, which memoizes results with `st.cache_data`: for a store file they
+are kept for an hour (the file does not change under a read-only dashboard), in live mode until the
+next auto-refresh tick.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import streamlit as st
+
+from dashboard import data
+from dashboard.data import DataError, DataSource, Filters, QueryResult, Slo
+
+__all__ = [
+    "LIVE_REFRESH_CHOICES",
+    "Context",
+    "build_context",
+    "context",
+    "fmt_ms",
+    "fmt_pct",
+    "fmt_rate",
+    "show_empty",
+]
+
+_CTX_KEY = "_tailtrace_ctx"
+LIVE_REFRESH_CHOICES = (5, 10, 30, 60)
+TIME_RANGES = {
+    "All": None, "Last 5 minutes": 5 * 60, "Last 15 minutes": 15 * 60, "Last hour": 3600,
+    "Last 6 hours": 6 * 3600, "Last 24 hours": 24 * 3600, "Custom": -1,
+}
+
+
+@dataclass
+class Context:
+    """What a page needs: `src` (cached source), `filters`, `slo`, `schema` ({table: [columns]}),
+    `info` (data.store_info), `live` (True through the collector API), `selected` (requests the
+    filters select)."""
+
+    src: DataSource
+    filters: Filters
+    slo: Slo
+    schema: dict[str, list[str]]
+    info: dict
+    live: bool
+    selected: int
+
+
+# ------------------------------------------------------------------------------------------ formatting
+def fmt_ms(x: float | None) -> str:
+    """A duration in ms for display: 'n/a' for None; 3 significant decimals under 10 ms."""
+    if x is None:
+        return "n/a"
+    if abs(x) < 10:
+        return f"{x:.3f} ms"
+    if abs(x) < 1000:
+        return f"{x:.1f} ms"
+    return f"{x:,.0f} ms"
+
+
+def fmt_rate(x: float | None, unit: str) -> str:
+    """A rate for display ('n/a' for None)."""
+    if x is None:
+        return "n/a"
+    return (f"{x:,.2f} {unit}" if x < 100 else f"{x:,.0f} {unit}").strip()
+
+
+def fmt_pct(x: float | None) -> str:
+    """A 0..1 share as a percentage ('n/a' for None)."""
+    return "n/a" if x is None else f"{100 * x:.2f} %"
+
+
+# ------------------------------------------------------------------------------------------ sources
+@st.cache_resource(show_spinner=False)
+def _open_source(kind: str, target: str) -> DataSource:
+    if kind == "api":
+        return data.ApiSource(target)
+    return data.DuckDBSource(target)
+
+
+@st.cache_data(ttl=3600, max_entries=512, show_spinner=False)
+def _cached_query(_src: DataSource, src_key: str, epoch: int, sql: str, params: tuple,
+                  max_rows: int | None, timeout_s: float) -> QueryResult:
+    return _src.query(sql, list(params), max_rows=max_rows, timeout_s=timeout_s)
+
+
+class CachedSource(DataSource):
+    """A DataSource whose results are memoized per (source, refresh epoch, SQL, params)."""
+
+    def __init__(self, inner: DataSource, key: str, epoch: int):
+        self.inner, self.key, self.epoch = inner, key, epoch
+        self.kind, self.label = inner.kind, inner.label
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        return _cached_query(self.inner, self.key, self.epoch, sql, tuple(params), max_rows, timeout_s)
+
+
+def _source_target() -> tuple[str, str] | None:
+    import os
+
+    if os.environ.get(data.ENV_API):
+        return "api", os.environ[data.ENV_API]
+    if os.environ.get(data.ENV_DB):
+        return "db", os.environ[data.ENV_DB]
+    return None
+
+
+# ------------------------------------------------------------------------------------------ empty state
+def show_empty(reason: str | None = None) -> None:
+    """Explain that there is nothing to show and how to get data (never an error)."""
+    if reason:
+        st.info(reason)
+    st.markdown(data.HOW_TO_GET_DATA)
+
+
+# ------------------------------------------------------------------------------------------ sidebar
+def _auto_refresh(interval_s: int) -> None:
+    """Rerun the whole app every `interval_s` s (live mode): a fragment ticks on a timer and, on a tick
+    of its own (not a full run), asks for an app rerun."""
+    st.session_state["_tt_run"] = st.session_state.get("_tt_run", 0) + 1
+    run_id = st.session_state["_tt_run"]
+
+    @st.fragment(run_every=interval_s)
+    def _tick() -> None:
+        if st.session_state.get("_tt_tick_run") == run_id:
+            st.rerun(scope="app")
+        st.session_state["_tt_tick_run"] = run_id
+
+    _tick()
+
+
+def _time_window(info: dict, live: bool) -> tuple[dt.datetime | None, dt.datetime | None, str]:
+    sb = st.sidebar
+    choice = sb.selectbox("Time range", list(TIME_RANGES), index=0 if not live else 3, key="tt_range",
+                          help="Filters requests by arrival time (UTC); decode and engine steps by their "
+                               "own time. 'Last …' counts back from now in live mode, from the newest "
+                               "request in a store file.")
+    secs = TIME_RANGES[choice]
+    first, last = info["first_time"], info["last_time"]
+    if secs is None or first is None:
+        return None, None, "all time"
+    if secs == -1:
+        lo, hi = first.replace(microsecond=0), last.replace(microsecond=0) + dt.timedelta(seconds=1)
+        if hi <= lo:
+            hi = lo + dt.timedelta(seconds=1)
+        start, end = sb.slider("Arrival time (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
+                               step=dt.timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss", key="tt_custom")
+        return start, end, f"{start:%Y-%m-%d %H:%M:%S} – {end:%H:%M:%S} UTC"
+    ref = dt.datetime.now(dt.UTC).replace(tzinfo=None) if live else last + dt.timedelta(microseconds=1)
+    return ref - dt.timedelta(seconds=secs), None, choice.lower() + (" (to now)" if live else
+                                                                     " (to the newest request)")
+
+
+def build_context() -> Context | None:
+    """Draw the sidebar and return the page context; None (after explaining why) when there is no
+    usable source or the store holds no requests yet."""
+    sb = st.sidebar
+    target = _source_target()
+    if target is None:
+        st.title("tailtrace")
+        show_empty("No store selected. Start the dashboard with `tailtrace dashboard --db PATH` (a saved "
+                   "store file) or `tailtrace dashboard --api http://127.0.0.1:9464` (live, through the "
+                   "collector).")
+        return None
+    kind, where = target
+    live = kind == "api"
+    try:
+        raw = _open_source(kind, where)
+    except DataError as exc:
+        st.error(str(exc))
+        show_empty()
+        return None
+    epoch = 0
+    if live:
+        refresh = sb.toggle("Auto-refresh", value=True, key="tt_auto")
+        every = sb.selectbox("Every (s)", LIVE_REFRESH_CHOICES, index=1, key="tt_every", disabled=not refresh)
+        epoch = int(time.time() // every)
+        if refresh:
+            _auto_refresh(every)
+        if sb.button("Refresh now", key="tt_refresh_now"):
+            _cached_query.clear()
+    src = CachedSource(raw, f"{kind}:{where}", epoch)
+    sb.caption(f"Source: {'live, ' if live else ''}{raw.label}")
+    try:
+        info = data.store_info(src)
+    except DataError as exc:
+        st.error(str(exc))
+        show_empty()
+        return None
+    if info["requests"] == 0:
+        show_empty("The store holds no requests yet." if "requests" in info["schema"] else
+                   "The store has no `requests` table yet: it was not written by `tailtrace collect`, or "
+                   "nothing has arrived.")
+        return None
+    start, end, window_label = _time_window(info, live)
+    models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models")
+    services = sb.multiselect("Service", info["services"], key="tt_services", placeholder="all services",
+                              help="The vLLM server (service.name) that served the request.")
+    prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")
+    sb.subheader("SLOs")
+    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=2000.0, step=100.0, key="tt_slo_ttft",
+                           help="0 = no TTFT objective. Client TTFT when the client was traced, else the engine's.")
+    tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=100.0, step=5.0, key="tt_slo_tpot",
+                           help="0 = no TPOT objective.")
+    e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=0.0, step=1000.0, key="tt_slo_e2e",
+                          help="0 = no E2E objective.")
+    slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
+    filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
+                      priorities=tuple(prios))
+    selected = data.count_requests(src, filters)
+    sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
+    return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
+                   selected=selected)
+
+
+def context() -> Context | None:
+    """The context app.py built for this run (None when there is nothing to show)."""
+    return st.session_state.get(_CTX_KEY)
+
+
+def set_context(ctx: Context | None) -> None:
+    """Store the run's context for the pages (app.py only)."""
+    st.session_state[_CTX_KEY] = ctx
+
+
+def require(tables: Sequence[str] = ()) -> Context:
+    """The context, or stop the page after showing how to get data. Stops too when the filters select
+    no request or a table in `tables` is missing."""
+    ctx = context()
+    if ctx is None:
+        st.stop()
+    if ctx.selected == 0:
+        show_empty("No request matches the filters in the sidebar.")
+        st.stop()
+    missing = [t for t in tables if t not in ctx.schema]
+    if missing:
+        show_empty(f"The store has no {', '.join(missing)} table yet.")
+        st.stop()
+    return ctx
+
+
+def header(title: str, layer: str, what: str) -> None:
+    """Page title with the layer(s) it speaks of and one line of what it answers."""
+    st.title(title)
+    st.caption(f"Layer: {layer}. {what}")
+
+
+def metric_row(items: Sequence[tuple[str, str, str | None]]) -> None:
+    """st.metric cards in one row: (label, value, help)."""
+    cols = st.columns(len(items))
+    for c, (label, value, hlp) in zip(cols, items):
+        c.metric(label, value, help=hlp)
+
+
+def safe_float(x: Any) -> float | None:
+    """float or None (NaN, None)."""
+    return data._f(x)

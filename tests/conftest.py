@@ -80,3 +80,67 @@ def vllm_server(tiny_model_dir, session_collector, tmp_path_factory):
         yield VllmServer(url=url, model="tiny", otlp_endpoint=otlp, collector=session_collector, log=log, proc=proc)
     finally:
         stop_process(proc)
+
+
+@dataclass
+class DemoRun:
+    """One short real `tailtrace demo` (collector, vLLM CPU, gateway, device sampler, Azure trace):
+    `.db` the DuckDB store it left, `.output` what it printed, `.returncode`, `.leftover` the
+    processes of its session still alive after it exited."""
+
+    db: Path
+    output: str
+    returncode: int
+    leftover: list
+
+
+def session_processes(sid: int) -> list:
+    """psutil processes whose session id is `sid` (a process started with start_new_session)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid:
+                out.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+    return out
+
+
+def demo_command(out: Path, duration: float, speed: float | None = None) -> list[str]:
+    """`tailtrace demo` on free ports, writing to `out`."""
+    import sys
+
+    cmd = [sys.executable, "-m", "tailtrace", "demo", "--duration", str(duration), "--out", str(out), "--no-progress",
+           "--vllm-port", str(free_port()), "--gateway-port", str(free_port()), "--otlp-port", str(free_port()),
+           "--api-port", str(free_port())]
+    return cmd + (["--speed", str(speed)] if speed else [])
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> DemoRun:
+    """A short real demo (20 s of the Azure conversation trace at real time), run once per session."""
+    import signal
+    import subprocess
+
+    out = tmp_path_factory.mktemp("demo")
+    proc = subprocess.Popen(demo_command(out, 20, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    import time
+
+    time.sleep(1)
+    return DemoRun(db=out / "tailtrace.duckdb", output=text.decode(errors="replace"), returncode=proc.returncode,
+                   leftover=session_processes(proc.pid))
+
+
+@pytest.fixture(scope="session")
+def demo_store(demo_run) -> Path:
+    """The DuckDB store of the session's short real demo run."""
+    assert demo_run.returncode == 0, demo_run.output[-3000:]
+    return demo_run.db

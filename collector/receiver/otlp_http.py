@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import zlib
 
 from starlette.applications import Starlette
@@ -24,6 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from collector.processor.enrich import metrics_to_batch, traces_to_batch
+from collector.processor.fastpath import fast_traces_to_batch
 from collector.processor.limiter import AdmissionLimiter, Refusal
 from collector.store.duckdb_store import StoreUnavailable
 
@@ -32,6 +34,8 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
 log = logging.getLogger("tailtrace.collector.receiver")
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# TAILTRACE_COLLECTOR_FASTPATH=0 turns the fast trace converter off (bench/ingest.py measures both)
+_FASTPATH = os.environ.get("TAILTRACE_COLLECTOR_FASTPATH", "1") != "0"
 _PROTO = "application/x-protobuf"
 _JSON = "application/json"
 _PROTO_TYPES = {"application/x-protobuf", "application/protobuf", "application/vnd.google.protobuf"}
@@ -125,9 +129,13 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
                     body = _gunzip(body, max_body_bytes)
                 if not body:
                     raise _Bad(400, "empty body; send an OTLP export request")
-                msg = _decode(req_cls, body, is_json)
+                # fast path (protobuf traces): None when the request needs the slow path below
+                batch = fast_traces_to_batch(body) if _FASTPATH and kind == "traces" and not is_json else None
+                if batch is None:
+                    msg = _decode(req_cls, body, is_json)
                 try:
-                    batch = convert(msg)
+                    if batch is None:
+                        batch = convert(msg)
                 except Exception as exc:
                     log.exception("converting an OTLP %s request", kind)
                     raise _Bad(500, f"internal error converting the request: {exc.__class__.__name__}") from None

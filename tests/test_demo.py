@@ -1,0 +1,67 @@
+"""`tailtrace demo` end to end: real collector, real vLLM CPU build, real gateway, real trace."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import duckdb
+import pytest
+
+from tests.conftest import demo_command, session_processes
+
+pytestmark = pytest.mark.slow
+
+
+def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run):
+    text = demo_run.output
+    assert demo_run.returncode == 0, text[-3000:]
+    assert "Latency per phase" in text and "Slowest requests" in text
+    assert not demo_run.leftover, f"the demo left processes behind: {demo_run.leftover}"
+    assert demo_run.db.exists() and demo_run.db.name in text
+    con = duckdb.connect(str(demo_run.db), read_only=True)
+    n, complete, attributed, added_up = con.execute("""
+        SELECT count(*),
+               count(*) FILTER (WHERE client_e2e_ms IS NOT NULL AND network_ms IS NOT NULL AND gateway_ms IS NOT NULL
+                                AND frontend_ms IS NOT NULL AND queue_ms IS NOT NULL AND prefill_ms IS NOT NULL
+                                AND decode_ms IS NOT NULL),
+               count(*) FILTER (WHERE abs(unattributed_ms) < 5),
+               count(*) FILTER (WHERE abs(client_e2e_ms - (network_ms + gateway_ms + gateway_queue_ms + frontend_ms
+                                + queue_ms + prefill_ms + preempted_ms + decode_ms)) < 5)
+        FROM requests WHERE run_id LIKE 'demo%'""").fetchone()
+    assert n >= 50, "20 s of the Azure trace is ~110 requests"
+    assert complete >= 0.95 * n
+    assert attributed >= 0.95 * n
+    assert added_up >= 0.95 * n
+    # every output token of every request reached decode_steps
+    tokens, steps = con.execute("""SELECT (SELECT sum(output_tokens) FROM requests WHERE run_id LIKE 'demo%'),
+        (SELECT count(*) FROM decode_steps d JOIN requests r USING (trace_id) WHERE r.run_id LIKE 'demo%')""").fetchone()
+    assert steps == tokens
+    assert con.execute("SELECT count(*) FROM engine_steps").fetchone()[0] > 100
+    assert con.execute("SELECT count(*) FROM device_samples WHERE source = 'cpu'").fetchone()[0] > 0
+    # the printed request count is the store's
+    assert f"{n} in the store" in text
+
+
+def test_demo_stops_everything_on_ctrl_c(tmp_path):
+    proc = subprocess.Popen(demo_command(tmp_path / "demo", 600), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    seen = b""
+    deadline = time.monotonic() + 900
+    try:
+        while b"replay" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            seen += proc.stdout.readline()
+        assert b"replay" in seen, seen.decode(errors="replace")[-2000:]
+        time.sleep(3)
+        assert len(session_processes(proc.pid)) >= 4  # demo, collector, vLLM (+ engine core), gateway
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+        time.sleep(1)
+        left = session_processes(proc.pid)
+        assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

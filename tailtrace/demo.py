@@ -108,9 +108,9 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     not start (its log is named)."""
     from rich.console import Console
 
-    from tailtrace.serve import ServeConfig, start_vllm
+    from tailtrace.serve import ServeConfig, start_sampler, start_vllm
 
-    console = console or Console(stderr=True)
+    console = console or Console(width=max(120, Console().width))
     _preflight(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
                           log_path=logs / "vllm.log")
         stack.add("vllm", vllm)
         console.print(f"  vLLM answered after {time.monotonic() - t0:.0f} s")
-        stack.sampler = _start_sampler(otlp)
+        stack.sampler = start_sampler(otlp)
 
         gw = start_process(_tailtrace("gateway", "--upstream", vllm_url, "--host", cfg.host, "--port", str(cfg.gateway_port),
                                       "--otlp-endpoint", otlp), logs / "gateway.log")
@@ -158,16 +158,6 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     if cfg.dashboard:
         _serve_dashboard(cfg, db, console)
     return {"db": db, "run_id": result.run_id, "requests": n, "replay": result, "report": report}
-
-
-def _start_sampler(otlp: str):
-    try:
-        from instrument.device.sampler import DeviceSampler
-    except ImportError:
-        return None
-    sampler = DeviceSampler(interval_s=0.1, endpoint=otlp)
-    sampler.start()
-    return sampler
 
 
 def _replay(cfg: DemoConfig, target: str, otlp: str, console):
@@ -225,9 +215,10 @@ def _report(api: str, run_id: str) -> dict:
 
 
 def _fmt(v) -> str:
+    """A duration in ms, shown in ms below 10 s and in s above."""
     if v is None:
         return "—"
-    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.1f}"
+    return f"{v / 1000:.2f} s" if abs(v) >= 10_000 else f"{v:.1f} ms"
 
 
 def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:
@@ -239,7 +230,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
     console.print(f"[bold]{len(result.records)} requests[/] sent ({s.to_dict().get('errors_total', 0)} errors), "
                   f"{n} in the store; {complete}/{total} with every layer measured, "
                   f"{attributed}/{total} with |unattributed| < 5 ms")
-    t = Table(title="Latency per phase (ms, exact percentiles over every request)")
+    t = Table(title="Latency per phase (exact percentiles over every request)")
     for col in ("phase", "n", "P50", "P90", "P99", "P999"):
         t.add_column(col, justify="right" if col != "phase" else "left")
     for p in report["phases"]:
@@ -249,7 +240,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
     tail = report["tail"]
     if tail["n"]:
         console.print(
-            f"Tail (the {tail['n']} requests at or above P99 E2E, {_fmt(tail['threshold_ms'])} ms): "
+            f"Tail (the {tail['n']} requests at or above P99 E2E, {_fmt(tail['threshold_ms'])}): "
             f"[bold]queue time {100 * (tail['queue_share'] or 0):.0f}%[/], service time (prefill + decode) "
             f"{100 * (tail['service_share'] or 0):.0f}%, network/gateway/frontend {100 * (tail['other_share'] or 0):.0f}%")
     b = report["batch"]
@@ -259,10 +250,10 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
                       f"P99 {b['p99']:.0f}, max {b['max']}   [{hist}]")
         console.print(f"Batch size as seen by each output token: P50 {b['per_token_p50']:.0f}, P99 {b['per_token_p99']:.0f}")
     t = Table(title="Slowest requests and the layer that held them")
-    for col in ("trace_id", "prompt", "output", "client E2E", "engine queue", "prefill", "decode", "held by"):
-        t.add_column(col)
+    for col in ("trace_id", "prompt", "output", "client E2E", "engine queue", "prefill", "decode", "layer (phase)"):
+        t.add_column(col, no_wrap=True)
     for r in report["slowest"]:
-        t.add_row(r["trace_id"][:16], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["client_e2e_ms"]),
+        t.add_row(r["trace_id"][:12], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["client_e2e_ms"]),
                   _fmt(r["queue_ms"]), _fmt(r["prefill_ms"]), _fmt(r["decode_ms"]),
                   f"{r['layer']} ({r['holding_phase'].removesuffix('_ms')})")
     console.print(t)

@@ -21,7 +21,7 @@ from pathlib import Path
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
 
-__all__ = ["ServeConfig", "vllm_command", "vllm_env", "start_vllm", "register"]
+__all__ = ["ServeConfig", "vllm_command", "vllm_env", "start_vllm", "start_sampler", "register"]
 
 DECODE_SPAN_MODES = ("full", "tail", "off")
 
@@ -159,7 +159,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         proc = start_vllm(cfg, announce=True)
         if cfg.instrument and not args.no_sampler:
-            sampler = _start_sampler(cfg.otlp_endpoint)
+            sampler = start_sampler(cfg.otlp_endpoint)
         print(f"vLLM OpenAI API: http://{cfg.host}:{cfg.port}/v1", flush=True)
         proc.wait()
         return 0 if proc.returncode == 0 else 1
@@ -172,7 +172,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             stop_process(proc)
 
 
-def _start_sampler(endpoint: str | None):
+def start_sampler(endpoint: str | None):
     """Start the device sampler (NVML, else CPU) in this process, or return None if unavailable."""
     try:
         from instrument.device.sampler import DeviceSampler

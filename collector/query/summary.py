@@ -109,13 +109,17 @@ def batch_size_distribution(query: Query, since_sql: str | None = None) -> dict:
             "per_token_p50": tok[0], "per_token_p99": tok[1]}
 
 
-def layer_of(row: dict, long_prompt_tokens: float | None = None) -> tuple[str, str]:
+def layer_of(row: dict, long_prompt_tokens: float | None = None,
+             long_output_tokens: float | None = None) -> tuple[str, str]:
     """(phase column, layer) holding most of a request's time. A request whose prefill holds it
-    and whose prompt is longer than `long_prompt_tokens` (the P90 of prompts) is put down to
-    request shape rather than compute."""
+    and whose prompt is longer than `long_prompt_tokens` (the P90 of prompts), or whose decode
+    holds it and whose output is longer than `long_output_tokens` (the P90 of outputs), is put
+    down to request shape rather than compute."""
     best = max(_HOLDING_PHASES, key=lambda c: row.get(c) or 0.0)
     layer = LAYER_OF_PHASE[best]
     if best == "prefill_ms" and long_prompt_tokens and (row.get("prompt_tokens") or 0) > long_prompt_tokens:
+        layer = "request shape"
+    if best == "decode_ms" and long_output_tokens and (row.get("output_tokens") or 0) > long_output_tokens:
         layer = "request shape"
     return best, layer
 
@@ -126,10 +130,11 @@ def slowest_requests(query: Query, run_id: str | None = None, limit: int = 5) ->
     cols = ["trace_id", "request_id", "prompt_tokens", "output_tokens", "client_e2e_ms", "e2e_ms", *_HOLDING_PHASES]
     rows = query(f"SELECT {', '.join(cols)} FROM requests {where} ORDER BY {_OUTER} DESC NULLS LAST LIMIT ?",
                  params + [limit])
-    p90 = query(f"SELECT quantile_cont(prompt_tokens, 0.9) FROM requests {where}", params)[0][0]
+    p90_in, p90_out = query(f"SELECT quantile_cont(prompt_tokens, 0.9), quantile_cont(output_tokens, 0.9) "
+                            f"FROM requests {where}", params)[0]
     out = []
     for r in rows:
         d = dict(zip(cols, r))
-        d["holding_phase"], d["layer"] = layer_of(d, p90)
+        d["holding_phase"], d["layer"] = layer_of(d, p90_in, p90_out)
         out.append(d)
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,9 @@ from tailtrace.procs import free_port, stop_process  # noqa: E402
 from tailtrace.serve import ServeConfig, start_vllm  # noqa: E402
 
 MODES = ("off", "tail", "full")
+# --compare cpu-binding: both with the plugin (tail); vLLM bound to 1 of the 2 cores (one left to
+# the collector, gateway and load generator) vs to both.
+BINDING = {"reserve1": "1", "reserve0": "0"}
 
 
 async def _one(client, url, i, out_tokens, prompt_len, itls):
@@ -72,7 +76,11 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="1 round of 16 requests x 64 tokens")
+    ap.add_argument("--compare", choices=("plugin", "cpu-binding"), default="plugin",
+                    help="plugin: off/tail/full (default); cpu-binding: VLLM_CPU_NUM_OF_RESERVED_CPU 1 vs 0")
     a = ap.parse_args()
+    modes = MODES if a.compare == "plugin" else tuple(BINDING)
+    base = modes[0]
     if a.quick:
         a.rounds, a.requests, a.output_tokens = 1, 16, 64
     work = Path(tempfile.mkdtemp(prefix="tailtrace-overhead-"))
@@ -82,19 +90,22 @@ def main() -> int:
     coll = start_collector(work / "overhead.duckdb")
     servers = {}
     try:
-        for mode in MODES:
+        for mode in modes:
             port = free_port()
+            plugin_mode = mode if mode in MODES else "tail"
             cfg = ServeConfig(model=str(model), port=port, otlp_endpoint=coll.otlp_url,
-                              decode_spans="tail" if mode == "off" else mode, instrument=mode != "off",
-                              kv_cache_gib=1, extra_args=["--served-model-name", "tiny"])
+                              decode_spans="tail" if plugin_mode == "off" else plugin_mode,
+                              instrument=plugin_mode != "off", kv_cache_gib=1, extra_args=["--served-model-name", "tiny"])
+            if mode in BINDING:
+                os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = BINDING[mode]
             print(f"starting vLLM ({mode}) on :{port} ...", flush=True)
             servers[mode] = (start_vllm(cfg, log_path=work / f"vllm-{mode}.log"), f"http://127.0.0.1:{port}")
-        results = {m: [] for m in MODES}
+        results = {m: [] for m in modes}
         # warm-up each server once, then interleave rounds (rotating the order each round)
-        for mode in MODES:
+        for mode in modes:
             asyncio.run(_workload(servers[mode][1], 8, 8, 16, a.prompt_tokens))
         for r in range(a.rounds):
-            order = MODES[r % 3:] + MODES[:r % 3]
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
             for mode in order:
                 res = asyncio.run(_workload(servers[mode][1], a.requests, a.concurrency, a.output_tokens, a.prompt_tokens))
                 results[mode].append(res)
@@ -108,10 +119,12 @@ def main() -> int:
     def med(mode, key):
         return statistics.median(x[key] for x in results[mode])
 
-    print("\nmode   tok/s   ratio   ITL P50 ratio   ITL P99 ratio   (medians over rounds, vs off)")
-    for mode in MODES:
-        print(f"{mode:>4} {med(mode, 'tok_s'):7.0f}  {med(mode, 'tok_s') / med('off', 'tok_s'):6.3f}   "
-              f"{med(mode, 'itl_p50') / med('off', 'itl_p50'):13.3f}   {med(mode, 'itl_p99') / med('off', 'itl_p99'):13.3f}")
+    print(f"\n{'mode':>8}   tok/s   ratio   ITL P50 ratio   ITL P99 ratio   (medians over rounds, vs {base})")
+    for mode in modes:
+        print(f"{mode:>8} {med(mode, 'tok_s'):7.0f}  {med(mode, 'tok_s') / med(base, 'tok_s'):6.3f}   "
+              f"{med(mode, 'itl_p50') / med(base, 'itl_p50'):13.3f}   {med(mode, 'itl_p99') / med(base, 'itl_p99'):13.3f}")
+    if a.compare != "plugin":
+        return 0
     for mode, goal in (("tail", 0.01), ("full", 0.03)):
         loss = 1 - med(mode, "tok_s") / med("off", "tok_s")
         print(f"throughput loss with {mode}: {100 * loss:.1f}% (goal <= {100 * goal:.0f}%)")

@@ -1,0 +1,265 @@
+"""Gateway overhead: the same open-loop load sent straight to an upstream and through
+`tailtrace gateway`, interleaved request by request in one run, and the highest proxied rate.
+
+    .venv/bin/python bench/gateway.py            # 100 req/s per path for 30 s, then a 10 s max-rate run
+    .venv/bin/python bench/gateway.py --quick    # 10 s and 5 s
+    .venv/bin/python bench/gateway.py --upstream http://127.0.0.1:8000 --model tiny   # a real vLLM
+
+By default the upstream is a minimal OpenAI-compatible stub (raw ASGI on uvicorn, answering at once),
+so that what is measured is the gateway and not the engine's noise. The gateway runs as its own
+process (`tailtrace gateway`), with tracing on, exporting to the real collector when it is available
+(else to a port where nothing listens: spans are built and dropped, as in production with the
+collector down). Each scheduled request goes alternately direct and through the gateway, so both
+paths see the same machine load. Latency is client E2E (send -> last byte); streaming requests also
+report client TTFT. Added latency = gateway percentile - direct percentile. Goal (issue 6): <= 1 ms
+added at P50 at 100 req/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# ----------------------------------------------------------------------------- stub upstream
+
+_COMPLETION = json.dumps({
+    "id": "cmpl-stub", "object": "text_completion", "created": 0, "model": "stub",
+    "choices": [{"index": 0, "text": " hello" * 16, "logprobs": None, "finish_reason": "length"}],
+    "usage": {"prompt_tokens": 64, "completion_tokens": 16, "total_tokens": 80},
+}).encode()
+_CHUNK = b'data: {"id":"cmpl-stub","object":"text_completion","model":"stub","choices":[{"index":0,"text":" hello"}]}\n\n'
+
+
+async def stub_app(scope, receive, send):
+    """A minimal OpenAI-compatible upstream: /health, /v1/models, /v1/completions (16 tokens; SSE
+    when the body has "stream": true). Answers at once."""
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    body = b""
+    more = True
+    while more:
+        msg = await receive()
+        body += msg.get("body", b"")
+        more = msg.get("more_body", False)
+    path = scope["path"]
+    if path == "/v1/completions" and b'"stream": true' in body:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(16):
+            await send({"type": "http.response.body", "body": _CHUNK, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        return
+    data = _COMPLETION if path == "/v1/completions" else b'{"object":"list","data":[{"id":"stub"}]}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+# ----------------------------------------------------------------------------- load
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+async def _one(client, url, body, stream):
+    t0 = time.perf_counter()
+    ttft = None
+    if stream:
+        async with client.stream("POST", url, content=body, headers={"content-type": "application/json"}) as r:
+            async for chunk in r.aiter_raw():
+                if ttft is None and chunk:
+                    ttft = time.perf_counter() - t0
+            ok = r.status_code == 200
+    else:
+        r = await client.post(url, content=body, headers={"content-type": "application/json"})
+        ok = r.status_code == 200
+    return ok, (time.perf_counter() - t0) * 1e3, (ttft * 1e3 if ttft is not None else None)
+
+
+async def open_loop(direct, gateway, rate, duration_s, model, stream):
+    """`rate` req/s per path for `duration_s`, interleaved direct/gateway; returns per-path results."""
+    import httpx
+
+    body = json.dumps({"model": model, "prompt": list(range(3, 67)), "max_tokens": 16, "ignore_eos": True,
+                       "stream": stream}).encode()
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    out = {"direct": [], "gateway": []}
+    errors = {"direct": 0, "gateway": 0}
+    async with httpx.AsyncClient(limits=limits, timeout=60) as cd, httpx.AsyncClient(limits=limits, timeout=60) as cg:
+        targets = [("direct", cd, direct + "/v1/completions"), ("gateway", cg, gateway + "/v1/completions")]
+        for name, c, u in targets:  # warm the connections and both servers
+            for _ in range(20):
+                await _one(c, u, body, stream)
+        tasks = []
+        interval = 1.0 / (2 * rate)
+        t_start = time.perf_counter()
+        n = int(2 * rate * duration_s)
+
+        async def fire(i):
+            name, c, u = targets[i % 2]
+            ok, e2e, ttft = await _one(c, u, body, stream)
+            if ok:
+                out[name].append((e2e, ttft))
+            else:
+                errors[name] += 1
+
+        for i in range(n):
+            delay = t_start + i * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(fire(i)))
+        await asyncio.gather(*tasks)
+    return out, errors
+
+
+async def closed_loop(url, concurrency, duration_s, model):
+    """Requests completed per second with `concurrency` clients back to back."""
+    import httpx
+
+    body = json.dumps({"model": model, "prompt": list(range(3, 67)), "max_tokens": 16, "ignore_eos": True}).encode()
+    done = 0
+    stop_at = time.perf_counter() + duration_s
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency), timeout=60) as c:
+        async def worker():
+            nonlocal done
+            while time.perf_counter() < stop_at:
+                ok, _, _ = await _one(c, url + "/v1/completions", body, False)
+                done += ok
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return done / (time.perf_counter() - t0)
+
+
+# ----------------------------------------------------------------------------- main
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="short run (10 s open loop, 5 s max rate)")
+    ap.add_argument("--rate", type=float, default=100.0, help="open-loop requests/s per path")
+    ap.add_argument("--duration", type=float, default=None, help="open-loop seconds")
+    ap.add_argument("--upstream", default=None, help="a real upstream base URL instead of the stub")
+    ap.add_argument("--model", default="stub")
+    ap.add_argument("--concurrency", type=int, default=32, help="clients in the max-rate run")
+    ap.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.serve_stub:
+        import uvicorn
+
+        uvicorn.run(stub_app, host="127.0.0.1", port=args.serve_stub, log_level="warning", access_log=False,
+                    loop="uvloop", http="httptools")
+        return 0
+
+    from tailtrace.procs import free_port, start_process, stop_process, wait_http
+
+    duration = args.duration or (10.0 if args.quick else 30.0)
+    max_rate_s = 5.0 if args.quick else 10.0
+    py = sys.executable
+    procs = []
+    collector = None
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    try:
+        upstream = args.upstream
+        if upstream is None:
+            port = free_port()
+            procs.append(start_process([py, __file__, "--serve-stub", str(port)], tmp / "stub.log"))
+            upstream = f"http://127.0.0.1:{port}"
+            wait_http(upstream + "/health", 30, procs[-1], "stub upstream")
+        try:
+            from collector.testing import start_collector
+
+            collector = start_collector(tmp / "bench.duckdb")
+            otlp = collector.otlp_url
+        except Exception as exc:  # noqa: BLE001 - the bench still runs without the collector part
+            print(f"(no collector: {exc}; spans go to a closed port)")
+            otlp = f"http://127.0.0.1:{free_port()}"
+        gport = free_port()
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        procs.append(start_process([py, "-m", "tailtrace", "gateway", "--upstream", upstream, "--port", str(gport),
+                                    "--otlp-endpoint", otlp], tmp / "gateway.log", env=env))
+        gateway = f"http://127.0.0.1:{gport}"
+        wait_http(gateway + "/health", 60, procs[-1], "gateway")
+
+        print(f"upstream {upstream} ({'stub' if args.upstream is None else 'real'}), gateway {gateway}, "
+              f"collector {'on' if collector else 'off'}; {args.rate:g} req/s per path for {duration:g} s, interleaved")
+        print(f"{'':22s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
+        import psutil
+
+        gproc = psutil.Process(procs[-1].pid)
+        rows = {}
+        cpu_per_req = {}
+        for stream in (False, True):
+            c0 = sum(gproc.cpu_times()[:2])
+            out, errors = asyncio.run(open_loop(upstream, gateway, args.rate, duration, args.model, stream))
+            n_gw = len(out["gateway"]) + errors["gateway"] + 20  # + warm-up requests
+            cpu_per_req["stream" if stream else "json"] = (sum(gproc.cpu_times()[:2]) - c0) * 1e3 / n_gw
+            kind = "stream" if stream else "json"
+            for name in ("direct", "gateway"):
+                e2e = [x[0] for x in out[name]]
+                rows[(kind, name)] = e2e
+                print(f"{kind + ' E2E ' + name:22s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
+                      f"{_pct(e2e, .99):10.3f}{statistics.fmean(e2e) if e2e else float('nan'):10.3f}"
+                      + (f"  errors {errors[name]}" if errors[name] else ""))
+            if stream:
+                for name in ("direct", "gateway"):
+                    t = [x[1] for x in out[name] if x[1] is not None]
+                    rows[("ttft", name)] = t
+                    print(f"{'stream TTFT ' + name:22s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
+                          f"{_pct(t, .99):10.3f}{statistics.fmean(t) if t else float('nan'):10.3f}")
+        print()
+        for kind in ("json", "stream", "ttft"):
+            d, g = rows[(kind, "direct")], rows[(kind, "gateway")]
+            print(f"added by the gateway ({kind:6s}): P50 {_pct(g, .5) - _pct(d, .5):+.3f} ms   "
+                  f"P99 {_pct(g, .99) - _pct(d, .99):+.3f} ms   (P50 ratio gateway/direct "
+                  f"{_pct(g, .5) / _pct(d, .5):.2f}x)")
+        print("gateway CPU per request (user+sys, incl. span export): "
+              + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu_per_req.items())
+              + f"  [load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs]")
+        direct_rate = asyncio.run(closed_loop(upstream, args.concurrency, max_rate_s, args.model))
+        gw_rate = asyncio.run(closed_loop(gateway, args.concurrency, max_rate_s, args.model))
+        print(f"\nmax rate, {args.concurrency} clients closed-loop, {max_rate_s:g} s each: direct {direct_rate:.0f} req/s, "
+              f"through the gateway {gw_rate:.0f} req/s (ratio {gw_rate / direct_rate:.2f}; 2 cores shared by "
+              "client, gateway and upstream)")
+        added_p50 = _pct(rows[("json", "gateway")], .5) - _pct(rows[("json", "direct")], .5)
+        print(f"goal <= 1 ms added at P50 at {args.rate:g} req/s (json): {'met' if added_p50 <= 1.0 else 'NOT met'} "
+              f"({added_p50:.3f} ms)")
+        if collector is not None:
+            time.sleep(1.5)
+            try:
+                n = collector.sql("SELECT count(*) FROM spans WHERE phase = 'gateway'")[0][0]
+                print(f"gateway server spans stored by the collector: {n}")
+            except Exception as exc:  # noqa: BLE001
+                print(f"(collector query failed: {exc})")
+    finally:
+        for p in reversed(procs):
+            stop_process(p)
+        if collector is not None:
+            collector.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The gateway's settings, declared once as data: the CLI builds its flags from `SETTINGS`, the
+env-var fallbacks come from it, and a test checks that docs/gateway.md documents each one.
+
+Precedence (DESIGN.md): flag, then the `TAILTRACE_GATEWAY_*` env var named here, then the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from urllib.parse import urlsplit
+
+from tailtrace.errors import UserError
+
+__all__ = ["BATCH", "INTERACTIVE", "PRIORITIES", "SETTINGS", "GatewayConfig", "Setting"]
+
+INTERACTIVE = "interactive"
+BATCH = "batch"
+# Admission order: a free slot goes to the first class with a waiting request.
+PRIORITIES = (INTERACTIVE, BATCH)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One gateway setting: its `GatewayConfig` field, flag, env var, type, default and help."""
+
+    name: str
+    flag: str
+    env: str
+    type: type
+    default: object
+    help: str
+    choices: tuple | None = None
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("upstreams", "--upstream", "TAILTRACE_GATEWAY_UPSTREAMS", str, (),
+            "base URL of an OpenAI-compatible server (vLLM), repeat for several; env: comma-separated"),
+    Setting("host", "--host", "TAILTRACE_GATEWAY_HOST", str, "127.0.0.1", "address to bind"),
+    Setting("port", "--port", "TAILTRACE_GATEWAY_PORT", int, 8080, "port to listen on"),
+    Setting("otlp_endpoint", "--otlp-endpoint", "TAILTRACE_OTLP_ENDPOINT", str, None,
+            "collector OTLP/HTTP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318); "
+            "'none' disables tracing"),
+    Setting("max_concurrency", "--max-concurrency", "TAILTRACE_GATEWAY_MAX_CONCURRENCY", int, 256,
+            "requests in flight per upstream; more wait in the admission queue"),
+    Setting("queue_interactive", "--queue-interactive", "TAILTRACE_GATEWAY_QUEUE_INTERACTIVE", int, 1024,
+            "admission queue bound for x-priority: interactive; a full queue answers 429"),
+    Setting("queue_batch", "--queue-batch", "TAILTRACE_GATEWAY_QUEUE_BATCH", int, 1024,
+            "admission queue bound for x-priority: batch; a full queue answers 429"),
+    Setting("max_body_bytes", "--max-body-bytes", "TAILTRACE_GATEWAY_MAX_BODY_BYTES", int, 8 * 1024 * 1024,
+            "largest request body accepted; larger gets 413"),
+    Setting("max_input_tokens", "--max-input-tokens", "TAILTRACE_GATEWAY_MAX_INPUT_TOKENS", int, 131072,
+            "largest prompt in tokens (token-id prompts: exact; text: tokenizer or bytes/4); larger gets 400"),
+    Setting("truncate", "--truncate", "TAILTRACE_GATEWAY_TRUNCATE", str, "off",
+            "what to do with an over-long prompt: 'off' (400) or 'middle' (keep head and tail)",
+            choices=("off", "middle")),
+    Setting("tokenizer", "--tokenizer", "TAILTRACE_GATEWAY_TOKENIZER", str, None,
+            "tokenizer.json (or a folder holding one) to count text-prompt tokens exactly"),
+    Setting("connect_timeout_s", "--connect-timeout", "TAILTRACE_GATEWAY_CONNECT_TIMEOUT", float, 5.0,
+            "seconds to connect to an upstream; failure is 502 and takes the upstream out"),
+    Setting("upstream_timeout_s", "--upstream-timeout", "TAILTRACE_GATEWAY_UPSTREAM_TIMEOUT", float, 600.0,
+            "seconds the upstream may stay silent (before its first byte or between bytes); then 504"),
+    Setting("health_interval_s", "--health-interval", "TAILTRACE_GATEWAY_HEALTH_INTERVAL", float, 2.0,
+            "seconds between health checks of each upstream"),
+    Setting("health_path", "--health-path", "TAILTRACE_GATEWAY_HEALTH_PATH", str, "/health",
+            "path probed on each upstream; any answer below 500 counts as healthy"),
+)
+
+
+def _split_csv(value: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@dataclass
+class GatewayConfig:
+    """Everything `create_app` needs. Units: seconds (`*_s`), bytes, tokens.
+
+    Build it directly (tests, the demo) or with `from_args` (the CLI). `validate()` raises
+    `UserError` with a one-line message on bad values; `create_app` calls it.
+    """
+
+    upstreams: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    otlp_endpoint: str | None = None
+    max_concurrency: int = 256
+    queue_interactive: int = 1024
+    queue_batch: int = 1024
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_input_tokens: int = 131072
+    truncate: str = "off"
+    tokenizer: str | None = None
+    connect_timeout_s: float = 5.0
+    upstream_timeout_s: float = 600.0
+    health_interval_s: float = 2.0
+    health_path: str = "/health"
+    # Not a flag: a TracerProvider to use instead of building one (tests, in-process demo).
+    tracer_provider: object | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_args(cls, args) -> GatewayConfig:
+        """Build from an argparse namespace whose attributes are named as `SETTINGS`; a flag left
+        unset (None) falls back to its env var, then to its default."""
+        values = {}
+        for s in SETTINGS:
+            v = getattr(args, s.name, None)
+            if v in (None, [], ()):
+                raw = os.environ.get(s.env)
+                if raw not in (None, ""):
+                    if s.name == "upstreams":
+                        v = _split_csv(raw)
+                    else:
+                        try:
+                            v = s.type(raw)
+                        except ValueError:
+                            raise UserError(f"{s.env}={raw!r} is not a valid {s.type.__name__}") from None
+                else:
+                    v = s.default
+            values[s.name] = tuple(v) if s.name == "upstreams" else v
+        return cls(**values)
+
+    def validate(self) -> GatewayConfig:
+        """Check every value; return self. Raises `UserError` naming the flag at fault."""
+        if not self.upstreams:
+            raise UserError("no upstream: give at least one --upstream URL (e.g. --upstream http://127.0.0.1:8000)")
+        cleaned = []
+        for url in self.upstreams:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise UserError(f"--upstream {url!r} is not an http(s) base URL like http://127.0.0.1:8000")
+            cleaned.append(url.rstrip("/").removesuffix("/v1"))
+        if len(set(cleaned)) != len(cleaned):
+            raise UserError("the same --upstream is given twice")
+        self.upstreams = tuple(cleaned)
+        for name in ("max_concurrency", "max_body_bytes", "max_input_tokens"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        for name in ("queue_interactive", "queue_batch"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{name.replace('_', '-')} must be 0 or more")
+        for name, flag in (("connect_timeout_s", "--connect-timeout"), ("upstream_timeout_s", "--upstream-timeout"),
+                           ("health_interval_s", "--health-interval")):
+            if not getattr(self, name) > 0:
+                raise UserError(f"{flag} must be more than 0 seconds")
+        if self.truncate not in ("off", "middle"):
+            raise UserError(f"--truncate must be 'off' or 'middle', not {self.truncate!r}")
+        if self.max_input_tokens < 2 and self.truncate == "middle":
+            raise UserError("--truncate middle needs --max-input-tokens of 2 or more")
+        if not 0 < self.port < 65536:
+            raise UserError(f"--port {self.port} is not a TCP port")
+        if not self.health_path.startswith("/"):
+            raise UserError(f"--health-path {self.health_path!r} must start with '/'")
+        return self
+
+    @property
+    def tracing_enabled(self) -> bool:
+        """False when `otlp_endpoint` is 'none' (no spans are made at all)."""
+        return (self.otlp_endpoint or "").lower() != "none"
+
+    def queue_limit(self, priority: str) -> int:
+        """The admission queue bound for a priority class."""
+        return self.queue_interactive if priority == INTERACTIVE else self.queue_batch
+
+
+assert {f.name for f in fields(GatewayConfig)} >= {s.name for s in SETTINGS}

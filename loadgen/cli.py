@@ -1,0 +1,149 @@
+"""`tailtrace replay` and `tailtrace sweep`: thin wrappers over `loadgen.replay.run_replay` and
+`loadgen.sweep.run_sweep`. Registration imports nothing heavy."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+__all__ = ["register"]
+
+_TRACE_HELP = "azure-conv, mooncake-conv, or a CSV path in either trace's format"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return v
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
+    p.add_argument("--target", default=os.environ.get("TAILTRACE_TARGET", "http://127.0.0.1:8080"),
+                   help="the server's base URL (gateway or vLLM), e.g. http://127.0.0.1:8080 "
+                        "[$TAILTRACE_TARGET, default %(default)s]")
+    p.add_argument("--model", help="model name to request (default: first model of /v1/models)")
+    p.add_argument("--duration", type=_positive_float, metavar="S", help="seconds of schedule to send")
+    p.add_argument("--start", type=float, default=0.0, metavar="OFFSET",
+                   help="start this many trace seconds into the trace (default 0)")
+    p.add_argument("--max-requests", type=_positive_int, metavar="N", help="send at most N requests")
+    p.add_argument("--max-input", type=_positive_int, metavar="N",
+                   help="clip prompts to N tokens (default: the model's max_model_len - output length)")
+    p.add_argument("--concurrency-cap", type=_positive_int, metavar="N",
+                   help="at most N requests outstanding; the wait is reported as client queue time")
+    p.add_argument("--arrival", choices=("poisson", "gamma"),
+                   help="synthetic arrivals at --rate with lengths drawn from TRACE")
+    p.add_argument("--burstiness", type=_positive_float, default=1.0, metavar="K",
+                   help="Gamma shape of inter-arrival times with --arrival gamma (<1 burstier; default 1)")
+    p.add_argument("--jitter", choices=("uniform", "none"), default="uniform",
+                   help="spread Mooncake's 3 s timestamp slots uniformly (default) or send each slot at once")
+    p.add_argument("--seed", type=int, default=0, help="seed for jitter, synthetic arrivals and prompt ids")
+    p.add_argument("--slo", default=None, metavar="SPEC",
+                   help="latency objectives, e.g. ttft_p99=2s,tpot_p99=100ms (default that)")
+    p.add_argument("--otlp-endpoint", "--collector", dest="otlp_endpoint", metavar="URL",
+                   help="collector OTLP/HTTP base URL [$TAILTRACE_OTLP_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT, "
+                        "default http://127.0.0.1:4318]")
+    p.add_argument("--no-spans", action="store_true", help="export no client spans (traceparent is still sent)")
+    p.add_argument("--priority", choices=("interactive", "batch"), default="interactive",
+                   help="priority class recorded on client spans (default interactive)")
+    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+                   help="per-request timeout (default 600 s)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def register(sub) -> None:
+    """Add `replay` and `sweep` to the `tailtrace` sub-parsers."""
+    p = sub.add_parser("replay", help="replay a request trace (or synthetic load) open-loop against a server",
+                       description="Send each request of TRACE at its scheduled time, however many are "
+                                   "outstanding (open loop), with exact input/output lengths, and report "
+                                   "what the client saw. Emits one client.request span per request.")
+    _common(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--speed", type=_positive_float, metavar="X", help="play the trace X times faster (default 1)")
+    g.add_argument("--rate", type=_positive_float, metavar="R",
+                   help="rescale the trace to a mean of R req/s (with --arrival: the synthetic rate)")
+    p.add_argument("--out", metavar="FILE", help="write per-request results: .json (with summary) or .csv")
+    p.set_defaults(func=_replay)
+
+    p = sub.add_parser("sweep", help="replay at several rates and report the capacity that meets an SLO",
+                       description="Run TRACE's traffic (rescaled, or --arrival synthetic) at each rate in "
+                                   "--rates for --duration seconds, print throughput and P50/P99/P999 "
+                                   "TTFT/TPOT/E2E per rate and the highest rate meeting --slo.")
+    _common(p)
+    p.add_argument("--rates", required=True, metavar="R1,R2,...", help="request rates to sweep (req/s)")
+    p.add_argument("--out", metavar="FILE",
+                   help="results JSON (a CSV beside it); default ./tailtrace-sweep-<id>.json")
+    p.set_defaults(func=_sweep, duration=None)
+
+
+def _config(args, **over):
+    from loadgen.replay import DEFAULT_SLO, ReplayConfig
+
+    progress = not args.no_progress and sys.stderr.isatty()
+    return ReplayConfig(
+        trace=args.trace, target=args.target, model=args.model, duration_s=args.duration,
+        start_s=args.start, max_requests=args.max_requests, max_input=args.max_input,
+        concurrency_cap=args.concurrency_cap, arrival=args.arrival, burstiness=args.burstiness,
+        jitter=args.jitter, seed=args.seed, slo=args.slo or DEFAULT_SLO,
+        otlp_endpoint=args.otlp_endpoint, spans=not args.no_spans, priority=args.priority,
+        timeout_s=args.timeout, progress=progress, **over,
+    )
+
+
+def _replay(args) -> int:
+    from rich.console import Console
+
+    from loadgen.replay import run_replay
+    from loadgen.report import print_summary
+
+    if args.arrival and args.rate is None:
+        from tailtrace.errors import UserError
+        raise UserError("--arrival needs --rate R")
+    if args.arrival and args.duration is None and args.max_requests is None:
+        from tailtrace.errors import UserError
+        raise UserError("--arrival needs --duration S or --max-requests N")
+    res = run_replay(_config(args, speed=args.speed, rate=args.rate))
+    console = Console()
+    print_summary(res.summary, console, title=f"replay {res.run_id} ({res.model} at {args.target})")
+    if args.out:
+        path = res.write(args.out)
+        console.print(f"results written to {path}", highlight=False)
+    return 130 if res.interrupted else 0
+
+
+def _sweep(args) -> int:
+    from rich.console import Console
+
+    from loadgen.report import print_summary, print_sweep
+    from loadgen.sweep import parse_rates, run_sweep
+
+    rates = parse_rates(args.rates)
+    console = Console()
+    if args.duration is None and args.max_requests is None:
+        from tailtrace.errors import UserError
+        raise UserError("sweep needs --duration S (seconds per rate) or --max-requests N")
+
+    def step(rate, res):
+        print_summary(res.summary, console, title=f"rate {rate:g} req/s ({res.run_id})")
+
+    import time
+    out = args.out or f"tailtrace-sweep-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    result = run_sweep(_config(args), rates, out=out, on_step=step)
+    print_sweep(result["rates"], result["capacity"], console)
+    console.print(f"results written to {out} and {out.rsplit('.', 1)[0]}.csv", highlight=False)
+    return 0

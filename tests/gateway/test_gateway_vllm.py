@@ -1,0 +1,301 @@
+"""The gateway against the real vLLM CPU server and the real collector: the span tree joins
+client -> gateway -> engine, the requests table gets the gateway columns, priorities reorder a
+full queue, a disconnect aborts the upstream request, and the 429/502/504/413/400 paths.
+
+The gateway runs in-process (uvicorn on a thread) and exports OTLP to the session collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from instrument import semconv as sc
+from instrument.gateway.config import GatewayConfig
+from instrument.gateway.testing import start_gateway_thread
+from instrument.otel import make_tracer_provider
+from tailtrace.procs import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def collector(vllm_server):
+    if vllm_server.collector is None:
+        pytest.skip("the collector part is not importable")
+    return vllm_server.collector
+
+
+class _Gw:
+    def __init__(self, handle, provider):
+        self.h, self.provider, self.url = handle, provider, handle.url
+
+    def flush(self):
+        self.provider.force_flush(10_000)
+
+    def status(self):
+        return httpx.get(self.url + "/gateway/status").json()
+
+
+@pytest.fixture
+def gateway(vllm_server, collector):
+    """Factory: start_gw(**GatewayConfig overrides) -> _Gw; all stopped at teardown."""
+    started = []
+
+    def start(**kw):
+        kw.setdefault("upstreams", (vllm_server.url,))
+        provider = make_tracer_provider("tailtrace-gateway", collector.otlp_url, schedule_delay_ms=100)
+        kw.setdefault("port", free_port())
+        handle = start_gateway_thread(GatewayConfig(tracer_provider=provider, **kw))
+        started.append((handle, provider))
+        return _Gw(handle, provider)
+
+    yield start
+    for handle, provider in started:
+        handle.stop()
+        provider.shutdown()
+
+
+def _body(vllm_server, n_in=16, n_out=4, **kw):
+    return {"model": vllm_server.model, "prompt": list(range(3, 3 + n_in)), "max_tokens": n_out,
+            "ignore_eos": True, **kw}
+
+
+def _spans(collector, trace_id):
+    rows = collector.sql("SELECT name, span_id, parent_span_id, phase, status_code, status_message, "
+                         "CAST(attributes AS VARCHAR), duration_ms FROM spans WHERE trace_id = ? "
+                         "ORDER BY start_time", [trace_id])
+    return [dict(zip(("name", "id", "parent", "phase", "status", "message", "attrs", "ms"), r)) for r in rows]
+
+
+def _wait(pred, timeout_s=20.0, every_s=0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every_s)
+    return pred()
+
+
+def _running(vllm_server) -> float:
+    text = httpx.get(vllm_server.url + "/metrics").text
+    m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else float("nan")
+
+
+def test_span_tree_joins_client_gateway_engine(vllm_server, collector, gateway):
+    gw = gateway()
+    client_provider = make_tracer_provider("test-client", collector.otlp_url, schedule_delay_ms=100)
+    tracer = client_provider.get_tracer("test")
+    from opentelemetry import propagate
+
+    with tracer.start_as_current_span(sc.SPAN_CLIENT, attributes={sc.PHASE: sc.PHASE_CLIENT}) as cspan:
+        headers = {}
+        propagate.inject(headers)
+        with httpx.stream("POST", gw.url + "/v1/completions", headers=headers, timeout=60,
+                          json=_body(vllm_server, n_out=8, stream=True)) as r:
+            assert r.status_code == 200
+            received = b"".join(r.iter_raw())
+    trace_id = format(cspan.get_span_context().trace_id, "032x")
+    client_provider.force_flush(10_000)
+    gw.flush()
+    # vLLM may coalesce tokens into one SSE event: at least one event and the terminator
+    assert received.count(b"data: ") >= 2 and received.endswith(b"data: [DONE]\n\n")
+
+    def tree():
+        spans = _spans(collector, trace_id)
+        names = {s["name"] for s in spans}
+        return spans if {sc.SPAN_GATEWAY_UPSTREAM, sc.SPAN_GATEWAY_STREAM, sc.SPAN_LLM_REQUEST} <= names else None
+
+    spans = _wait(tree, 30) or _spans(collector, trace_id)
+    by_name = {s["name"]: s for s in spans}
+    server = next(s for s in spans if s["phase"] == sc.PHASE_GATEWAY)
+    client = by_name[sc.SPAN_CLIENT]
+    assert server["parent"] == client["id"]
+    for name in (sc.SPAN_GATEWAY_ADMISSION, sc.SPAN_GATEWAY_UPSTREAM, sc.SPAN_GATEWAY_STREAM):
+        assert by_name[name]["parent"] == server["id"], name
+    upstream = by_name[sc.SPAN_GATEWAY_UPSTREAM]
+    # vLLM's spans hang below gateway.upstream (traceparent carries its context)
+    ids = {s["id"]: s for s in spans}
+    llm = by_name.get(sc.SPAN_LLM_REQUEST)
+    assert llm is not None, f"no llm.request in the trace: {sorted(by_name)}"
+    node, chain = llm, []
+    while node is not None and node["parent"]:
+        chain.append(node["parent"])
+        node = ids.get(node["parent"])
+    assert upstream["id"] in chain
+    stream_attrs = json.loads(by_name[sc.SPAN_GATEWAY_STREAM]["attrs"])
+    assert int(stream_attrs[sc.STREAM_BYTES]) == len(received)
+    assert int(stream_attrs[sc.STREAM_CHUNKS]) >= 2
+    assert int(stream_attrs[sc.FIRST_CHUNK_TIME]) <= int(stream_attrs[sc.LAST_CHUNK_TIME])
+    assert int(stream_attrs[sc.BODY_RECEIVED_TIME]) <= int(stream_attrs[sc.FIRST_CHUNK_TIME])
+    assert json.loads(server["attrs"])[sc.UPSTREAM] == vllm_server.url
+    # The upstream exchange covers the engine's request; admission + upstream fit in the server span.
+    assert upstream["ms"] >= llm["ms"]
+    assert by_name[sc.SPAN_GATEWAY_ADMISSION]["ms"] + upstream["ms"] <= server["ms"]
+
+    row = _wait(lambda: collector.sql("SELECT gateway_ms, gateway_queue_ms, network_ms, client_e2e_ms, "
+                                      "e2e_ms FROM requests WHERE trace_id = ?", [trace_id]), 30)
+    gateway_ms, queue_ms, network_ms, client_e2e, _ = row[0]
+    assert None not in (gateway_ms, queue_ms, network_ms)
+    assert 0 <= queue_ms < 50 and 0 <= gateway_ms < client_e2e and network_ms >= 0
+    assert abs(gateway_ms - (server["ms"] - by_name[sc.SPAN_GATEWAY_ADMISSION]["ms"] - upstream["ms"])) < 1e-3
+    client_provider.shutdown()
+
+
+def test_priorities_reorder_a_full_queue_and_429(vllm_server, collector, gateway):
+    gw = gateway(max_concurrency=1, queue_batch=2, queue_interactive=4)
+    done: list[str] = []
+    results: dict[str, httpx.Response] = {}
+
+    def send(name, prio, n_out):
+        r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server, n_out=n_out),
+                       headers={"x-priority": prio}, timeout=120)
+        results[name] = r
+        done.append(name)
+
+    # The blocker holds the only slot until we hang up (a stream with far more tokens than we read).
+    blocker_client = httpx.Client(timeout=60)
+    blocker = blocker_client.stream("POST", gw.url + "/v1/completions",
+                                    json=_body(vllm_server, n_out=8000, stream=True))
+    resp = blocker.__enter__()
+    assert resp.status_code == 200
+    next(resp.iter_raw())
+    assert gw.status()["upstreams"][0]["outstanding"] == 1
+    threads = []
+    for name, prio in (("b1", "batch"), ("b2", "batch"), ("i1", "interactive")):
+        t = threading.Thread(target=send, args=(name, prio, 2))
+        t.start()
+        threads.append(t)
+        want = {"b1": (0, 1), "b2": (0, 2), "i1": (1, 2)}[name]
+        assert _wait(lambda w=want: (gw.status()["queued"]["interactive"], gw.status()["queued"]["batch"]) == w, 20)
+    # the batch queue is full: 429, Retry-After, OpenAI error shape
+    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server), headers={"x-priority": "batch"}, timeout=30)
+    assert r.status_code == 429
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["code"] == "queue_full" and "batch" in r.json()["error"]["message"]
+    assert done == []  # nothing ran while the slot was held
+    blocker.__exit__(None, None, None)  # hang up: the slot frees, the queue drains interactive first
+    blocker_client.close()
+    for t in threads:
+        t.join(120)
+    assert done == ["i1", "b1", "b2"]
+    assert all(results[n].status_code == 200 for n in done)
+    # bad priority: 400 with the OpenAI shape
+    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server), headers={"x-priority": "urgent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-priority"
+
+
+def test_disconnect_mid_stream_aborts_upstream(vllm_server, collector, gateway):
+    gw = gateway()
+    assert _running(vllm_server) == 0
+
+    async def client():
+        async with httpx.AsyncClient(timeout=60) as c, c.stream("POST", gw.url + "/v1/completions",
+                            json=_body(vllm_server, n_out=8000, stream=True)) as r:
+            assert r.status_code == 200
+            n = 0
+            async for _ in r.aiter_raw():
+                n += 1
+                if n >= 3:
+                    break  # leaving the block closes the connection mid-stream
+        return n
+
+    assert asyncio.run(client()) == 3
+    # vLLM saw the disconnect and aborted: nothing runs any more, long before 8000 tokens
+    assert _wait(lambda: _running(vllm_server) == 0, 10), "vLLM still runs the request after the disconnect"
+    assert _wait(lambda: gw.status()["upstreams"][0]["outstanding"] == 0, 5)
+    gw.flush()
+    rows = _wait(lambda: collector.sql(
+        "SELECT name, status_code, status_message, CAST(attributes AS VARCHAR) FROM spans "
+        "WHERE service_name = 'tailtrace-gateway' AND name IN (?, ?) AND status_message = 'cancelled' "
+        "ORDER BY start_time DESC LIMIT 2", [sc.SPAN_GATEWAY_UPSTREAM, sc.SPAN_GATEWAY_STREAM]), 20)
+    assert {r[0] for r in rows} == {sc.SPAN_GATEWAY_UPSTREAM, sc.SPAN_GATEWAY_STREAM}
+    for _, status_code, _, attrs in rows:
+        assert status_code == "ERROR" and json.loads(attrs)[sc.STATUS] == "abort"
+
+
+def test_upstream_timeout_gives_504_and_aborts(vllm_server, collector, gateway):
+    gw = gateway(upstream_timeout_s=0.5)
+    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server, n_out=8000), timeout=60)
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "upstream_timeout"
+    assert _wait(lambda: _running(vllm_server) == 0, 10)
+
+
+def test_routing_fails_over_takes_out_and_brings_back(vllm_server, collector, gateway):
+    dead_port = free_port()
+    dead = f"http://127.0.0.1:{dead_port}"
+    gw = gateway(upstreams=(dead, vllm_server.url), health_interval_s=0.3)
+    for _ in range(4):  # every request succeeds: a refused connection fails over to the live upstream
+        r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server, n_out=1), timeout=60)
+        assert r.status_code == 200
+    ups = {u["url"]: u for u in gw.status()["upstreams"]}
+    assert ups[dead]["healthy"] is False and ups[dead]["served"] == 0 and ups[vllm_server.url]["served"] == 4
+    # bring a real OpenAI-compatible server up on the dead port (a second gateway in front of vLLM)
+    second = gateway(port=dead_port)
+    assert second.url == dead
+    assert _wait(lambda: {u["url"]: u for u in gw.status()["upstreams"]}[dead]["healthy"], 10)
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=60) as c:
+            rs = await asyncio.gather(*(c.post(gw.url + "/v1/completions", json=_body(vllm_server, n_out=16))
+                                        for _ in range(6)))
+        return [x.status_code for x in rs]
+
+    assert asyncio.run(burst()) == [200] * 6
+    assert {u["url"]: u for u in gw.status()["upstreams"]}[dead]["served"] >= 2  # least outstanding spreads
+
+
+def test_all_upstreams_down_gives_502(gateway, collector):
+    gw = gateway(upstreams=(f"http://127.0.0.1:{free_port()}",))
+    r = httpx.post(gw.url + "/v1/completions", json={"model": "x", "prompt": [5, 6]}, timeout=30)
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["code"] == "upstream_unreachable" and err["type"] == "upstream_error"
+    gw.flush()
+    rows = _wait(lambda: collector.sql(
+        "SELECT status_code FROM spans WHERE name = ? AND status_code = 'ERROR' AND "
+        "CAST(attributes AS VARCHAR) LIKE ?", [sc.SPAN_GATEWAY_UPSTREAM, f"%{gw.h.gateway.pool.upstreams[0].url}%"]), 20)
+    assert rows
+
+
+def test_limits_413_400_and_truncate_middle(vllm_server, collector, gateway):
+    gw = gateway(max_body_bytes=4096, max_input_tokens=32)
+    r = httpx.post(gw.url + "/v1/completions", content=b"{" + b" " * 5000 + b"}",
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server, n_in=100))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "100 tokens" in r.json()["error"]["message"]
+    r = httpx.post(gw.url + "/v1/completions", content=b"not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.get(gw.url + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+    gw2 = gateway(max_input_tokens=32, truncate="middle")
+    r = httpx.post(gw2.url + "/v1/completions", json=_body(vllm_server, n_in=100, n_out=2), timeout=60)
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == 32  # the engine got head 16 + tail 16
+    gw2.flush()
+    rows = _wait(lambda: collector.sql(
+        "SELECT CAST(attributes AS VARCHAR) FROM spans WHERE phase = ? AND "
+        "CAST(attributes AS VARCHAR) LIKE ?", [sc.PHASE_GATEWAY, f"%{sc.TRUNCATED_TOKENS}%"]), 20)
+    assert any(int(json.loads(a[0])[sc.TRUNCATED_TOKENS]) == 68 for a in rows)
+
+
+def test_models_and_upstream_errors_pass_through(vllm_server, gateway, collector):
+    gw = gateway()
+    r = httpx.get(gw.url + "/v1/models", timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == vllm_server.model
+    # the upstream's own 4xx passes through unchanged
+    r = httpx.post(gw.url + "/v1/completions", json={"model": "no-such-model", "prompt": [5, 6], "max_tokens": 1},
+                   timeout=30)
+    assert r.status_code in (400, 404) and "error" in r.json()

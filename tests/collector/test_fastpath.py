@@ -3,9 +3,6 @@ and hands back (None) whatever it must not decide itself."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
@@ -13,8 +10,6 @@ from collector.processor.enrich import traces_to_batch
 from collector.processor.fastpath import fast_traces_to_batch
 from instrument import semconv as sc
 from tests.collector.otlp_payloads import MS, T0, TraceBuilder
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 
 def same(body: bytes):
@@ -29,7 +24,7 @@ def same(body: bytes):
 
 
 def test_realistic_batches_equal_slow_path_twice():
-    import ingest
+    from bench import ingest
 
     for body in ingest.make_payloads(3):
         same(body)

@@ -163,6 +163,8 @@ def main() -> int:
     ap.add_argument("--upstream", default=None, help="a real upstream base URL instead of the stub")
     ap.add_argument("--model", default="stub")
     ap.add_argument("--concurrency", type=int, default=32, help="clients in the max-rate run")
+    ap.add_argument("--no-trace", action="store_true", help="run the gateway with --otlp-endpoint none "
+                    "(shows what tracing costs)")
     ap.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -188,14 +190,17 @@ def main() -> int:
             procs.append(start_process([py, __file__, "--serve-stub", str(port)], tmp / "stub.log"))
             upstream = f"http://127.0.0.1:{port}"
             wait_http(upstream + "/health", 30, procs[-1], "stub upstream")
-        try:
-            from collector.testing import start_collector
+        if args.no_trace:
+            otlp = "none"
+        else:
+            try:
+                from collector.testing import start_collector
 
-            collector = start_collector(tmp / "bench.duckdb")
-            otlp = collector.otlp_url
-        except Exception as exc:  # noqa: BLE001 - the bench still runs without the collector part
-            print(f"(no collector: {exc}; spans go to a closed port)")
-            otlp = f"http://127.0.0.1:{free_port()}"
+                collector = start_collector(tmp / "bench.duckdb")
+                otlp = collector.otlp_url
+            except Exception as exc:  # noqa: BLE001 - the bench still runs without the collector part
+                print(f"(no collector: {exc}; spans go to a closed port)")
+                otlp = f"http://127.0.0.1:{free_port()}"
         gport = free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         procs.append(start_process([py, "-m", "tailtrace", "gateway", "--upstream", upstream, "--port", str(gport),
@@ -204,7 +209,7 @@ def main() -> int:
         wait_http(gateway + "/health", 60, procs[-1], "gateway")
 
         print(f"upstream {upstream} ({'stub' if args.upstream is None else 'real'}), gateway {gateway}, "
-              f"collector {'on' if collector else 'off'}; {args.rate:g} req/s per path for {duration:g} s, interleaved")
+              f"tracing {'off' if args.no_trace else 'on'}, collector {'on' if collector else 'off'}; {args.rate:g} req/s per path for {duration:g} s, interleaved")
         print(f"{'':22s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
         import psutil
 

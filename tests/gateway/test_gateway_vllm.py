@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import socket
 import threading
 import time
 
@@ -161,14 +162,14 @@ def test_priorities_reorder_a_full_queue_and_429(vllm_server, collector, gateway
         results[name] = r
         done.append(name)
 
-    # The blocker holds the only slot until we hang up (a stream with far more tokens than we read).
-    blocker_client = httpx.Client(timeout=60)
-    blocker = blocker_client.stream("POST", gw.url + "/v1/completions",
-                                    json=_body(vllm_server, n_out=8000, stream=True))
-    resp = blocker.__enter__()
-    assert resp.status_code == 200
-    next(resp.iter_raw())
-    assert gw.status()["upstreams"][0]["outstanding"] == 1
+    # The blocker holds the only slot until we hang up: a non-streaming request for far more tokens
+    # than the test lasts, sent on a raw socket that we close to release the slot.
+    payload = json.dumps(_body(vllm_server, n_out=16000)).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    blocker = socket.create_connection((host, int(port)))
+    blocker.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+    assert _wait(lambda: gw.status()["upstreams"][0]["outstanding"] == 1, 20)
     threads = []
     for name, prio in (("b1", "batch"), ("b2", "batch"), ("i1", "interactive")):
         t = threading.Thread(target=send, args=(name, prio, 2))
@@ -182,8 +183,7 @@ def test_priorities_reorder_a_full_queue_and_429(vllm_server, collector, gateway
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "queue_full" and "batch" in r.json()["error"]["message"]
     assert done == []  # nothing ran while the slot was held
-    blocker.__exit__(None, None, None)  # hang up: the slot frees, the queue drains interactive first
-    blocker_client.close()
+    blocker.close()  # hang up: the slot frees, the queue drains interactive first
     for t in threads:
         t.join(120)
     assert done == ["i1", "b1", "b2"]

@@ -3,7 +3,7 @@
 Runs `loadgen.replay.run_replay` with Poisson arrivals against the trivial streaming server
 (`loadgen.stubserver`, its own process, answers at once with 8 chunks), at 100, 500 and 1000
 req/s, side by side: the scheduler's spin tail on (default, 2 ms), off (plain asyncio sleep),
-and on with client spans batched to a null exporter; it prints the schedule lag (dispatch -
+and on with client spans encoded to OTLP protobuf (not sent); it prints the schedule lag (dispatch -
 scheduled) P50/P99 and the ratio sleep/spin. Then it raises the rate until P99 lag passes the
 2 ms goal or the responses fall behind, and prints the highest rate one process sustains.
 
@@ -27,13 +27,16 @@ from tailtrace.procs import free_port, start_process, stop_process, wait_http
 GOAL_P99_MS = 2.0
 
 
-def _null_provider():
-    """A TracerProvider whose BatchSpanProcessor exports to nothing: span cost without a network."""
+def _encoding_provider():
+    """A TracerProvider whose BatchSpanProcessor encodes each batch to OTLP protobuf, as the real
+    exporter does, and sends it nowhere: the span cost in the client process without a network."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
     class _Null(SpanExporter):
         def export(self, spans):
+            encode_spans(spans).SerializeToString()
             return SpanExportResult.SUCCESS
 
     prov = TracerProvider()
@@ -66,13 +69,13 @@ def main() -> int:
     proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port)],
                          log_path=tmp / "stub.log")
     url = f"http://127.0.0.1:{port}"
-    provider = _null_provider()
+    provider = _encoding_provider()
     try:
         wait_http(f"{url}/v1/models", 30, proc, "stub server")
         print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.2f} at start; {duration:g} s per point, "
               f"median of {reps} interleaved repeats; Poisson arrivals, 128-token prompts, 8 chunks each")
         print("schedule lag (ms) = dispatch - scheduled; spin = sleep + 2 ms cooperative spin (default), "
-              "sleep = plain asyncio sleep; +spans = spin with client spans batched to a null exporter")
+              "sleep = plain asyncio sleep; +spans = spin with client spans encoded to OTLP protobuf (not sent)")
         print(f"{'rate':>6} {'sent':>6} | {'spin P50':>8} {'P99':>7} | {'sleep P50':>9} {'P99':>7} | "
               f"{'+spans P99':>10} | {'P99 sleep/spin':>14} | {'resp/s':>7}")
         for rate in (100.0, 500.0, 1000.0):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from instrument import semconv as sc
 
-__all__ = ["MonoClock", "StepInfo", "RequestTimeline", "Segment", "TailPolicy", "SpanSink"]
+__all__ = ["MonoClock", "RequestTimeline", "Segment", "SpanSink", "StepInfo", "TailPolicy"]
 
 
 class MonoClock:
@@ -47,7 +47,7 @@ class MonoClock:
 
     def wall_ns(self, mono_s: float) -> int:
         """Wall-clock ns for a monotonic timestamp in seconds."""
-        return int(round(mono_s * 1e9)) + self.offset_ns
+        return round(mono_s * 1e9) + self.offset_ns
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-__all__ = ["DEFAULT_OTLP_ENDPOINT", "otlp_endpoint", "make_tracer_provider"]
+__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint"]
 
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
 

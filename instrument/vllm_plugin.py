@@ -24,11 +24,12 @@ import contextvars
 import logging
 import os
 import time
+from typing import ClassVar
 
 from instrument import semconv as sc
 from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
 
-__all__ = ["register", "SUPPORTED_VLLM", "check_vllm_version"]
+__all__ = ["SUPPORTED_VLLM", "check_vllm_version", "register"]
 
 SUPPORTED_VLLM = ("0.32.",)
 _TRACED_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -45,8 +46,8 @@ class _State:
     tracer = None
     provider = None
     model: str | None = None
-    by_request_id: dict[str, RequestTimeline] = {}
-    pending: list[tuple[RequestTimeline, int]] = []  # (timeline, token index) produced in the open step
+    by_request_id: ClassVar[dict[str, RequestTimeline]] = {}
+    pending: ClassVar[list[tuple[RequestTimeline, int]]] = []  # (timeline, token index) produced in the open step
     pending_preemptions = 0
     step_index = 0
     last_waiting: int | None = None
@@ -78,7 +79,7 @@ def _guard(fn):
     def wrapped(*a, **kw):
         try:
             return fn(*a, **kw)
-        except Exception:  # noqa: BLE001 - instrumentation must not break serving
+        except Exception:
             _State.hook_errors += 1
             if _State.hook_errors <= 3:
                 log.exception("tailtrace hook %s failed (serving continues)", fn.__name__)
@@ -299,7 +300,7 @@ def _install_app_hooks() -> None:
         result = orig(args, app, *rest, **kwargs)
         try:
             _instrument_app(app, args)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("tailtrace could not instrument vLLM's FastAPI app (serving continues)")
         return result
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
 
-__all__ = ["DemoConfig", "run_demo", "register"]
+__all__ = ["DemoConfig", "register", "run_demo"]
 
 DEFAULT_SPEED = 2.0
 DEFAULT_DURATION_S = 120.0

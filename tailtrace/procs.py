@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tailtrace.errors import UserError
 
-__all__ = ["check_port_free", "start_process", "stop_process", "wait_http", "free_port"]
+__all__ = ["check_port_free", "free_port", "start_process", "stop_process", "wait_http"]
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -41,7 +41,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start `cmd` in a new session (its own process group) so that `stop_process` can end
     it and every process it forks. Output goes to `log_path` (appended) or is inherited."""
-    out = open(log_path, "ab") if log_path else None
+    out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - handed to the child, closed below
     try:
         return subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT if out else None, stdin=subprocess.DEVNULL,

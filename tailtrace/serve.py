@@ -21,7 +21,7 @@ from pathlib import Path
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
 
-__all__ = ["ServeConfig", "vllm_command", "vllm_env", "start_vllm", "start_sampler", "register"]
+__all__ = ["ServeConfig", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env"]
 
 DECODE_SPAN_MODES = ("full", "tail", "off")
 
@@ -188,7 +188,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="start vLLM's OpenAI server with tailtrace's instrumentation")
     p.add_argument("--model", default="tiny", help="tiny (built locally), a model directory, or a hub name")
     p.add_argument("--host", default=os.environ.get("TAILTRACE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("TAILTRACE_VLLM_PORT", 8000)))
+    p.add_argument("--port", type=int, default=int(os.environ.get("TAILTRACE_VLLM_PORT", "8000")))
     p.add_argument("--otlp-endpoint", default=None, help="collector OTLP/HTTP URL (default http://127.0.0.1:4318)")
     p.add_argument("--decode-spans", default=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
                    help="full | tail | off: per-token spans (decode_steps rows are stored in every mode)")

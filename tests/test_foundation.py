@@ -79,7 +79,7 @@ def test_serve_without_vllm_says_how_to_install(capsys, monkeypatch):
 @pytest.mark.slow
 def test_serve_stops_with_no_process_left_behind(tiny_model_dir, tmp_path):
     port = free_port()
-    log = open(tmp_path / "serve.log", "wb")
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child writes to it
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tailtrace", "serve", "--model", str(tiny_model_dir), "--port", str(port),
@@ -95,7 +95,7 @@ def test_serve_stops_with_no_process_left_behind(tiny_model_dir, tmp_path):
         started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0
-        gone, alive = psutil.wait_procs(children, timeout=30)
+        _, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
         assert time.monotonic() - started < 90
     finally:

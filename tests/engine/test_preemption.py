@@ -59,5 +59,5 @@ def test_forced_preemption_yields_preempted_spans_and_counts(small_kv_server, se
         assert abs(e2e - phases) < 1.0
     # vLLM's own counter agrees with the count tailtrace assembled
     text = httpx.get(f"{small_kv_server}/metrics", timeout=10).text
-    m = re.search(r'^vllm:num_preemptions_total\{[^}]*\} ([0-9.e+]+)$', text, re.M)
+    m = re.search(r'^vllm:num_preemptions_total\{[^}]*\} ([0-9.e+]+)$', text, re.MULTILINE)
     assert m and int(float(m.group(1))) == total

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-import time
 import uuid
 
 import httpx
@@ -40,7 +40,7 @@ async def _stream(client: httpx.AsyncClient, url: str, prompt_len: int, n: int, 
 
 
 def test_streaming_completion_returns_exact_token_counts(vllm_server):
-    trace_id, tp = _traceparent()
+    _, tp = _traceparent()
 
     async def go():
         async with httpx.AsyncClient(timeout=120) as c:
@@ -70,7 +70,7 @@ def test_span_tree_tiles_the_request_and_decode_steps_are_complete(vllm_server):
                 [trace_id])
     assert [r[0] for r in steps] == list(range(n))
     times = [r[1] for r in steps]
-    assert all(b > a for a, b in zip(times, times[1:])), "decode step times must strictly increase"
+    assert all(b > a for a, b in itertools.pairwise(times)), "decode step times must strictly increase"
     spans = {r[0]: r[1:] for r in poll_sql(
         api, "SELECT name, sum(duration_ms), count(*) FROM spans WHERE trace_id = ? GROUP BY name", [trace_id],
         until=lambda r: any(x[0] == "llm.request" for x in r))}

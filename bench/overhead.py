@@ -84,7 +84,9 @@ async def _workload(url, requests, concurrency, out_tokens, prompt_len):
             return await _one(client, url, i, out_tokens, prompt_len)
 
     before = _itl_histogram(url)
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
+    # keepalive_expiry under uvicorn's 5 s keep-alive: never reuse a connection the server is closing
+    limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
         counts = await asyncio.gather(*[run(i) for i in range(requests)])
         wall = time.perf_counter() - t0

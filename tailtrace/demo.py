@@ -9,7 +9,8 @@ Default speed, 2x (measured on this 2-core machine, docs/operations.md): at real
 model on its one core already batches (P90 batch 24, engine queue P99 155 ms) but rarely queues;
 at 2x the batch hits vLLM's cap of 128 sequences and the engine queue holds the median request
 300 ms and the P90 20 s, the regime where tails are made; at 4x the backlog only grows and the
-run ends in minutes of drain. Default window: 120 s of schedule (about 450 requests).
+run ends in minutes of drain. Default window: 120 s of schedule, i.e. 240 s of the trace (about
+900 requests).
 """
 
 from __future__ import annotations

@@ -94,18 +94,25 @@ class DemoRun:
     leftover: list
 
 
-def session_processes(sid: int) -> list:
-    """psutil processes whose session id is `sid` (a process started with start_new_session)."""
+def marked_processes(mark: str) -> list:
+    """psutil processes whose environment has TAILTRACE_TEST_MARK=`mark`: a process started with
+    that variable and every process it started (each part runs in its own session, so the
+    environment, which children inherit, is what ties them together)."""
     import psutil
 
     out = []
     for p in psutil.process_iter():
         try:
-            if os.getsid(p.pid) == sid:
+            if p.environ().get("TAILTRACE_TEST_MARK") == mark:
                 out.append(p)
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
             pass
     return out
+
+
+def marked_env(mark: str) -> dict:
+    """os.environ plus TAILTRACE_TEST_MARK=`mark` (see `marked_processes`)."""
+    return dict(os.environ, TAILTRACE_TEST_MARK=mark)
 
 
 def demo_command(out: Path, duration: float, speed: float | None = None) -> list[str]:
@@ -123,10 +130,12 @@ def demo_run(tmp_path_factory) -> DemoRun:
     """A short real demo (20 s of the Azure conversation trace at real time), run once per session."""
     import signal
     import subprocess
+    import uuid
 
     out = tmp_path_factory.mktemp("demo")
+    mark = uuid.uuid4().hex
     proc = subprocess.Popen(demo_command(out, 20, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, env=marked_env(mark))
     try:
         text, _ = proc.communicate(timeout=1200)
     finally:
@@ -136,7 +145,7 @@ def demo_run(tmp_path_factory) -> DemoRun:
 
     time.sleep(1)
     return DemoRun(db=out / "tailtrace.duckdb", output=text.decode(errors="replace"), returncode=proc.returncode,
-                   leftover=session_processes(proc.pid))
+                   leftover=marked_processes(mark))
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -87,8 +88,13 @@ def test_serve_stops_with_no_process_left_behind(tiny_model_dir, tmp_path):
         stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True,
     )
     try:
-        line = proc.stdout.readline().decode()
-        assert f"http://127.0.0.1:{port}/v1" in line
+        url_line = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 600
+        line = ""
+        while url_line not in line and time.monotonic() < deadline and proc.poll() is None:
+            line = proc.stdout.readline().decode(errors="replace")  # vLLM's own log lines come first
+        assert url_line in line
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
         children = psutil.Process(proc.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children if c.is_running())
         assert "vllm" in names and len(children) >= 2  # API server + EngineCore (+ worker)

@@ -31,14 +31,15 @@ def test_vllm_metrics_scraped_with_exact_values(vllm_server):
     assert not [r for r in rows if r["name"].endswith(("_bucket", "_created"))]
     prompt_before = sum(r["value"] for r in rows if r["name"] == "vllm:prompt_tokens_total")
 
-    # one streaming request of exactly 37 prompt tokens and 160 output tokens; scrape while it runs
+    # one streaming request of exactly 37 prompt tokens and 1500 output tokens (several seconds even on
+    # an idle machine, so scrapes land while it runs); scrape while it runs
     prompt = [(7 * i) % 1990 + 3 for i in range(37)]
-    body = {"model": vllm_server.model, "prompt": prompt, "max_tokens": 160, "ignore_eos": True, "stream": True}
+    body = {"model": vllm_server.model, "prompt": prompt, "max_tokens": 1500, "ignore_eos": True, "stream": True}
     first_chunk = threading.Event()
     done = threading.Event()
 
     def send():
-        with httpx.stream("POST", f"{vllm_server.url}/v1/completions", json=body, timeout=120) as resp:
+        with httpx.stream("POST", f"{vllm_server.url}/v1/completions", json=body, timeout=300) as resp:
             resp.raise_for_status()
             for _ in resp.iter_lines():
                 first_chunk.set()
@@ -51,7 +52,7 @@ def test_vllm_metrics_scraped_with_exact_values(vllm_server):
     while not done.is_set():
         sc.scrape_once(target)
         running_seen.append(latest("vllm:num_requests_running")["value"])
-    th.join(5)
+    th.join(30)
     sc.scrape_once(target)
     assert max(running_seen) == 1.0, running_seen  # the request was seen running
     assert latest("vllm:num_requests_running")["value"] == 0.0

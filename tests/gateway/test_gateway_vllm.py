@@ -172,7 +172,7 @@ def test_priorities_reorder_a_full_queue_and_429(vllm_server, collector, gateway
     assert _wait(lambda: gw.status()["upstreams"][0]["outstanding"] == 1, 20)
     threads = []
     for name, prio in (("b1", "batch"), ("b2", "batch"), ("i1", "interactive")):
-        t = threading.Thread(target=send, args=(name, prio, 2))
+        t = threading.Thread(target=send, args=(name, prio, 40))
         t.start()
         threads.append(t)
         want = {"b1": (0, 1), "b2": (0, 2), "i1": (1, 2)}[name]

@@ -74,7 +74,7 @@ def test_open_loop_spans_and_traceparent(stub, tmp_path):
     # scheduled times follow the trace's 25 ms gaps exactly; dispatch honours them (loose bound)
     gaps = [(b.scheduled_unix_nano - a.scheduled_unix_nano) / 1e6 for a, b in itertools.pairwise(recs)]
     assert gaps == pytest.approx([25.0] * 19, abs=1e-3)
-    assert max(r.schedule_lag_ms for r in recs) < 100
+    assert max(r.schedule_lag_ms for r in recs) < 250  # loose: bench/loadgen.py measures the real lag
     assert all(r.client_queue_ms == 0 for r in recs)
     # one client.request span per request, started at the send and ended at the last byte
     spans = sorted(exp.get_finished_spans(), key=lambda s: s.attributes["tailtrace.client.request_index"])
@@ -102,7 +102,7 @@ def test_concurrency_cap_is_client_queue_time(stub, tmp_path):
     assert res.summary.completed == 12
     assert _max_overlap(recs) <= 2
     # requests were still dispatched on schedule; the wait shows as client queue time
-    assert max(r.schedule_lag_ms for r in recs) < 100
+    assert max(r.schedule_lag_ms for r in recs) < 250  # loose: bench/loadgen.py measures the real lag
     assert recs[-1].client_queue_ms > 100      # 12 x ~200 ms through 2 slots
     assert res.summary.client_queue_ms["p99"] > 100
     for r in recs:

@@ -119,9 +119,10 @@ def cdf(c: pd.DataFrame, quantiles: dict, label: str) -> go.Figure:
         v = quantiles.get(lab)
         if v is not None:
             for k in (1, 2):
-                fig.add_vline(x=v, line_dash=dash, line_color="#d62728", row=1, col=k,
-                              annotation_text=f"{lab} {v:.1f} ms" if k == 2 else None,
-                              annotation_position="bottom left" if lab == "P99" else "top right")
+                # a label on the CDF only: an annotation_position without text makes Plotly show "new text"
+                label_kw = ({"annotation_text": f"{lab} {v:.1f} ms",
+                             "annotation_position": "bottom left" if lab == "P99" else "top right"} if k == 2 else {})
+                fig.add_vline(x=v, line_dash=dash, line_color="#d62728", row=1, col=k, **label_kw)
     fig.update_layout(margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=False)
     return fig
 

@@ -45,6 +45,7 @@ def streamlit_command(host: str, port: int) -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     import os
+    import signal
     import subprocess
 
     from dashboard.data import ENV_API, ENV_DB
@@ -80,6 +81,11 @@ def _run(args: argparse.Namespace) -> int:
     check_port_free(host, port, "dashboard")
     print(f"tailtrace dashboard: http://{host}:{port}  ({where})", flush=True)
     proc = subprocess.Popen(streamlit_command(host, port), env=env)
+
+    def _on_term(signum, frame):  # SIGTERM stops streamlit too, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_term)
     try:
         return proc.wait()
     except KeyboardInterrupt:

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"tailtrace {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path or address the user gave that the OS refuses
+        print(f"tailtrace {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -35,7 +35,7 @@ MIN_FREE_MEMORY_GIB = 4.0
 
 @dataclass
 class DemoConfig:
-    """What `tailtrace demo` runs. Ports are DESIGN.md's defaults; `out_dir` holds the store,
+    """What `tailtrace demo` runs. Ports are docs/DESIGN.md's defaults; `out_dir` holds the store,
     the logs and the replay's per-request results."""
 
     trace: str = "azure-conv"
@@ -75,7 +75,7 @@ class _Stack:
                 self.sampler = None
         while self.procs:
             name, proc = self.procs.pop()
-            stop_process(proc, timeout_s=30 if name == "collector" else 20)
+            stop_process(proc, timeout_s={"collector": 30, "vllm": 20}.get(name, 5))
 
 
 def _preflight(cfg: DemoConfig) -> None:
@@ -150,11 +150,14 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         console.print(f"[bold]gateway[/] {gw_url} → {vllm_url}")
 
         result = _replay(cfg, gw_url, otlp, console)
+        if result.interrupted:  # Ctrl-C / SIGTERM during the replay: no report, stop everything
+            raise KeyboardInterrupt
         result.write(out / f"{result.run_id}.json")
         n = _wait_for_store(api, result.run_id, len(result.records))
         report = _report(api, result.run_id)
         _print_report(console, report, cfg, result, n)
-        console.print(f"\nDuckDB store: [bold]{db}[/]   (query it: tailtrace sql --db {db} \"SELECT * FROM requests\")")
+        console.print(f"\nDuckDB store: [bold]{db}[/]")
+        console.print(f"query it:  tailtrace sql --db {db} \"SELECT * FROM requests\"", soft_wrap=True)
     finally:
         stack.stop()
     if cfg.dashboard:
@@ -252,11 +255,12 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
                       f"P99 {b['p99']:.0f}, max {b['max']}   [{hist}]")
         console.print(f"Batch size as seen by each output token: P50 {b['per_token_p50']:.0f}, P99 {b['per_token_p99']:.0f}")
     t = Table(title="Slowest requests and the layer that held them")
-    for col in ("trace_id", "prompt", "output", "client E2E", "engine queue", "prefill", "decode", "layer (phase)"):
+    for col in ("trace_id", "prompt", "output", "client E2E", "gateway queue", "engine queue", "prefill", "decode",
+                "layer (phase)"):
         t.add_column(col, no_wrap=True)
     for r in report["slowest"]:
         t.add_row(r["trace_id"][:12], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["client_e2e_ms"]),
-                  _fmt(r["queue_ms"]), _fmt(r["prefill_ms"]), _fmt(r["decode_ms"]),
+                  _fmt(r["gateway_queue_ms"]), _fmt(r["queue_ms"]), _fmt(r["prefill_ms"]), _fmt(r["decode_ms"]),
                   f"{r['layer']} ({r['holding_phase'].removesuffix('_ms')})")
     console.print(t)
 
@@ -283,7 +287,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                      dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress)
 
     def _on_term(signum, frame):
-        raise KeyboardInterrupt
+        # SIGTERM behaves as Ctrl-C: inside the replay's event loop SIGINT cancels the run cleanly
+        # (asyncio.Runner's handler); outside it, it raises KeyboardInterrupt.
+        signal.raise_signal(signal.SIGINT)
 
     signal.signal(signal.SIGTERM, _on_term)
     try:

@@ -4,6 +4,7 @@ group, wait until an HTTP endpoint answers, stop the whole group with no orphan 
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -23,12 +24,16 @@ def check_port_free(host: str, port: int, what: str) -> None:
 
     `what` names the server that wanted the port, for the message.
     """
+    if not 0 < port < 65536:
+        raise UserError(f"port {port} for the {what} is not a TCP port (1-65535)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            raise UserError(f"port {host}:{port} for the {what} is in use; pick another with its --port flag") from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"port {host}:{port} for the {what} is in use; pick another port") from None
+            raise UserError(f"cannot listen on {host}:{port} for the {what}: {exc.strerror or exc}") from None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

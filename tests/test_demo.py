@@ -36,7 +36,7 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
                count(*) FILTER (WHERE abs(client_e2e_ms - (network_ms + gateway_ms + gateway_queue_ms + frontend_ms
                                 + queue_ms + prefill_ms + preempted_ms + decode_ms)) < 5)
         FROM requests WHERE run_id LIKE 'demo%'""").fetchone()
-    assert n >= 50, "20 s of the Azure trace is ~110 requests"
+    assert n >= 25, "the first 20 s of the Azure conversation trace hold 31 requests"
     assert complete >= 0.95 * n
     assert attributed >= 0.95 * n
     assert added_up >= 0.95 * n

@@ -134,7 +134,8 @@ def test_span_tree_joins_client_gateway_engine(vllm_server, collector, gateway):
     assert upstream["id"] in chain
     stream_attrs = json.loads(by_name[sc.SPAN_GATEWAY_STREAM]["attrs"])
     assert int(stream_attrs[sc.STREAM_BYTES]) == len(received)
-    assert int(stream_attrs[sc.STREAM_CHUNKS]) >= 2
+    # one write per upstream read: vLLM's events can arrive in a single read when the machine is busy
+    assert 1 <= int(stream_attrs[sc.STREAM_CHUNKS]) <= received.count(b"data: ")
     assert int(stream_attrs[sc.FIRST_CHUNK_TIME]) <= int(stream_attrs[sc.LAST_CHUNK_TIME])
     assert int(stream_attrs[sc.BODY_RECEIVED_TIME]) <= int(stream_attrs[sc.FIRST_CHUNK_TIME])
     assert json.loads(server["attrs"])[sc.UPSTREAM] == vllm_server.url

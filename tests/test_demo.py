@@ -78,3 +78,8 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for p in marked_processes(mark):  # the parts run in sessions of their own
+            try:
+                p.kill()
+            except Exception:  # noqa: BLE001 - already gone
+                pass

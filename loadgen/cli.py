@@ -78,6 +78,8 @@ def register(sub) -> None:
     g.add_argument("--rate", type=_positive_float, metavar="R",
                    help="rescale the trace to a mean of R req/s (with --arrival: the synthetic rate)")
     p.add_argument("--out", metavar="FILE", help="write per-request results: .json (with summary) or .csv")
+    p.add_argument("--run-id", metavar="ID", help="tag the run's client spans (tailtrace.run.id) with ID "
+                   "instead of a generated one")
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("sweep", help="replay at several rates and report the capacity that meets an SLO",
@@ -117,7 +119,7 @@ def _replay(args) -> int:
     if args.arrival and args.duration is None and args.max_requests is None:
         from tailtrace.errors import UserError
         raise UserError("--arrival needs --duration S or --max-requests N")
-    res = run_replay(_config(args, speed=args.speed, rate=args.rate))
+    res = run_replay(_config(args, speed=args.speed, rate=args.rate, run_id=args.run_id))
     console = Console()
     print_summary(res.summary, console, title=f"replay {res.run_id} ({res.model} at {args.target})")
     if args.out:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -149,12 +150,9 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         wait_http(f"{gw_url}/v1/models", 60, gw, what=f"gateway (log: {logs / 'gateway.log'})")
         console.print(f"[bold]gateway[/] {gw_url} → {vllm_url}")
 
-        result = _replay(cfg, gw_url, otlp, console)
-        if result.interrupted:  # Ctrl-C / SIGTERM during the replay: no report, stop everything
-            raise KeyboardInterrupt
-        result.write(out / f"{result.run_id}.json")
-        n = _wait_for_store(api, result.run_id, len(result.records))
-        report = _report(api, result.run_id)
+        result = _replay(cfg, gw_url, otlp, out, console)
+        n = _wait_for_store(api, result["run_id"], len(result["requests"]))
+        report = _report(api, result["run_id"])
         _print_report(console, report, cfg, result, n)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  tailtrace sql --db {db} \"SELECT * FROM requests\"", soft_wrap=True)
@@ -162,17 +160,43 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         stack.stop()
     if cfg.dashboard:
         _serve_dashboard(cfg, db, console)
-    return {"db": db, "run_id": result.run_id, "requests": n, "replay": result, "report": report}
+    return {"db": db, "run_id": result["run_id"], "requests": n, "replay": result, "report": report}
 
 
-def _replay(cfg: DemoConfig, target: str, otlp: str, console):
-    from loadgen.replay import ReplayConfig, new_run_id, run_replay
+def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict:
+    """Run `tailtrace replay` as a child process and return its results (ReplayResult.to_dict).
+
+    A process of its own keeps the demo's threads (the device sampler) off the replay's event
+    loop, whose timing is the point, and keeps Ctrl-C simple: the demo only waits on processes.
+    On KeyboardInterrupt the replay gets SIGINT (it cancels what is outstanding and exports its
+    spans), up to 30 s, then is stopped; the KeyboardInterrupt goes on to stop the stack.
+    Raises UserError if the replay fails."""
+    import json
+
+    from loadgen.replay import new_run_id
 
     run_id = new_run_id("demo")
+    path = out / f"{run_id}.json"
     console.print(f"[bold]replay[/] {cfg.trace}: {cfg.duration_s:.0f} s of schedule at {cfg.speed:g}x, open loop, "
                   f"through the gateway (run {run_id})")
-    return run_replay(ReplayConfig(trace=cfg.trace, target=target, speed=cfg.speed, duration_s=cfg.duration_s,
-                                   start_s=cfg.start_s, otlp_endpoint=otlp, run_id=run_id, progress=cfg.progress))
+    cmd = _tailtrace("replay", cfg.trace, "--target", target, "--speed", str(cfg.speed), "--duration",
+                     str(cfg.duration_s), "--start", str(cfg.start_s), "--otlp-endpoint", otlp, "--run-id", run_id,
+                     "--out", str(path), *(() if cfg.progress else ("--no-progress",)))
+    proc = start_process(cmd)
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        raise
+    finally:
+        stop_process(proc, 5)
+    if rc != 0 or not path.exists():
+        raise UserError(f"the replay failed (exit {rc}); its output is above")
+    return json.loads(path.read_text())
 
 
 def _sql(api: str, query: str, params=None) -> list:
@@ -229,10 +253,9 @@ def _fmt(v) -> str:
 def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:
     from rich.table import Table
 
-    s = result.summary
     total, complete, attributed = report["complete"]
     console.print()
-    console.print(f"[bold]{len(result.records)} requests[/] sent ({s.to_dict().get('errors_total', 0)} errors), "
+    console.print(f"[bold]{len(result['requests'])} requests[/] sent ({result['summary']['failed']} failed), "
                   f"{n} in the store; {complete}/{total} with every layer measured, "
                   f"{attributed}/{total} with |unattributed| < 5 ms")
     t = Table(title="Latency per phase (exact percentiles over every request)")

@@ -19,7 +19,7 @@ def coll(tmp_path_factory):
     env_tok = os.environ.pop("TAILTRACE_API_TOKEN", None)
     h = start_collector(tmp_path_factory.mktemp("sql") / "store.duckdb", "--query-timeout", "2", "--max-rows", "5")
     r = httpx.post(h.otlp_url + "/v1/traces", content=simple_spans(12, "q").bytes(),
-                   headers={"Content-Type": "application/x-protobuf"})
+                   headers={"Content-Type": "application/x-protobuf"}, timeout=30)
     assert r.status_code == 200
     yield h
     h.stop()
@@ -36,13 +36,13 @@ def test_select_json_shape_cap_and_params(coll):
     d = r.json()
     assert r.status_code == 200 and d["columns"] == ["name", "duration_ms"] and d["types"] == ["VARCHAR", "DOUBLE"]
     assert len(d["rows"]) == 5 and d["truncated"] is True and d["rows"][0] == ["op0", 1.0]
-    g = httpx.get(coll.api_url + "/api/sql", params={"q": "SELECT count(*) FROM spans"})
+    g = httpx.get(coll.api_url + "/api/sql", params={"q": "SELECT count(*) FROM spans"}, timeout=30)
     assert g.json()["rows"] == [[12]] and g.json()["truncated"] is False
 
 
 def test_arrow_ipc(coll):
     r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT span_id FROM spans"},
-                   headers={"Accept": "application/vnd.apache.arrow.stream"})
+                   headers={"Accept": "application/vnd.apache.arrow.stream"}, timeout=30)
     t = pa.ipc.open_stream(r.content).read_all()
     assert t.num_rows == 5 and t.column_names == ["span_id"] and r.headers["x-truncated"] == "true"
 
@@ -77,7 +77,7 @@ def test_query_that_runs_forever_is_interrupted(coll):
 def test_bad_sql_is_400(coll):
     r = api(coll, "SELEC nonsense")
     assert r.status_code in (400, 403) and r.json()["error"]
-    assert httpx.post(coll.api_url + "/api/sql", content=b"{broken").status_code == 400
+    assert httpx.post(coll.api_url + "/api/sql", content=b"{broken", timeout=30).status_code == 400
 
 
 def test_cli_sql_via_api_and_held_file(coll):
@@ -103,8 +103,8 @@ def test_bearer_token(tmp_path):
         else:
             os.environ["TAILTRACE_API_TOKEN"] = old
     try:
-        assert httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}).status_code == 401
-        ok = httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}, headers={"Authorization": "Bearer s3cret"})
+        assert httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}, timeout=30).status_code == 401
+        ok = httpx.post(h.api_url + "/api/sql", json={"sql": "SELECT 1"}, headers={"Authorization": "Bearer s3cret"}, timeout=30)
         assert ok.status_code == 200
         p = subprocess.run([sys.executable, "-m", "tailtrace", "sql", "SELECT 41+1", "--api", h.api_url,
                             "--format", "json"], capture_output=True, text=True, check=False, timeout=60, env=env)
@@ -119,7 +119,7 @@ def test_export_parquet_api_and_db(tmp_path):
     h = start_collector(tmp_path / "e.duckdb")
     try:
         assert httpx.post(h.otlp_url + "/v1/traces", content=simple_spans(4, "e").bytes(),
-                          headers={"Content-Type": "application/x-protobuf"}).status_code == 200
+                          headers={"Content-Type": "application/x-protobuf"}, timeout=30).status_code == 200
         p = subprocess.run([sys.executable, "-m", "tailtrace", "export", "--api", h.api_url, "--out",
                             str(tmp_path / "snap"), "--tables", "spans"], capture_output=True, text=True, check=False, timeout=120)
         assert p.returncode == 0, p.stderr

@@ -89,7 +89,7 @@ def test_open_loop_spans_and_traceparent(stub, tmp_path):
         assert a[sc.CLIENT_TTFT_MS] == pytest.approx(r.ttft_ms)
         assert sc.CLIENT_ERROR not in a
     # the server received each span's context as its traceparent
-    seen = set(httpx.get(f"{stub}/stub/seen").json())
+    seen = set(httpx.get(f"{stub}/stub/seen", timeout=30).json())
     for s in spans:
         assert f"00-{s.context.trace_id:032x}-{s.context.span_id:016x}" in {t[:52] for t in seen}
 

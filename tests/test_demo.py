@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -76,7 +77,5 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         for p in marked_processes(mark):  # the parts run in sessions of their own
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 p.kill()
-            except Exception:  # noqa: BLE001 - already gone
-                pass

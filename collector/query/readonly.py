@@ -9,6 +9,7 @@ transaction that is always rolled back, is interrupted past its budget, and retu
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -117,10 +118,8 @@ def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout
             raise box["exc"]
         return box["res"]
     finally:
-        try:
+        with contextlib.suppress(Exception):  # closing a cursor that already failed
             cur.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _reader(cur, batch_size: int):

@@ -191,7 +191,7 @@ def _decode(req_cls, body: bytes, is_json: bool):
         try:
             obj = json.loads(text)
             if not isinstance(obj, dict):
-                raise ValueError("the body must be a JSON object")
+                raise ValueError("the body must be a JSON object")  # noqa: TRY004 - answered as 400 below
             _hex_ids_to_base64(obj)
             return json_format.ParseDict(obj, req_cls(), ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:

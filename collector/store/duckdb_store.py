@@ -19,6 +19,7 @@ idle, at most every `refresh_interval_s`, before any `read_query`, and at stop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -451,10 +452,8 @@ FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS N
 
 
 def _rollback(con) -> None:
-    try:
+    with contextlib.suppress(Exception):  # no transaction open
         con.execute("ROLLBACK")
-    except Exception:  # noqa: BLE001 - no transaction open
-        pass
 
 
 def _to_us(t):

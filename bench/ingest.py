@@ -35,24 +35,11 @@ T0 = 1_760_000_000 * 10**9
 
 
 def _kv(span, key, value):
+    from collector.testing import set_any_value
+
     kv = span.attributes.add()
     kv.key = key
-    v = kv.value
-    if isinstance(value, bool):
-        v.bool_value = value
-    elif isinstance(value, int):
-        v.int_value = value
-    elif isinstance(value, float):
-        v.double_value = value
-    elif isinstance(value, str):
-        v.string_value = value
-    elif isinstance(value, list):
-        for x in value:
-            e = v.array_value.values.add()
-            if isinstance(x, float):
-                e.double_value = x
-            else:
-                e.int_value = x
+    set_any_value(kv.value, value)
 
 
 def make_template(seed: int = 1) -> tuple[bytes, list[bytes]]:

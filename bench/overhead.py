@@ -84,8 +84,10 @@ async def _workload(url, requests, concurrency, out_tokens, prompt_len):
             return await _one(client, url, i, out_tokens, prompt_len)
 
     before = _itl_histogram(url)
-    # keepalive_expiry under uvicorn's 5 s keep-alive: never reuse a connection the server is closing
-    limits = httpx.Limits(max_connections=concurrency * 2, keepalive_expiry=2.0)
+    # No keep-alive: a connection per request (~0.2 ms, nothing beside seconds-long requests). When the
+    # CPU build's API server loop stalls for over 5 s, uvicorn's keep-alive timer can close a reused
+    # connection that already carries the next request (httpx.ReadError), seen on this machine.
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
         counts = await asyncio.gather(*[run(i) for i in range(requests)])

@@ -107,6 +107,8 @@ def _api_headers() -> dict:
 
 
 def _sql(args) -> int:
+    if not args.query.strip():
+        raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
     if args.db:
         import duckdb
 

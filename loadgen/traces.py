@@ -101,6 +101,8 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
     spec_s = str(spec)
     path = SHIPPED_TRACES.get(spec_s, Path(spec_s).expanduser())
     name = spec_s if spec_s in SHIPPED_TRACES else path.name
+    if path.is_dir():
+        raise UserError(f"trace {spec_s!r} is a directory: give azure-conv, mooncake-conv or the path of a CSV file")
     if not path.is_file():
         raise UserError(
             f"trace {spec_s!r} not found: give azure-conv, mooncake-conv or the path of a CSV file"

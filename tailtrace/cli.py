@@ -27,9 +27,17 @@ _COMMAND_MODULES = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `tailtrace replay: error: ... (see --help)`, exit 2.
+    Sub-command parsers inherit the class (argparse uses type(parent) for them)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the full argument parser (every part's sub-commands)."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tailtrace",
         description="Trace LLM serving latency through every layer and explain its tail.",
     )

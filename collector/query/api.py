@@ -2,7 +2,7 @@
 table as Arrow IPC, for `tailtrace export --api`), `/metrics` (the Prometheus exporter of
 collector/export/prometheus.py, when present) and `/healthz`.
 
-Errors are JSON `{"error": "..."}`: 400 SQL error, 401 missing/wrong bearer token (only when
+Errors are JSON `{"error": "..."}`: 400 SQL error (empty, does not parse, fails), 401 missing/wrong bearer token (only when
 TAILTRACE_API_TOKEN is set), 403 a statement that is not one SELECT or that touches the file
 system, 404 unknown table or no exporter, 408 statement timeout.
 """
@@ -27,6 +27,7 @@ from starlette.routing import Route
 from collector.query.readonly import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TIMEOUT_S,
+    QueryInvalid,
     QueryRefused,
     QueryTimeout,
     run_guarded,
@@ -119,8 +120,8 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         try:
             res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=timeout_s,
                                           max_rows=max_rows, arrow=want_arrow)
-        except QueryRefused as exc:
-            return _err(403, str(exc))
+        except QueryRefused as exc:  # QueryInvalid (empty, does not parse): 400; not one SELECT: 403
+            return _err(400 if isinstance(exc, QueryInvalid) else 403, str(exc))
         except QueryTimeout as exc:
             return _err(408, str(exc))
         except duckdb.PermissionException as exc:

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryRefused", "QueryResult", "QueryTimeout", "run_guarded"]
+__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "run_guarded"]
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 10_000
@@ -30,7 +30,11 @@ class QueryTimeout(TimeoutError):
 
 
 class QueryRefused(ValueError):
-    """The SQL is not one read-only statement (or not SQL)."""
+    """The SQL is not one read-only statement (HTTP 403)."""
+
+
+class QueryInvalid(QueryRefused):
+    """The SQL is empty or does not parse (HTTP 400: the client's mistake, not a forbidden act)."""
 
 
 @dataclass
@@ -58,12 +62,12 @@ def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout
     from collector.store.duckdb_store import is_read_only_sql
 
     if not isinstance(sql, str) or not sql.strip():
-        raise QueryRefused("empty SQL")
+        raise QueryInvalid("empty SQL")
     cur = cursor_factory()
     try:
         why = is_read_only_sql(cur, sql)
         if why:
-            raise QueryRefused(why)
+            raise (QueryInvalid if why.startswith("SQL does not parse") else QueryRefused)(why)
         box: dict = {}
 
         def work():
@@ -125,5 +129,11 @@ def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout
 def _reader(cur, batch_size: int):
     """A pyarrow RecordBatchReader over the cursor's pending result (DuckDB 1.x and 2.x names)."""
     if hasattr(cur, "to_arrow_reader"):
-        return cur.to_arrow_reader(batch_size)
+        import warnings
+
+        # DuckDB 1.4+ warns that a DB-API result makes one extra copy on the way to Arrow; the
+        # relation API it suggests has no statement timeout/row cap hooks, so take the copy quietly.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Arrow output on a DB-API result", category=UserWarning)
+            return cur.to_arrow_reader(batch_size)
     return cur.fetch_record_batch(rows_per_batch=batch_size)

@@ -7,7 +7,8 @@ from dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Engine and device", "engine scheduling · compute and hardware",
-          "Scheduler state and the GPU per time bucket, under the request latency of the same buckets.")
+          "Scheduler state and the device (the GPU, or the CPU on vLLM's CPU build) per time bucket, under "
+          "the request latency of the same buckets.")
 first, last = data.bounds(ctx.src, ctx.filters)
 width = data.bucket_ms(first, last)
 eng = data.engine_timeline(ctx.src, ctx.filters, ctx.schema, width)

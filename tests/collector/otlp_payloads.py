@@ -8,31 +8,10 @@ import os
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from collector.testing import set_any_value as set_value
+
 T0 = 1_760_000_000 * 10**9  # 2025-10-09T08:53:20Z
 MS = 1_000_000
-
-
-def set_value(v, value):
-    if isinstance(value, bool):
-        v.bool_value = value
-    elif isinstance(value, int):
-        v.int_value = value
-    elif isinstance(value, float):
-        v.double_value = value
-    elif isinstance(value, str):
-        v.string_value = value
-    elif isinstance(value, bytes):
-        v.bytes_value = value
-    elif isinstance(value, list):
-        v.array_value.SetInParent()
-        for x in value:
-            set_value(v.array_value.values.add(), x)
-    elif isinstance(value, dict):
-        v.kvlist_value.SetInParent()
-        for k, x in value.items():
-            kv = v.kvlist_value.values.add()
-            kv.key = k
-            set_value(kv.value, x)
 
 
 class TraceBuilder:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from tailtrace.errors import UserError
+from tailtrace.urls import check_http_url
 
 __all__ = ["register"]
 
@@ -82,8 +83,13 @@ def _collect(args) -> int:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is not a TCP port")
     if args.otlp_port == args.api_port:
         raise UserError("--otlp-port and --api-port must differ")
-    if args.max_body_mb <= 0 or args.max_rows <= 0 or args.query_timeout <= 0:
-        raise UserError("--max-body-mb, --max-rows and --query-timeout must be positive")
+    if not (0 < args.max_body_mb < 1024 and args.max_rows > 0 and 0 < args.query_timeout < 86400):
+        raise UserError("--max-body-mb (under 1024), --max-rows and --query-timeout (seconds, under a day) "
+                        "must be positive numbers")
+    if args.max_inflight < 1:
+        raise UserError("--max-inflight must be at least 1 (0 would refuse every OTLP request)")
+    if args.memory_limit_mb < 64 or args.duckdb_memory_mb < 64:
+        raise UserError("--memory-limit-mb and --duckdb-memory-mb must be at least 64")
     if args.scrape:
         try:
             import collector.scrape  # noqa: F401
@@ -131,7 +137,8 @@ def _sql(args) -> int:
     else:
         import httpx
 
-        url = (args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API).rstrip("/")
+        url = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
+                             DEFAULT_API).rstrip("/")
         try:
             r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=_api_headers(), timeout=120)
         except httpx.HTTPError as exc:
@@ -180,6 +187,8 @@ def _export(args) -> int:
     from collector.export.parquet import export_from_api, export_from_db
     from collector.store.schema import USER_TABLES
 
+    if not str(args.out).strip():
+        raise UserError("--out is empty: give the directory to write the Parquet files into")
     tables = USER_TABLES if not args.tables else tuple(t.strip() for t in args.tables.split(",") if t.strip())
     bad = [t for t in tables if t not in USER_TABLES]
     if bad:
@@ -187,7 +196,8 @@ def _export(args) -> int:
     if args.db:
         counts = export_from_db(args.db, args.out, tables)
     else:
-        counts = export_from_api(args.api, args.out, tables, headers=_api_headers())
+        counts = export_from_api(check_http_url(args.api, "--api", DEFAULT_API), args.out, tables,
+                                 headers=_api_headers())
     for t, n in counts.items():
         print(f"{t}: {n} rows")
     return 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from tailtrace.urls import check_http_url
+
 __all__ = ["register", "streamlit_command"]
 
 DEFAULT_PORT = 8501
@@ -73,7 +75,8 @@ def _run(args: argparse.Namespace) -> int:
         env[ENV_DB] = str(db.resolve())
         where = f"store file {db}"
     else:
-        api = (args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API).rstrip("/")
+        api = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
+                             DEFAULT_API).rstrip("/")
         if not api.startswith(("http://", "https://")):
             raise UserError(f"--api {api!r} must be a URL like {DEFAULT_API}")
         env[ENV_API] = api

@@ -21,14 +21,18 @@ DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
 
 def otlp_endpoint(flag: str | None = None) -> str:
     """The collector's OTLP/HTTP base URL: `flag`, else TAILTRACE_OTLP_ENDPOINT, else
-    OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4318. No trailing slash."""
-    value = (
-        flag
-        or os.environ.get("TAILTRACE_OTLP_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or DEFAULT_OTLP_ENDPOINT
-    )
-    return value.rstrip("/")
+    OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4318. No trailing slash.
+
+    Raises `tailtrace.errors.UserError` (naming where the value came from) when it is not an
+    http(s) URL with a host and a valid port."""
+    from tailtrace.urls import check_http_url
+
+    for what, value in (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", os.environ.get("TAILTRACE_OTLP_ENDPOINT")),
+                        ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
+                        ("the default OTLP endpoint", DEFAULT_OTLP_ENDPOINT)):
+        if value:
+            return check_http_url(value, what, "http://127.0.0.1:4318").rstrip("/")
+    raise AssertionError("unreachable: the default is set")
 
 
 def make_tracer_provider(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -17,9 +18,32 @@ def _positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
     return v
+
+
+def check_writable(path: str) -> None:
+    """Raise UserError unless a results file can be written at `path` (checked before a run, by
+    creating it; a file that did not exist is removed again)."""
+    from pathlib import Path
+
+    from tailtrace.errors import UserError
+
+    p = Path(path)
+    if not str(path).strip():
+        raise UserError("--out is empty: give a file name (.json or .csv)")
+    if p.is_dir():
+        raise UserError(f"--out {path!r} is a directory: give a file name (.json or .csv)")
+    existed = p.exists()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a"):
+            pass
+    except OSError as exc:
+        raise UserError(f"--out {path!r} cannot be written: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def _positive_int(text: str) -> int:
@@ -119,6 +143,8 @@ def _replay(args) -> int:
     if args.arrival and args.duration is None and args.max_requests is None:
         from tailtrace.errors import UserError
         raise UserError("--arrival needs --duration S or --max-requests N")
+    if args.out:
+        check_writable(args.out)  # before the run, not after it: a bad --out must not lose the results
     res = run_replay(_config(args, speed=args.speed, rate=args.rate, run_id=args.run_id))
     console = Console()
     print_summary(res.summary, console, title=f"replay {res.run_id} ({res.model} at {args.target})")
@@ -145,6 +171,7 @@ def _sweep(args) -> int:
 
     import time
     out = args.out or f"tailtrace-sweep-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    check_writable(out)
     result = run_sweep(_config(args), rates, out=out, on_step=step)
     print_sweep(result["rates"], result["capacity"], console)
     console.print(f"results written to {out} and {out.rsplit('.', 1)[0]}.csv", highlight=False)

@@ -148,11 +148,9 @@ def new_run_id(prefix: str = "replay") -> str:
 
 def normalize_target(url: str) -> str:
     """Validate `--target` and return it without a trailing `/` or `/v1`. Raises UserError."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"--target {url!r} is not an http(s) URL; give the server's base URL, "
-                        "e.g. http://127.0.0.1:8080")
-    url = url.rstrip("/")
+    from tailtrace.urls import check_http_url
+
+    url = check_http_url(url, "--target", "http://127.0.0.1:8080").rstrip("/")
     url = url.removesuffix("/v1")
     return url
 

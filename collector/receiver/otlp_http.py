@@ -71,7 +71,29 @@ def _error_response(status: int, message: str, is_json: bool, retry_after: int |
                     media_type=_PROTO, headers=headers)
 
 
+# A client must send its whole body within this many seconds: one that trickles bytes (or stops)
+# would otherwise hold one of the --max-inflight slots for as long as it likes.
+BODY_READ_TIMEOUT_S = 10.0
+
+
 async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes, within BODY_READ_TIMEOUT_S. Raises _Bad: 413 over
+    the limit, 400 bad Content-Length, 408 too slow; `_Gone` when the client hung up."""
+    from starlette.requests import ClientDisconnect
+
+    try:
+        return await asyncio.wait_for(_read_body_now(request, limit), BODY_READ_TIMEOUT_S)
+    except TimeoutError:
+        raise _Bad(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s") from None
+    except ClientDisconnect:
+        raise _Gone from None
+
+
+class _Gone(Exception):
+    """The client disconnected before its body arrived: nothing to answer, nothing to log."""
+
+
+async def _read_body_now(request: Request, limit: int) -> bytes:
     cl = request.headers.get("content-length")
     if cl is not None:
         try:
@@ -142,6 +164,9 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
             except _Bad as b:
                 stats["errors"] += 1
                 return _error_response(b.status, str(b), is_json, b.retry_after)
+            except _Gone:
+                stats["errors"] += 1
+                return Response(status_code=400)  # never read: the client is gone
             stats["requests"] += 1
             if batch.accepted:
                 try:

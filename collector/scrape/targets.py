@@ -20,6 +20,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from tailtrace.errors import UserError
+from tailtrace.urls import check_http_url
 
 __all__ = ["KINDS", "ScrapeConfig", "ScrapeTarget", "load_targets", "parse_target"]
 
@@ -83,13 +84,8 @@ def parse_target(spec: str, kind: str | None = None, interval_s: float | None = 
         raise UserError(f"scrape target {spec!r}: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     if "://" not in spec:
         spec = "http://" + spec
+    check_http_url(spec, "scrape target", "http://127.0.0.1:8000/metrics")
     parts = urlsplit(spec)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"scrape target {spec!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/metrics")
-    try:
-        parts.port  # noqa: B018 - validates the port
-    except ValueError:
-        raise UserError(f"scrape target {spec!r} has a bad port") from None
     path = parts.path if parts.path not in ("", "/") else "/metrics"
     url = urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
     return ScrapeTarget(url, kind, None if interval_s is None else _check_interval(interval_s, f"interval of {url}"))

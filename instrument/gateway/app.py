@@ -59,6 +59,9 @@ _DROP_RESPONSE = frozenset({
     b"date", b"server",
 })
 _STATUS_OK, _STATUS_ERROR, _STATUS_ABORT = "ok", "error", "abort"
+# A client must send its whole body within this many seconds (a trickling client holds a socket,
+# not an upstream slot: admission comes after the body).
+BODY_READ_TIMEOUT_S = 30.0
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
@@ -159,8 +162,13 @@ class _Gateway:
             await asyncio.sleep(self.config.health_interval_s)
 
 
+_LLM_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
+
+
 def _server_request_hook(span, scope) -> None:
-    if span is not None and span.is_recording():
+    # Only an LLM request's server span is the gateway phase (one `requests` row per LLM request):
+    # GET /v1/models, a 404 or a probe stays a plain span.
+    if span is not None and span.is_recording() and scope.get("path") in _LLM_PATHS:
         span.set_attribute(sc.PHASE, sc.PHASE_GATEWAY)
 
 
@@ -456,7 +464,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
         priority = _priority(request)
         body = b""
         if kind is not None:
-            body = await _read_body(request, config.max_body_bytes)
+            from starlette.requests import ClientDisconnect
+
+            try:
+                body = await asyncio.wait_for(_read_body(request, config.max_body_bytes), BODY_READ_TIMEOUT_S)
+            except TimeoutError:
+                raise LimitError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
+                                 "request_timeout") from None
+            except ClientDisconnect:  # gone before its body arrived: an answer nobody reads, no traceback
+                raise LimitError(400, "the client disconnected before sending its body", "client_disconnected") from None
         received = time.time_ns()
         if kind is not None:
             try:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from urllib.parse import urlsplit
 
 from tailtrace.errors import UserError
+from tailtrace.urls import check_http_url
 
 __all__ = ["BATCH", "INTERACTIVE", "PRIORITIES", "SETTINGS", "GatewayConfig", "Setting"]
 
@@ -125,10 +125,9 @@ class GatewayConfig:
             raise UserError("no upstream: give at least one --upstream URL (e.g. --upstream http://127.0.0.1:8000)")
         cleaned = []
         for url in self.upstreams:
-            parts = urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise UserError(f"--upstream {url!r} is not an http(s) base URL like http://127.0.0.1:8000")
-            cleaned.append(url.rstrip("/").removesuffix("/v1"))
+            cleaned.append(check_http_url(url, "--upstream").rstrip("/").removesuffix("/v1"))
+        if self.tracing_enabled and self.otlp_endpoint:
+            check_http_url(self.otlp_endpoint, "--otlp-endpoint", "http://127.0.0.1:4318 (or none)")
         if len(set(cleaned)) != len(cleaned):
             raise UserError("the same --upstream is given twice")
         self.upstreams = tuple(cleaned)

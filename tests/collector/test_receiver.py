@@ -158,3 +158,34 @@ def test_metrics_device_samples_and_points(coll, client):
                                                                  "none"]]
     assert coll.sql("SELECT source, name, labels->>'m', value FROM metric_points") == [
         ["otlp", "vllm:num_requests_running", "x", 3.0]]
+
+
+def test_slow_or_vanishing_bodies_free_their_slot(coll, client):
+    """A client that sends part of its body and stops gets 408 after BODY_READ_TIMEOUT_S; one that
+    hangs up mid-body is dropped without a traceback in the log; the collector keeps ingesting."""
+    import socket
+    import time
+
+    from collector.receiver.otlp_http import BODY_READ_TIMEOUT_S
+
+    head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 1000\r\n\r\nA")
+    gone = socket.create_connection(("127.0.0.1", coll.otlp_port))
+    gone.sendall(head)
+    time.sleep(0.3)
+    gone.close()
+    slow = socket.create_connection(("127.0.0.1", coll.otlp_port))
+    slow.sendall(head)
+    slow.settimeout(BODY_READ_TIMEOUT_S + 20)
+    t0 = time.monotonic()
+    status_line = slow.recv(4096).split(b"\r\n")[0]
+    waited = time.monotonic() - t0
+    slow.close()
+    assert status_line.startswith(b"HTTP/1.1 408"), status_line
+    assert BODY_READ_TIMEOUT_S - 1 <= waited <= BODY_READ_TIMEOUT_S + 15
+    before = count(coll)
+    b = TraceBuilder()
+    b.span("svc", "after-slow", T0, T0 + MS)
+    assert post(client, coll, b.bytes()).status_code == 200
+    assert count(coll) == before + 1
+    assert "ClientDisconnect" not in coll.log_path.read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import threading
@@ -303,8 +304,14 @@ def test_limits_413_400_and_truncate_middle(vllm_server, collector, gateway):
 
 def test_models_and_upstream_errors_pass_through(vllm_server, gateway, collector):
     gw = gateway()
-    r = httpx.get(gw.url + "/v1/models", timeout=30)
+    trace_id = os.urandom(16).hex()
+    r = httpx.get(gw.url + "/v1/models", timeout=30, headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"})
     assert r.status_code == 200 and r.json()["data"][0]["id"] == vllm_server.model
+    # traced, but not an LLM request: no `requests` row (one row per LLM request)
+    gw.flush()
+    assert _wait(lambda: collector.sql("SELECT count(*) FROM spans WHERE trace_id = ? AND service_name = "
+                                       "'tailtrace-gateway'", [trace_id])[0][0] >= 1, 20)
+    assert collector.sql("SELECT count(*) FROM requests WHERE trace_id = ?", [trace_id])[0][0] == 0
     # the upstream's own 4xx passes through unchanged
     r = httpx.post(gw.url + "/v1/completions", json={"model": "no-such-model", "prompt": [5, 6], "max_tokens": 1},
                    timeout=30)

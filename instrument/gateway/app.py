@@ -317,6 +317,9 @@ class ProxyResponse(Response):
                 t_last = time.time_ns()
                 chunks += 1
                 nbytes += len(chunk)
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and nbytes != int(declared):  # aiohttp ends iter_any quietly on early EOF
+                raise aiohttp.ClientPayloadError(f"the upstream closed after {nbytes} of {declared} body bytes")
             t_up_end = time.time_ns()
             uspan.set_attribute(sc.STATUS, _STATUS_OK if resp.status < 400 else _STATUS_ERROR)
             uspan.end(end_time=t_up_end)
@@ -352,16 +355,20 @@ class ProxyResponse(Response):
                 _end_error(stream_span, msg, end_time=now)
                 s_open = False
             sspan.set_attribute(sc.STATUS, _STATUS_ERROR)
+            up.failures += 1  # counted on /gateway/status; health checks decide whether it is taken out
+            up.last_error = msg
             self._finishing = True
             if not started:
                 await _send_json(send, status, error_body(msg, type_, code))
             else:
-                # Headers are gone: tell an SSE client in-band, then end the body.
+                sspan.set_status(Status(StatusCode.ERROR, msg))
                 if resp is not None and resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    # Headers are gone: tell an SSE client in-band, then end the stream.
                     event = b"data: " + json.dumps(error_body(msg, type_, code)).encode() + b"\n\n"
                     await send({"type": "http.response.body", "body": event, "more_body": True})
-                sspan.set_status(Status(StatusCode.ERROR, msg))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                # Otherwise return without ending the body: the server drops the connection, so the
+                # client sees an incomplete response, never a cut JSON body that looks whole.
         finally:
             now = time.time_ns()
             if resp is not None and not resp.closed:

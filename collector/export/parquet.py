@@ -26,6 +26,8 @@ def _write(reader_or_table, out: Path, table: str) -> None:
 def export_from_db(db: str, out: str, tables) -> dict[str, int]:
     """Export `tables` of a DuckDB file that no collector holds. Returns rows per table.
     Raises UserError when the file is missing or held (then use export_from_api)."""
+    import duckdb
+
     from collector.store.duckdb_store import open_readonly
 
     try:
@@ -41,7 +43,11 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
         for t in tables:
             col = TIME_COLUMNS[t]
             cur = con.cursor()
-            n = cur.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            try:
+                n = cur.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            except duckdb.CatalogException:
+                raise UserError(f"{db} is not a tailtrace store (it has no table {t}); export a file that "
+                                "`tailtrace collect` wrote") from None
             counts[t] = n
             if n == 0:
                 continue

@@ -163,11 +163,23 @@ class DuckDBStore:
         except duckdb.Error as exc:
             raise UserError(f"cannot open {self.path} as a DuckDB file: {exc}") from None
         con = self._root.cursor()
-        for stmt in DDL:
-            con.execute(stmt)
-        con.execute("SET lock_configuration = true")
-        self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
-        self._preload_keys(con)
+        try:
+            # a file holding other tables or views of these names (a foreign DuckDB file): refuse
+            # before writing anything into it
+            existing = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+            for table, cols in _CONTRACT.items():
+                if table in existing:
+                    con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
+            for stmt in DDL:
+                con.execute(stmt)
+            con.execute("SET lock_configuration = true")
+            self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
+            self._preload_keys(con)
+        except duckdb.Error as exc:
+            self._root.close()
+            self._root = None
+            raise UserError(f"{self.path} is not a tailtrace store ({str(exc).splitlines()[0]}); give a new file "
+                            "or one that `tailtrace collect` wrote") from None
         self._thread = threading.Thread(target=self._run, args=(con,), name="duckdb-writer", daemon=True)
         self._thread.start()
         return self
@@ -441,6 +453,14 @@ class DuckDBStore:
         self._q.put(("retention", ev))
         return ev.wait(timeout_s)
 
+
+# Columns whose absence means the file is not a tailtrace store (checked at start).
+_CONTRACT = {
+    "spans": ("trace_id", "span_id", "parent_span_id", "start_time", "end_time", "phase", "attributes"),
+    "requests": ("trace_id", "request_id", "queue_time_ms", "service_time_ms", "e2e_ms"),
+    "decode_steps": ("trace_id", "token_index", "itl_ms"),
+    "engine_steps": ("time", "step_index", "batch_size"),
+}
 
 _EXPLODE_DECODE = """
 INSERT INTO decode_steps

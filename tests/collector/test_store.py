@@ -189,3 +189,22 @@ def test_retention_drops_old_rows(tmp_path):
         assert s.read_query("SELECT count(*) FROM decode_steps")[0][0] == 10
     finally:
         s.stop()
+
+
+def test_a_foreign_duckdb_file_is_refused_untouched(tmp_path):
+    import duckdb
+
+    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.errors import UserError
+
+    path = tmp_path / "theirs.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE spans(x INT)")
+    con.execute("CREATE VIEW requests AS SELECT 1 AS a")
+    con.close()
+    with pytest.raises(UserError, match="not a tailtrace store"):
+        DuckDBStore(path).start()
+    con = duckdb.connect(str(path))
+    assert sorted(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()) == \
+        ["requests", "spans"]  # nothing of ours was added
+    con.close()

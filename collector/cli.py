@@ -115,6 +115,8 @@ def _api_headers() -> dict:
 def _sql(args) -> int:
     if not args.query.strip():
         raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
+    if not (0 < args.timeout < 86400 and args.max_rows > 0):
+        raise UserError("--timeout (seconds, under a day) and --max-rows must be positive")
     if args.db:
         import duckdb
 

@@ -152,6 +152,8 @@ def ensure_tiny_model(out_dir: Path | None = None) -> Path:
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
+    if args.out is not None and not args.out.strip():
+        raise UserError("--out is empty: give a folder for the model, or leave --out out for the default")
     out = build_tiny_model(Path(args.out) if args.out else default_model_dir())
     print(out)
     return 0

@@ -35,7 +35,7 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
     except UserError as exc:
         if "held by a running collector" in str(exc):
             raise UserError(f"{db} is held by a running collector; export through it: "
-                            "tailtrace export --api http://127.0.0.1:9464 --out DIR") from None
+                            "tailtrace export --api http://127.0.0.1:PORT --out DIR (PORT: its --api-port, 9464 by default)") from None
         raise
     outp = Path(out)
     counts = {}

@@ -85,7 +85,7 @@ def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise UserError(f"{p} is held by a running collector (DuckDB allows one writer process per file); "
-                            "query it through the collector: --api http://127.0.0.1:9464") from None
+                            "query it through that collector's API: --api http://127.0.0.1:PORT (its --api-port, 9464 by default)") from None
         raise UserError(f"cannot open {p}: {exc}") from None
     except duckdb.Error as exc:
         raise UserError(f"cannot open {p} as a DuckDB file: {exc}") from None
@@ -151,7 +151,8 @@ class DuckDBStore:
 
         if self._root is not None:
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():  # a typo must not create directory trees
+            raise UserError(f"the folder of {self.path} does not exist; create it first or give another --db")
         try:
             self._root = duckdb.connect(str(self.path),
                                         config=_db_config(self.memory_limit_mb, self.threads, False))

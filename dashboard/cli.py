@@ -66,12 +66,17 @@ def _run(args: argparse.Namespace) -> int:
     env.pop(ENV_DB, None)
     if args.db is not None:
         db = args.db.expanduser()
+        if db.is_dir():
+            raise UserError(f"--db {db} is a folder; give a DuckDB store written by `tailtrace collect --db PATH`")
         if not db.is_file():
             raise UserError(f"--db {db}: no such file; give a DuckDB store written by `tailtrace collect --db PATH`")
         with open(db, "rb") as fh:
             head = fh.read(16)
         if len(head) < 12 or head[8:12] != b"DUCK":
             raise UserError(f"--db {db} is not a DuckDB database file")
+        from collector.store.duckdb_store import open_readonly
+
+        open_readonly(db).close()  # held by a running collector: the same one-line answer as `tailtrace sql`
         env[ENV_DB] = str(db.resolve())
         where = f"store file {db}"
     else:

@@ -2,7 +2,7 @@
 table as Arrow IPC, for `tailtrace export --api`), `/metrics` (the Prometheus exporter of
 collector/export/prometheus.py, when present) and `/healthz`.
 
-Errors are JSON `{"error": "..."}`: 400 SQL error (empty, does not parse, fails), 401 missing/wrong bearer token (only when
+Errors are JSON `{"error": "..."}`: 400 SQL error (empty, does not parse, fails), 413 a body over 1 MiB, 401 missing/wrong bearer token (only when
 TAILTRACE_API_TOKEN is set), 403 a statement that is not one SELECT or that touches the file
 system, 404 unknown table or no exporter, 408 statement timeout.
 """
@@ -37,6 +37,9 @@ from collector.store.schema import USER_TABLES
 __all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+# /api/sql bodies hold one query and its parameters: 1 MiB is far beyond any real one.
+MAX_SQL_BODY_BYTES = 2**20
 
 
 def to_json_value(v):
@@ -104,8 +107,17 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         if request.method == "GET":
             q = request.query_params.get("q") or request.query_params.get("sql")
         else:
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > MAX_SQL_BODY_BYTES:
+                return _err(413, f"the body is {declared} bytes; /api/sql takes at most {MAX_SQL_BODY_BYTES} "
+                                 "(a query and its parameters)")
+            raw = b""
+            async for chunk in request.stream():
+                raw += chunk
+                if len(raw) > MAX_SQL_BODY_BYTES:
+                    return _err(413, f"the body is over {MAX_SQL_BODY_BYTES} bytes (a query and its parameters)")
             try:
-                body = json.loads(await request.body() or b"null")
+                body = json.loads(raw or b"null")
             except (ValueError, UnicodeDecodeError):
                 return _err(400, 'body must be JSON: {"sql": "SELECT ...", "params": [...]}')
             if not isinstance(body, dict):

@@ -81,6 +81,8 @@ def test_bad_sql_is_400(coll):
     assert r.status_code == 400 and "no_such_column" in r.json()["error"]
     r = api(coll, "DROP TABLE spans")  # parses, forbidden: 403
     assert r.status_code == 403 and "only SELECT" in r.json()["error"]
+    r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT 1", "params": ["x" * 2**21]}, timeout=30)
+    assert r.status_code == 413 and "at most" in r.json()["error"]
     assert httpx.post(coll.api_url + "/api/sql", content=b"{broken", timeout=30).status_code == 400
 
 

@@ -172,10 +172,11 @@ def traces_to_batch(req) -> Batch:
                     if len(errors) < 5:
                         errors.append(f"span {sid.hex()} {sp.name!r}: ends before it starts")
                     continue
-                if len(tid) != 16 or len(sid) != 8:
+                if len(tid) != 16 or len(sid) != 8 or not any(tid) or not any(sid):
                     rejected += 1
                     if len(errors) < 5:
-                        errors.append(f"span {sp.name!r}: trace_id must be 16 bytes and span_id 8 bytes")
+                        errors.append(f"span {sp.name!r}: trace_id must be 16 bytes and span_id 8 bytes, "
+                                      "not all zero (OTLP: invalid ids)")
                     continue
                 attrs = {}
                 arr = None

@@ -310,7 +310,7 @@ def _convert(body: bytes):
                 tid = sp.trace_id
                 sid = sp.span_id
                 if not (MIN <= start < MAX and MIN <= end < MAX and start <= end
-                        and len(tid) == 16 and len(sid) == 8):
+                        and len(tid) == 16 and len(sid) == 8 and any(tid) and any(sid)):
                     return None                         # rejections: the slow path reports them
                 ents = [cget(x) or _entry(x, KeyValue) for x in sp.attributes]
                 state = _EMPTY_STATE.copy()

@@ -105,11 +105,14 @@ def is_read_only_sql(con, sql: str) -> str | None:
         stmts = con.extract_statements(sql)
     except duckdb.Error as exc:
         return f"SQL does not parse: {exc}".splitlines()[0]
+    if not stmts:
+        return "SQL does not parse: no statement in it (only comments?); send one SELECT"
     if len(stmts) != 1:
         return f"send exactly one statement (got {len(stmts)})"
     kind = stmts[0].type
     if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-        return f"only SELECT queries are allowed (got {kind.name})"
+        first = sql.split(None, 1)[0].upper() if sql.split() else kind.name
+        return f"only SELECT queries are allowed (this is {first})"
     return None
 
 

@@ -117,6 +117,17 @@ def test_bad_times_rejected_with_partial_success(coll, client):
     assert coll.sql("SELECT name FROM spans WHERE service_name = 'times'") == [["ok"]]
 
 
+def test_all_zero_ids_rejected(coll, client):
+    b = TraceBuilder()
+    b.span("zeros", "ok", T0, T0 + MS)
+    b.span("zeros", "zero-trace", T0, T0 + MS, trace_id=bytes(16))
+    b.span("zeros", "zero-span", T0, T0 + MS, span_id=bytes(8))
+    r = post(client, coll, b.bytes())
+    ps = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and ps.rejected_spans == 2 and "not all zero" in ps.error_message
+    assert coll.sql("SELECT name FROM spans WHERE service_name = 'zeros'") == [["ok"]]
+
+
 def test_unknown_value_types_and_odd_values_kept(coll, client):
     b = TraceBuilder()
     sp = b.span("odd", "odd", T0, T0 + MS, attrs={"b": b"\x00\x01", "l": [1, "x", 2.5], "m": {"k": True},

@@ -86,6 +86,8 @@ def _collect(args) -> int:
     if not (0 < args.max_body_mb < 1024 and args.max_rows > 0 and 0 < args.query_timeout < 86400):
         raise UserError("--max-body-mb (under 1024), --max-rows and --query-timeout (seconds, under a day) "
                         "must be positive numbers")
+    if not 0.05 <= args.scrape_interval <= 3600:
+        raise UserError("--scrape-interval must be between 0.05 and 3600 seconds")
     if args.max_inflight < 1:
         raise UserError("--max-inflight must be at least 1 (0 would refuse every OTLP request)")
     if args.memory_limit_mb < 64 or args.duckdb_memory_mb < 64:

@@ -143,6 +143,9 @@ def _replay(args) -> int:
     if args.arrival and args.duration is None and args.max_requests is None:
         from tailtrace.errors import UserError
         raise UserError("--arrival needs --duration S or --max-requests N")
+    if args.burstiness != 1.0 and args.arrival != "gamma":
+        from tailtrace.errors import UserError
+        raise UserError("--burstiness shapes gamma arrivals only: add --arrival gamma --rate R")
     if args.out:
         check_writable(args.out)  # before the run, not after it: a bad --out must not lose the results
     res = run_replay(_config(args, speed=args.speed, rate=args.rate, run_id=args.run_id))

@@ -132,7 +132,9 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         is_json = ctype == _JSON
         if request.method != "POST":
-            return _error_response(405, "use POST", is_json)
+            resp = _error_response(405, "use POST", is_json)
+            resp.headers["Allow"] = "POST"
+            return resp
         if not is_json and ctype not in _PROTO_TYPES:
             # neither encoding: answer in JSON, the readable one
             return _error_response(415, f"unsupported Content-Type {ctype!r}; send {_PROTO} or {_JSON}", True)

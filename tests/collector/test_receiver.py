@@ -150,7 +150,8 @@ def test_same_batch_twice_stored_once(coll, client):
 
 
 def test_method_and_unknown_path(coll, client):
-    assert client.get(coll.otlp_url + "/v1/traces").status_code == 405
+    r = client.get(coll.otlp_url + "/v1/traces")
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert client.post(coll.otlp_url + "/v1/nothing", content=b"x", headers=PB).status_code == 404
 
 

@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from dashboard.data import ENV_API, ENV_DB
     from tailtrace.errors import UserError
-    from tailtrace.procs import check_port_free
+    from tailtrace.procs import check_port_free, stop_on_sigint
 
     host = args.host or os.environ.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
     try:
@@ -88,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         where = f"collector API {api}"
     check_port_free(host, port, "dashboard")
     print(f"tailtrace dashboard: http://{host}:{port}  ({where})", flush=True)
+    stop_on_sigint()  # also when started as a background job with SIGINT ignored (streamlit too)
     proc = subprocess.Popen(streamlit_command(host, port), env=env)
 
     def _on_term(signum, frame):  # SIGTERM stops streamlit too, as Ctrl-C does

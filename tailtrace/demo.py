@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailtrace.errors import UserError
-from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
+from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 
 __all__ = ["DemoConfig", "register", "run_demo"]
 
@@ -314,6 +314,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         # (asyncio.Runner's handler); outside it, it raises KeyboardInterrupt.
         signal.raise_signal(signal.SIGINT)
 
+    stop_on_sigint()  # also when started as a background job with SIGINT ignored
     signal.signal(signal.SIGTERM, _on_term)
     try:
         run_demo(cfg)

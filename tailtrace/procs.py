@@ -43,6 +43,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def stop_on_sigint() -> None:
+    """Make SIGINT raise KeyboardInterrupt in this process, even when it was started ignoring it.
+
+    A shell without job control starts background jobs (`make demo &`, CI scripts) with SIGINT
+    ignored, and Python then leaves it ignored: Ctrl-C or `kill -INT` would do nothing, and a
+    SIGTERM handler that re-raises SIGINT would do nothing either. Call it first thing in a command
+    that owns child processes; children started afterwards get the default disposition back (exec
+    resets caught signals), so they stop on SIGINT too. Main thread only."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start `cmd` in a new session (its own process group) so that `stop_process` can end
     it and every process it forks. Output goes to `log_path` (appended) or is inherited."""

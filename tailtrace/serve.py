@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailtrace.errors import UserError
-from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
+from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 
 __all__ = ["ServeConfig", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env"]
 
@@ -153,6 +153,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         stopping["flag"] = True
         raise KeyboardInterrupt
 
+    stop_on_sigint()  # also when started as a background job with SIGINT ignored
     signal.signal(signal.SIGTERM, _on_term)
     proc = None
     sampler = None

@@ -54,8 +54,11 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
 
 def test_demo_stops_everything_on_ctrl_c(tmp_path):
     mark = uuid.uuid4().hex
-    proc = subprocess.Popen(demo_command(tmp_path / "demo", 600), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=marked_env(mark))
+    # Started as a shell starts a background job (SIGINT ignored, inherited through exec): Ctrl-C
+    # must stop it anyway. This is how CI scripts and `make demo &` run it.
+    cmd = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *demo_command(tmp_path / "demo", 600)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=marked_env(mark))
     seen = b""
     deadline = time.monotonic() + 900
     try:

@@ -26,12 +26,13 @@ cards = []
 for m, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), (data.ITL, "ITL"), ("e2e_ms", "E2E")):
     # TTFT and E2E as the user saw them (the load generator's client span) when measured, else the engine's
     client = by_metric.get(f"client_{m}")
+    who = ""
     if client is not None and m in ("ttft_ms", "e2e_ms"):
-        m, name = f"client_{m}", f"{name} (client)"
+        m, who = f"client_{m}", " (client)"
     elif m in ("ttft_ms", "e2e_ms"):
-        name = f"{name} (engine)"
+        who = " (engine)"
     r = by_metric.get(m)
-    cards.append((f"{name} P99", ui.fmt_ms(r["P99"]) if r else "n/a",
+    cards.append((f"{name} P99{who}", ui.fmt_ms(r["P99"]) if r else "n/a",
                   f"P999 {ui.fmt_ms(r['P999'])} · P50 {ui.fmt_ms(r['P50'])} · n = {r['count']:,}" if r else
                   "no data"))
 ui.metric_row(cards)

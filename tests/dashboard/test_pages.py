@@ -42,7 +42,7 @@ def _headline(ref, metric: str, where: str = "", params=None) -> tuple[str, floa
     name = {"ttft_ms": "TTFT", "e2e_ms": "E2E"}[metric]
     params = params or ()
     n = _q(ref, f"SELECT count(client_{metric}) AS n FROM requests {where}", params)["n"].iloc[0]
-    col, label = (f"client_{metric}", f"{name} (client) P99") if n else (metric, f"{name} (engine) P99")
+    col, label = (f"client_{metric}", f"{name} P99 (client)") if n else (metric, f"{name} P99 (engine)")
     return label, _q(ref, f"SELECT quantile_cont({col}, 0.99) AS v FROM requests {where}", params)["v"].iloc[0]
 
 
@@ -54,7 +54,7 @@ def test_overview_shows_the_sql_percentiles(demo_store, ref, monkeypatch):
     for metric in ("ttft_ms", "e2e_ms"):
         label, p99 = _headline(ref, metric)
         assert shown[label] == ui.fmt_ms(p99), label
-    assert "TTFT (client) P99" in shown  # the demo store has the load generator's client spans
+    assert "TTFT P99 (client)" in shown  # the demo store has the load generator's client spans
     p99 = _q(ref, "SELECT quantile_cont(tpot_ms, 0.99) AS v FROM requests")["v"].iloc[0]
     assert shown["TPOT P99"] == ui.fmt_ms(p99)
     itl = _q(ref, "SELECT itl_ms FROM decode_steps WHERE itl_ms IS NOT NULL")["itl_ms"].to_numpy()

@@ -82,8 +82,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         api = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
-        if not api.startswith(("http://", "https://")):
-            raise UserError(f"--api {api!r} must be a URL like {DEFAULT_API}")
         env[ENV_API] = api
         where = f"collector API {api}"
     check_port_free(host, port, "dashboard")

@@ -55,7 +55,9 @@ def test_cli_rejects_bad_input_with_one_line(tmp_path):
     junk.write_text("nope")
     for args, words in (((("--db", str(tmp_path / "none.duckdb")), "no such file")),
                         (("--db", str(junk)), "not a DuckDB database"),
-                        (("--api", "localhost:9464"), "must be a URL"),
+                        (("--api", "localhost:9464"), "not an http(s) URL"),
+                        (("--api", "http://[::1"), "not a valid URL"),
+                        (("--db", str(tmp_path)), "is a folder"),
                         (("--db", str(junk), "--port", "70000"), "not a TCP port")):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stderr)

@@ -21,7 +21,7 @@ def batch(k: int, n: int) -> bytes:
     """n spans of requests (engine phase, so `requests` rows follow), unique per k."""
     b = TraceBuilder()
     for i in range(n):
-        tid = k.to_bytes(8, "big") + i.to_bytes(8, "big")
+        tid = k.to_bytes(8, "big") + (i + 1).to_bytes(8, "big")  # never all zero (invalid in OTLP)
         b.span("vllm", sc.SPAN_LLM_REQUEST, T0 + i * MS, T0 + (i + 5) * MS, trace_id=tid,
                attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: f"r{k}-{i}", "pad": "x" * 200})
     return b.bytes()

@@ -161,7 +161,7 @@ def test_targets_from_flags_and_config(tmp_path):
     assert parse_target("dcgm=gpu-node:9400") == ScrapeTarget("http://gpu-node:9400/metrics", "dcgm")
     assert parse_target("http://127.0.0.1:8000/").url == "http://127.0.0.1:8000/metrics"
     assert parse_target("https://h/custom/path").url == "https://h/custom/path"
-    for bad, msg in [("tpu=http://h:1", "unknown kind"), ("ftp://h/metrics", "not an http"), ("http://h:99999", "bad port")]:
+    for bad, msg in [("tpu=http://h:1", "unknown kind"), ("ftp://h/metrics", "not an http"), ("http://h:99999", "not a valid URL")]:
         with pytest.raises(UserError, match=msg):
             parse_target(bad)
     cfg_file = tmp_path / "scrape.yaml"

@@ -141,6 +141,10 @@ def parse_slo(text: str) -> list[Slo]:
                             "(metrics ttft, tpot, itl, e2e; quantiles p50, p90, p99, p999)")
         metric, digits, value, unit = m.groups()
         digits = digits or "99"
+        if len(digits) > 2 and digits.endswith("0"):
+            # p150 reads as 15.0 % by the rule above, surely not what was meant: refuse it
+            raise UserError(f"bad quantile in --slo item {part!r}: after two digits come decimals, without a "
+                            "trailing zero (p15, p50, p99, p999, p9999)")
         q = round(float(digits[:2] + "." + digits[2:]) / 100, 10)
         if not 0 < q < 1:
             raise UserError(f"bad quantile in --slo item {part!r}")

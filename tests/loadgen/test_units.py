@@ -132,6 +132,9 @@ def test_parse_slo():
                                                       ("e2e", 0.99, 30.0)]
     with pytest.raises(UserError):
         parse_slo("latency=3s")
+    assert parse_slo("ttft_p5=1s")[0].q == 0.05 and parse_slo("ttft_p9999=1s")[0].q == 0.9999
+    with pytest.raises(UserError, match="trailing zero"):
+        parse_slo("ttft_p150=2s")  # would read as P15.0
 
 
 def _rec(i, ttft_ms, e2e_ms, n_out, error=None):

@@ -160,6 +160,8 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
                         raise UserError(f"trace {path}, line {line}: bad row {','.join(row)[:80]!r}") from None
                     if any(h < 0 for h in hashes):
                         raise UserError(f"trace {path}, line {line}: hash_ids must be >= 0")
+                    if t_ms < 0:
+                        raise UserError(f"trace {path}, line {line}: timestamp must be >= 0 (ms from the trace's start)")
                     requests.append(_checked(path, line, t_ms / 1000.0, n_in, n_out, hashes))
         except (csv.Error, UnicodeDecodeError) as exc:
             raise UserError(f"trace {path} is not a valid CSV file: {exc}") from None

@@ -59,6 +59,14 @@ def test_csv_format_detection_and_errors(tmp_path):
         load_trace(row)
     with pytest.raises(UserError, match="not found"):
         load_trace(tmp_path / "missing.csv")
+    with pytest.raises(UserError, match="is a directory"):
+        load_trace(tmp_path)
+    neg = tmp_path / "neg.csv"
+    neg.write_text("timestamp,input_length,output_length
+-5,10,5
+")
+    with pytest.raises(UserError, match="line 2: timestamp must be >= 0"):
+        load_trace(neg)
 
 
 def test_window_speed_and_rate():

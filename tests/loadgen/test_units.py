@@ -62,9 +62,7 @@ def test_csv_format_detection_and_errors(tmp_path):
     with pytest.raises(UserError, match="is a directory"):
         load_trace(tmp_path)
     neg = tmp_path / "neg.csv"
-    neg.write_text("timestamp,input_length,output_length
--5,10,5
-")
+    neg.write_text("timestamp,input_length,output_length\n-5,10,5\n")
     with pytest.raises(UserError, match="line 2: timestamp must be >= 0"):
         load_trace(neg)
 

@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(func(args) or 0)
+    except BrokenPipeError:  # `tailtrace sql ... | head`: the reader left; stop quietly, as Unix tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except UserError as exc:
         print(f"tailtrace {args.command}: error: {exc}", file=sys.stderr)
         return 2

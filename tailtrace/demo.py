@@ -32,6 +32,8 @@ __all__ = ["DemoConfig", "register", "run_demo"]
 DEFAULT_SPEED = 2.0
 DEFAULT_DURATION_S = 120.0
 MIN_FREE_MEMORY_GIB = 4.0
+# Above this schedule lag (P99, ms) the report warns that the host, not the stack, shaped the client times.
+LAG_WARN_MS = 50.0
 
 
 @dataclass
@@ -113,7 +115,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
 
     from tailtrace.serve import ServeConfig, start_sampler, start_vllm
 
-    console = console or Console(width=max(120, Console().width))
+    console = console or Console(width=max(160, Console().width))  # the tables need it; logs are not 80 wide
     _preflight(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -155,7 +157,9 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         report = _report(api, result["run_id"])
         _print_report(console, report, cfg, result, n)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
-        console.print(f"query it:  tailtrace sql --db {db} \"SELECT * FROM requests\"", soft_wrap=True)
+        console.print(f"query it:  tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, output_tokens, "
+                      "queue_time_ms, service_time_ms, client_e2e_ms FROM requests ORDER BY client_e2e_ms DESC "
+                      "LIMIT 10\"", soft_wrap=True)
     finally:
         stack.stop()
     if cfg.dashboard:
@@ -257,7 +261,12 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
     console.print()
     console.print(f"[bold]{len(result['requests'])} requests[/] sent ({result['summary']['failed']} failed), "
                   f"{n} in the store; {complete}/{total} with every layer measured, "
-                  f"{attributed}/{total} with |unattributed| < 5 ms")
+                  f"{attributed}/{total} with |unattributed| < 5 ms", soft_wrap=True)
+    lag = (result["summary"].get("schedule_lag_ms") or {}).get("p99")
+    if lag is not None and lag > LAG_WARN_MS:
+        console.print(f"[yellow]note:[/] the load generator sent requests late (schedule lag P99 {_fmt(lag)}): this "
+                      "host is short of CPU, so client, network and gateway times include waiting for a core, "
+                      "and the offered load is below the trace's", soft_wrap=True)
     t = Table(title="Latency per phase (exact percentiles over every request)")
     for col in ("phase", "n", "P50", "P90", "P99", "P999"):
         t.add_column(col, justify="right" if col != "phase" else "left")
@@ -268,7 +277,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
     tail = report["tail"]
     if tail["n"]:
         console.print(
-            f"Tail (the {tail['n']} requests at or above P99 E2E, {_fmt(tail['threshold_ms'])}): "
+            f"Tail (the {tail['n']} requests at or above the P99 of client E2E, {_fmt(tail['threshold_ms'])}): "
             f"[bold]queue time {100 * (tail['queue_share'] or 0):.0f}%[/], service time (prefill + decode) "
             f"{100 * (tail['service_share'] or 0):.0f}%, network/gateway/frontend {100 * (tail['other_share'] or 0):.0f}%")
     b = report["batch"]

@@ -110,6 +110,20 @@ def marked_processes(mark: str) -> list:
     return out
 
 
+def kill_marked(mark: str) -> None:
+    """SIGKILL every marked process and its whole process group (a part's children, e.g. vLLM's
+    EngineCore and workers, share its group), twice over, for clean-up after a failed test."""
+    import contextlib
+    import signal
+
+    for _ in range(2):
+        for p in marked_processes(mark):
+            with contextlib.suppress(Exception):  # already gone, or its group with it
+                os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                p.kill()
+
+
 def marked_env(mark: str) -> dict:
     """os.environ plus TAILTRACE_TEST_MARK=`mark` (see `marked_processes`)."""
     return dict(os.environ, TAILTRACE_TEST_MARK=mark)
@@ -141,6 +155,7 @@ def demo_run(tmp_path_factory) -> DemoRun:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            kill_marked(mark)
     import time
 
     time.sleep(1)

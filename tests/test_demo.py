@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -14,7 +13,7 @@ import uuid
 import duckdb
 import pytest
 
-from tests.conftest import demo_command, marked_env, marked_processes
+from tests.conftest import demo_command, kill_marked, marked_env, marked_processes
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +78,4 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        for p in marked_processes(mark):  # the parts run in sessions of their own
-            with contextlib.suppress(Exception):  # already gone
-                p.kill()
+        kill_marked(mark)  # the parts run in sessions of their own

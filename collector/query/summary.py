@@ -77,15 +77,16 @@ def phase_percentiles(query: Query, run_id: str | None = None) -> list[dict]:
 def tail_share(query: Query, run_id: str | None = None, quantile: float = 0.99) -> dict:
     """For the requests at or above the `quantile` of outermost E2E: how their time splits into
     queue time (gateway queue + engine queue + preempted), service time (prefill + decode) and
-    the rest (network, gateway, frontend, unattributed). Shares are fractions of their summed E2E."""
+    the rest (network, gateway, frontend, unattributed). Shares are fractions of their summed E2E.
+    `threshold_ms` is that quantile itself (exact, quantile_cont), the number the P99 column shows."""
     where, params = _where(run_id)
-    cond = f"{_OUTER} >= (SELECT quantile_cont({_OUTER}, ?) FROM requests {where})"
+    (threshold,) = query(f"SELECT quantile_cont({_OUTER}, ?) FROM requests {where}", [quantile] + params)[0]
+    cond = f"{_OUTER} >= ?"
     full_where = f"{where} {'AND' if where else 'WHERE'} {cond}"
     row = query(
-        f"""SELECT count(*), sum({_OUTER}), sum(coalesce(queue_time_ms, 0)), sum(coalesce(service_time_ms, 0)),
-                   min({_OUTER})
-            FROM requests {full_where}""", params + [quantile] + params)[0]
-    n, total, queue, service, threshold = row
+        f"""SELECT count(*), sum({_OUTER}), sum(coalesce(queue_time_ms, 0)), sum(coalesce(service_time_ms, 0))
+            FROM requests {full_where}""", params + [threshold])[0]
+    n, total, queue, service = row
     total = total or 0.0
     other = max(0.0, total - (queue or 0) - (service or 0))
     share = (lambda x: (x or 0) / total if total else None)

@@ -68,6 +68,7 @@ def run_collector(cfg: CollectorConfig) -> int:
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per scrape; failures still show
     check_port_free(cfg.host, cfg.otlp_port, "collector's OTLP receiver (--otlp-port)")
     check_port_free(cfg.host, cfg.api_port, "collector's API (--api-port)")
     scraper = None

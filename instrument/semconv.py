@@ -11,7 +11,8 @@ from __future__ import annotations
 # ---------------------------------------------------------------- phases (`tailtrace.phase`)
 PHASE = "tailtrace.phase"
 PHASE_CLIENT = "client"              # client.request (loadgen)
-PHASE_GATEWAY = "gateway"            # the gateway's HTTP server span
+PHASE_GATEWAY = "gateway"            # the gateway's HTTP server span of an LLM request
+PHASE_GATEWAY_OTHER = "gateway_other"  # its server span of anything else (GET /v1/models, probes, 404s)
 PHASE_GATEWAY_QUEUE = "gateway_queue"  # gateway.admission
 PHASE_UPSTREAM = "upstream"          # gateway.upstream: gateway -> engine exchange, send to last byte
 PHASE_NETWORK = "network"            # gateway.stream: the response stream written to the client

@@ -167,9 +167,9 @@ _LLM_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
 
 def _server_request_hook(span, scope) -> None:
     # Only an LLM request's server span is the gateway phase (one `requests` row per LLM request):
-    # GET /v1/models, a 404 or a probe stays a plain span.
-    if span is not None and span.is_recording() and scope.get("path") in _LLM_PATHS:
-        span.set_attribute(sc.PHASE, sc.PHASE_GATEWAY)
+    # GET /v1/models, a 404 or a probe is gateway_other.
+    if span is not None and span.is_recording():
+        span.set_attribute(sc.PHASE, sc.PHASE_GATEWAY if scope.get("path") in _LLM_PATHS else sc.PHASE_GATEWAY_OTHER)
 
 
 def _end_error(span, message: str, status: str = _STATUS_ERROR, end_time: int | None = None) -> None:

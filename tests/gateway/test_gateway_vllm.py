@@ -310,7 +310,8 @@ def test_models_and_upstream_errors_pass_through(vllm_server, gateway, collector
     # traced, but not an LLM request: no `requests` row (one row per LLM request)
     gw.flush()
     assert _wait(lambda: collector.sql("SELECT count(*) FROM spans WHERE trace_id = ? AND service_name = "
-                                       "'tailtrace-gateway'", [trace_id])[0][0] >= 1, 20)
+                                       "'tailtrace-gateway' AND phase = ?", [trace_id, sc.PHASE_GATEWAY_OTHER])[0][0]
+                 >= 1, 20)
     assert collector.sql("SELECT count(*) FROM requests WHERE trace_id = ?", [trace_id])[0][0] == 0
     # the upstream's own 4xx passes through unchanged
     r = httpx.post(gw.url + "/v1/completions", json={"model": "no-such-model", "prompt": [5, 6], "max_tokens": 1},

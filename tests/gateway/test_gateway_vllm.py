@@ -2,7 +2,9 @@
 client -> gateway -> engine, the requests table gets the gateway columns, priorities reorder a
 full queue, a disconnect aborts the upstream request, and the 429/502/504/413/400 paths.
 
-The gateway runs in-process (uvicorn on a thread) and exports OTLP to the session collector.
+Each gateway is a real `tailtrace gateway` process exporting OTLP to the session collector (an
+in-process thread shared the test's GIL and, on a loaded CI box, sometimes missed a disconnect or
+a read timeout).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import socket
+import sys
 import threading
 import time
 
@@ -19,10 +22,9 @@ import httpx
 import pytest
 
 from instrument import semconv as sc
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread
+from instrument.gateway.config import SETTINGS
 from instrument.otel import make_tracer_provider
-from tailtrace.procs import free_port
+from tailtrace.procs import free_port, start_process, stop_process, wait_http
 
 pytestmark = pytest.mark.slow
 
@@ -35,34 +37,44 @@ def collector(vllm_server):
 
 
 class _Gw:
-    def __init__(self, handle, provider):
-        self.h, self.provider, self.url = handle, provider, handle.url
+    """A real `tailtrace gateway` process (the production path: its own interpreter, uvloop,
+    its own span exporter), not a thread sharing the test's GIL."""
+
+    def __init__(self, proc, url, upstreams):
+        self.proc, self.url, self.upstreams = proc, url, upstreams
 
     def flush(self):
-        self.provider.force_flush(10_000)
+        """The gateway exports every 0.5 s; tests then poll the store (`_wait`) for what they need."""
+        time.sleep(0.6)
 
     def status(self):
-        # generous: on a loaded 2-core CI box the gateway thread can wait seconds for the GIL/CPU
         return httpx.get(self.url + "/gateway/status", timeout=30).json()
 
 
 @pytest.fixture
-def gateway(vllm_server, collector):
-    """Factory: start_gw(**GatewayConfig overrides) -> _Gw; all stopped at teardown."""
+def gateway(vllm_server, collector, tmp_path):
+    """Factory: start_gw(**GatewayConfig field overrides) -> _Gw; all stopped at teardown."""
     started = []
+    flags = {s.name: s.flag for s in SETTINGS}
 
     def start(**kw):
-        kw.setdefault("upstreams", (vllm_server.url,))
-        provider = make_tracer_provider("tailtrace-gateway", collector.otlp_url, schedule_delay_ms=100)
-        kw.setdefault("port", free_port())
-        handle = start_gateway_thread(GatewayConfig(tracer_provider=provider, **kw))
-        started.append((handle, provider))
-        return _Gw(handle, provider)
+        upstreams = tuple(kw.pop("upstreams", (vllm_server.url,)))
+        port = kw.pop("port", None) or free_port()
+        cmd = [sys.executable, "-m", "tailtrace", "gateway", "--port", str(port), "--otlp-endpoint",
+               collector.otlp_url]
+        for u in upstreams:
+            cmd += ["--upstream", u]
+        for name, value in kw.items():
+            cmd += [flags[name], str(value)]
+        proc = start_process(cmd, tmp_path / f"gateway-{port}.log")
+        gw = _Gw(proc, f"http://127.0.0.1:{port}", upstreams)
+        started.append(gw)
+        wait_http(gw.url + "/gateway/status", 60, proc, what=f"gateway (log: {tmp_path / f'gateway-{port}.log'})")
+        return gw
 
     yield start
-    for handle, provider in started:
-        handle.stop()
-        provider.shutdown()
+    for gw in started:
+        stop_process(gw.proc, 15)
 
 
 def _body(vllm_server, n_in=16, n_out=4, **kw):
@@ -274,7 +286,7 @@ def test_all_upstreams_down_gives_502(gateway, collector):
     gw.flush()
     rows = _wait(lambda: collector.sql(
         "SELECT status_code FROM spans WHERE name = ? AND status_code = 'ERROR' AND "
-        "CAST(attributes AS VARCHAR) LIKE ?", [sc.SPAN_GATEWAY_UPSTREAM, f"%{gw.h.gateway.pool.upstreams[0].url}%"]), 20)
+        "CAST(attributes AS VARCHAR) LIKE ?", [sc.SPAN_GATEWAY_UPSTREAM, f"%{gw.upstreams[0]}%"]), 20)
     assert rows
 
 

@@ -1,0 +1,54 @@
+"""`tailtrace demo` refuses what it cannot run with one line and exit 2, before starting anything:
+a port in use, vLLM not installed, too little memory."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import socket
+
+import pytest
+
+from tailtrace.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _keep_signal_handlers():
+    """`tailtrace demo` installs SIGINT/SIGTERM handlers; give pytest its own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+def test_port_in_use(capsys, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["demo", "--out", str(tmp_path / "d"), "--gateway-port", str(port)]) == 2
+    err = _one_line(capsys)
+    assert f"127.0.0.1:{port}" in err and "in use" in err and "--gateway-port" in err
+    assert not (tmp_path / "d").exists()  # nothing started, nothing written
+
+
+def test_vllm_not_installed(capsys, monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 2
+    assert "vLLM is not installed" in _one_line(capsys)
+
+
+def test_too_little_memory(capsys, monkeypatch, tmp_path):
+    import tailtrace.demo
+
+    monkeypatch.setattr(tailtrace.demo, "MIN_FREE_MEMORY_GIB", 10.0**6)
+    assert main(["demo", "--out", str(tmp_path / "d")]) == 2
+    err = _one_line(capsys)
+    assert "too little memory" in err and "GiB available" in err

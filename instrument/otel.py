@@ -27,12 +27,11 @@ def otlp_endpoint(flag: str | None = None) -> str:
     http(s) URL with a host and a valid port."""
     from tailtrace.urls import check_http_url
 
-    for what, value in (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", os.environ.get("TAILTRACE_OTLP_ENDPOINT")),
-                        ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
-                        ("the default OTLP endpoint", DEFAULT_OTLP_ENDPOINT)):
-        if value:
-            return check_http_url(value, what, "http://127.0.0.1:4318").rstrip("/")
-    raise AssertionError("unreachable: the default is set")
+    sources = (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", os.environ.get("TAILTRACE_OTLP_ENDPOINT")),
+               ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
+               ("the default OTLP endpoint", DEFAULT_OTLP_ENDPOINT))
+    what, value = next((w, v) for w, v in sources if v)  # the default is always set
+    return check_http_url(value, what, "http://127.0.0.1:4318").rstrip("/")
 
 
 def make_tracer_provider(

@@ -33,6 +33,9 @@ MODES = ("off", "tail", "full")
 # --compare cpu-binding: both with the plugin (tail); vLLM bound to 1 of the 2 cores (one left to
 # the collector, gateway and load generator) vs to both.
 BINDING = {"reserve1": "1", "reserve0": "0"}
+# --compare engine-core: both with the plugin (tail) and one core reserved; vLLM's EngineCore
+# pinned beside its worker (tailtrace.serve.pin_engine_core, the default) vs left free.
+PINNING = {"pinned": True, "free": False}
 
 
 async def _one(client, url, i, out_tokens, prompt_len):
@@ -105,10 +108,11 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="1 round of 16 requests x 64 tokens")
-    ap.add_argument("--compare", choices=("plugin", "cpu-binding"), default="plugin",
-                    help="plugin: off/tail/full (default); cpu-binding: VLLM_CPU_NUM_OF_RESERVED_CPU 1 vs 0")
+    ap.add_argument("--compare", choices=("plugin", "cpu-binding", "engine-core"), default="plugin",
+                    help="plugin: off/tail/full (default); cpu-binding: VLLM_CPU_NUM_OF_RESERVED_CPU 1 vs 0; "
+                         "engine-core: EngineCore pinned beside its worker vs free")
     a = ap.parse_args()
-    modes = MODES if a.compare == "plugin" else tuple(BINDING)
+    modes = {"plugin": MODES, "cpu-binding": tuple(BINDING), "engine-core": tuple(PINNING)}[a.compare]
     base = modes[0]
     if a.quick:
         a.rounds, a.requests, a.output_tokens = 1, 16, 64
@@ -124,7 +128,8 @@ def main() -> int:
             plugin_mode = mode if mode in MODES else "tail"
             cfg = ServeConfig(model=str(model), port=port, otlp_endpoint=coll.otlp_url,
                               decode_spans="tail" if plugin_mode == "off" else plugin_mode,
-                              instrument=plugin_mode != "off", kv_cache_gib=1, extra_args=["--served-model-name", "tiny"])
+                              instrument=plugin_mode != "off", kv_cache_gib=1, pin_engine_core=PINNING.get(mode, True),
+                              extra_args=["--served-model-name", "tiny"])
             if mode in BINDING:
                 os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = BINDING[mode]
             print(f"starting vLLM ({mode}) on :{port} ...", flush=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 
-__all__ = ["ServeConfig", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env"]
+__all__ = ["ServeConfig", "pin_engine_core", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env"]
 
 DECODE_SPAN_MODES = ("full", "tail", "off")
 
@@ -37,6 +37,7 @@ class ServeConfig:
     decode_spans: str = "tail"
     instrument: bool = True
     kv_cache_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
+    pin_engine_core: bool = True  # CPU build: EngineCore onto its worker's cores (see pin_engine_core)
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -136,7 +137,44 @@ def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float 
     except BaseException:
         stop_process(proc)
         raise
+    if cfg.pin_engine_core:
+        pin_engine_core(proc.pid)
     return proc
+
+
+def pin_engine_core(server_pid: int) -> set[int] | None:
+    """On vLLM's CPU build, move every thread of the `VLLM::EngineCore` process onto the cores its
+    `VLLM::Worker`'s OpenMP threads are bound to. Returns those cores, or None when nothing moved
+    (no worker bound to a strict subset of the cores: a GPU build, or a host with no core reserved).
+
+    Why: while a step runs, EngineCore busy-waits for the worker's result (vLLM's shared-memory
+    queue spins on `sched_yield` for 1 s after each read). Left on the reserved core, that spin
+    took most of it, and on a 2-core VM every other process there (the API server, collector,
+    gateway, load generator) was starved for 10-27 s at a time while a long answer was generated;
+    pinned beside the worker, the longest gap seen by a 10 ms sleeper was 15 ms
+    (docs/operations.md, "CPU placement").
+    """
+    import psutil
+
+    try:
+        kids = psutil.Process(server_pid).children(recursive=True)
+        workers = [p for p in kids if p.name().startswith("VLLM::Worker")]
+        cores = set(workers[0].cpu_affinity()) if workers else set()
+        allowed = set(os.sched_getaffinity(0))
+        if not cores or cores >= allowed:
+            return None
+        moved = False
+        for p in kids:
+            if p.name().startswith("VLLM::EngineCor"):  # comm is cut at 15 characters
+                for t in p.threads():
+                    try:
+                        os.sched_setaffinity(t.id, cores)
+                        moved = True
+                    except (ProcessLookupError, PermissionError):
+                        pass  # a thread that ended meanwhile
+        return cores if moved else None
+    except (psutil.Error, OSError):
+        return None  # best effort: placement is an optimisation, never a reason to fail
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

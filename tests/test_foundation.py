@@ -107,3 +107,33 @@ def test_serve_stops_with_no_process_left_behind(tiny_model_dir, tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_engine_core_runs_beside_its_worker(vllm_server):
+    """`start_vllm` moves every EngineCore thread onto the cores the worker is bound to (its
+    sched_yield spin otherwise starves the reserved core: docs/operations.md)."""
+    kids = psutil.Process(vllm_server.proc.pid).children(recursive=True)
+    workers = [p for p in kids if p.name().startswith("VLLM::Worker")]
+    cores_procs = [p for p in kids if p.name().startswith("VLLM::EngineCor")]
+    assert workers and cores_procs, [p.name() for p in kids]
+    cores = set(workers[0].cpu_affinity())
+    if cores >= set(os.sched_getaffinity(0)):
+        pytest.skip("the worker is not bound to a subset of the cores (no core reserved on this host)")
+    threads = cores_procs[0].threads()
+    assert threads
+    assert {t.id: set(os.sched_getaffinity(t.id)) for t in threads} == {t.id: cores for t in threads}
+
+
+def test_pin_engine_core_leaves_a_tree_without_vllm_alone():
+    from tailtrace.serve import pin_engine_core
+
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
+    try:
+        time.sleep(0.5)
+        before = {p.pid: p.cpu_affinity() for p in psutil.Process(child.pid).children(recursive=True)}
+        assert pin_engine_core(child.pid) is None
+        assert {p.pid: p.cpu_affinity() for p in psutil.Process(child.pid).children(recursive=True)} == before
+    finally:
+        child.kill()
+        child.wait()

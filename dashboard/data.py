@@ -577,7 +577,7 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
             rows.append((c, REQUEST_METRICS[c], int(r[f"n_{c}"]), _f(r[f"mean_{c}"]), *_qlist(r[f"q_{c}"]),
                          _f(r[f"max_{c}"])))
     if include_itl and "itl_ms" in schema.get("decode_steps", ()):
-        rows.append(itl_percentile_row(src, f))
+        rows.append(itl_percentile_row(src, f, schema))
     df = pd.DataFrame(rows, columns=["metric", "label", "count", "mean", *QUANTILE_LABELS, "max"])
     df = df[df["count"] > 0].reset_index(drop=True)
     # Order as the user reads them: TTFT, TPOT, ITL, E2E, then the rest.
@@ -587,13 +587,105 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
     return df.sort_values("_o").drop(columns="_o").reset_index(drop=True)
 
 
-def itl_percentile_row(src: DataSource, f: Filters) -> tuple:
-    """(metric, label, count, mean, P50, P90, P99, P999, max) of ITL over the filtered decode steps."""
+def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]] | None = None) -> tuple:
+    """(metric, label, count, mean, P50, P90, P99, P999, max) of ITL over the filtered decode steps.
+
+    From `step_histogram` when the store has it and the filters allow (see `step_counts`): exact
+    quantile_cont of the ITLs rounded to 1 us, without scanning decode_steps; else from decode_steps.
+    """
+    h = step_counts(src, f, schema or src.schema(), "itl_us")
+    if h is not None:
+        n = int(h["steps"].sum())
+        if not n:
+            return (ITL, ALL_METRICS[ITL], 0, None, *([None] * len(QUANTILES)), None)
+        v = h["value"].to_numpy(dtype="float64") / 1000.0
+        qs = hist_quantiles(v, h["steps"].to_numpy(), QUANTILES)
+        return (ITL, ALL_METRICS[ITL], n, float((v * h["steps"]).sum() / n), *qs, float(v[-1]))
     w, p = f.steps_where()
     q = "[" + ", ".join(str(x) for x in QUANTILES) + "]"
     r = src.df(f"SELECT count(itl_ms) AS n, avg(itl_ms) AS mean, quantile_cont(itl_ms, {q}) AS q, "
                f"max(itl_ms) AS mx FROM decode_steps {w}", p).iloc[0]
     return (ITL, ALL_METRICS[ITL], int(r["n"]), _f(r["mean"]), *_qlist(r["q"]), _f(r["mx"]))
+
+
+def hist_quantiles(values, counts, probs) -> list[float]:
+    """Exact `quantile_cont` (DuckDB's: linear between the order statistics at (n - 1) * p) of the
+    multiset where each `values[i]` (ascending) occurs `counts[i]` times. Empty input gives None each."""
+    import numpy as np
+
+    counts = np.asarray(counts, dtype="int64")
+    n = int(counts.sum())
+    if not n:
+        return [None for _ in probs]
+    cum = np.cumsum(counts)
+    out = []
+    for p in probs:
+        h = (n - 1) * float(p)
+        lo = int(np.floor(h))
+        v_lo = values[int(np.searchsorted(cum, lo, side="right"))]
+        v_hi = values[int(np.searchsorted(cum, min(lo + 1, n - 1), side="right"))]
+        out.append(float(v_lo + (h - lo) * (v_hi - v_lo)))
+    return out
+
+
+def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str) -> pd.DataFrame | None:
+    """DataFrame(value, steps), ascending: how many filtered decode steps have each `metric` value
+    ('itl_us': ITL in whole microseconds; 'batch_size'), from the collector's `step_histogram`.
+
+    Whole minutes of the time range come from the histogram and its partial minutes at either end
+    from `decode_steps`, so the counts equal a scan of decode_steps. Returns None when the store has
+    no step_histogram or a priority filter is set (the histogram is kept per service and model
+    only): callers then scan decode_steps.
+    """
+    if "step_histogram" not in schema or f.priorities or "decode_steps" not in schema:
+        return None
+    col = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)", "batch_size": "CAST(batch_size AS BIGINT)"}[metric]
+    h_terms, h_params = ["metric = ?"], [metric]
+    for c, values in (("model", f.models), ("service_name", f.services)):
+        if values:
+            h_terms.append(f"{c} IN ({', '.join('?' for _ in values)})")
+            h_params.extend(values)
+    lo = _ceil_minute(f.start) if f.start is not None else None
+    hi = _floor_minute(f.end) if f.end is not None else None
+    if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
+        w, p = f.steps_where()
+        return src.df(f"SELECT {col} AS value, count(*) AS steps FROM decode_steps {_and(w, f'{col} IS NOT NULL')} "
+                      f"GROUP BY 1 ORDER BY 1", p)
+    edges, e_params = [], []
+    if lo is not None:
+        h_terms.append("minute >= CAST(? AS TIMESTAMP)")
+        h_params.append(lo)
+        if lo != f.start:
+            edges.append("(time >= CAST(? AS TIMESTAMP) AND time < CAST(? AS TIMESTAMP))")
+            e_params += [f.start, lo]
+    if hi is not None:
+        h_terms.append("minute < CAST(? AS TIMESTAMP)")
+        h_params.append(hi)
+        if hi != f.end:
+            edges.append("(time >= CAST(? AS TIMESTAMP) AND time < CAST(? AS TIMESTAMP))")
+            e_params += [hi, f.end]
+    sql = f"SELECT value, steps FROM step_histogram WHERE {' AND '.join(h_terms)}"
+    params = h_params
+    if edges:
+        terms = [f"({' OR '.join(edges)})", f"{col} IS NOT NULL"]
+        if f.models or f.services:
+            t2, p2 = Filters(models=f.models, services=f.services)._request_terms()
+            terms.append(f"request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
+            e_params += p2
+        sql += f" UNION ALL SELECT {col} AS value, 1 AS steps FROM decode_steps WHERE {' AND '.join(terms)}"
+        params = params + e_params
+    d = src.df(f"SELECT value, CAST(sum(steps) AS BIGINT) AS steps FROM ({sql}) GROUP BY 1 ORDER BY 1", params)
+    return d.astype({"value": "int64", "steps": "int64"}) if len(d) else pd.DataFrame(
+        {"value": pd.Series([], dtype="int64"), "steps": pd.Series([], dtype="int64")})
+
+
+def _ceil_minute(t: dt.datetime) -> dt.datetime:
+    m = t.replace(second=0, microsecond=0)
+    return m if m == t else m + dt.timedelta(minutes=1)
+
+
+def _floor_minute(t: dt.datetime) -> dt.datetime:
+    return t.replace(second=0, microsecond=0)
 
 
 def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
@@ -711,8 +803,12 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
     values <= 0 fall in the lowest bin), 'cdf': DataFrame(prob, value_ms) = exact quantiles at
     CDF_PROBS, 'quantiles': {label: ms}, 'count': n}.
     """
-    table, w, p = metric_source(metric, f)
     k = int(bins_per_decade)
+    if metric == ITL:
+        h = step_counts(src, f, src.schema(), "itl_us")
+        if h is not None:
+            return _distribution_from_counts(h["value"].to_numpy(dtype="float64") / 1000.0, h["steps"].to_numpy(), k)
+    table, w, p = metric_source(metric, f)
     hist = src.df(f"SELECT floor(log10(greatest({metric}, 1e-3)) * {k}) AS b, count(*) AS count FROM {table} {w} "
                   f"GROUP BY 1 ORDER BY 1", p)
     hist["lo_ms"] = 10 ** (hist["b"] / k)
@@ -723,6 +819,24 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
     n = int(r["n"])
     vals = [_f(x) for x in list(r["q"])] if n else []
     qmap = dict(zip(probs, vals))
+    cdf = pd.DataFrame({"prob": list(CDF_PROBS), "value_ms": [qmap.get(x) for x in CDF_PROBS]}) if n else \
+        pd.DataFrame(columns=["prob", "value_ms"])
+    return {"hist": hist[["lo_ms", "hi_ms", "count"]], "cdf": cdf, "count": n,
+            "quantiles": {lab: qmap.get(x) for lab, x in zip(QUANTILE_LABELS, QUANTILES)} if n else {}}
+
+
+def _distribution_from_counts(values, counts, k: int) -> dict:
+    """`latency_distribution`'s result from ascending `values` (ms) occurring `counts` times."""
+    import numpy as np
+
+    n = int(np.sum(counts))
+    b = np.floor(np.log10(np.maximum(values, 1e-3)) * k) if n else np.array([])
+    hist = pd.DataFrame({"b": b, "count": counts}).groupby("b", as_index=False)["count"].sum() if n else \
+        pd.DataFrame({"b": [], "count": []})
+    hist["lo_ms"] = 10 ** (hist["b"] / k)
+    hist["hi_ms"] = 10 ** ((hist["b"] + 1) / k)
+    probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
+    qmap = dict(zip(probs, hist_quantiles(values, counts, probs))) if n else {}
     cdf = pd.DataFrame({"prob": list(CDF_PROBS), "value_ms": [qmap.get(x) for x in CDF_PROBS]}) if n else \
         pd.DataFrame(columns=["prob", "value_ms"])
     return {"hist": hist[["lo_ms", "hi_ms", "count"]], "cdf": cdf, "count": n,
@@ -743,8 +857,13 @@ def batch_size_distribution(src: DataSource, f: Filters, schema: dict[str, list[
         d.insert(0, "view", "engine step")
         parts.append(d)
     if "batch_size" in schema.get("decode_steps", ()):
-        w, p = f.steps_where()
-        d = src.df(f"SELECT batch_size, count(*) AS count FROM decode_steps {w} GROUP BY 1 ORDER BY 1", p)
+        h = step_counts(src, f, schema, "batch_size")
+        if h is not None:
+            d = h.rename(columns={"value": "batch_size", "steps": "count"})
+        else:
+            w, p = f.steps_where()
+            d = src.df(f"SELECT batch_size, count(*) AS count FROM decode_steps {_and(w, 'batch_size IS NOT NULL')} "
+                       f"GROUP BY 1 ORDER BY 1", p)
         d.insert(0, "view", "decode step")
         parts.append(d)
     if not parts:

@@ -30,7 +30,15 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
+from collector.store.schema import (
+    COMPACT_STEP_HISTOGRAM,
+    DDL,
+    REBUILD_STEP_HISTOGRAM,
+    REFRESH_REQUESTS,
+    TIME_COLUMNS,
+    step_histogram_insert,
+)
+from instrument import semconv as sc
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "is_read_only_sql", "open_readonly"]
@@ -141,6 +149,7 @@ class DuckDBStore:
         self._lock = threading.Lock()
         self._pending = 0
         self._dirty = False
+        self._hist_from = None  # oldest step_histogram minute written since the last merge
         self._root = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -176,6 +185,8 @@ class DuckDBStore:
                     con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             for stmt in DDL:
                 con.execute(stmt)
+            if "decode_steps" in existing and "step_histogram" not in existing:
+                self._rebuild_step_histogram(con)  # a store from before step_histogram existed
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
             self._preload_keys(con)
@@ -187,6 +198,13 @@ class DuckDBStore:
         self._thread = threading.Thread(target=self._run, args=(con,), name="duckdb-writer", daemon=True)
         self._thread.start()
         return self
+
+    @staticmethod
+    def _rebuild_step_histogram(con) -> None:
+        con.execute("BEGIN TRANSACTION")
+        for stmt in REBUILD_STEP_HISTOGRAM:
+            con.execute(stmt)
+        con.execute("COMMIT")
 
     def _preload_keys(self, con) -> None:
         n = self._dedup_window
@@ -290,6 +308,7 @@ class DuckDBStore:
     def _run(self, con) -> None:
         last_refresh = time.monotonic()
         last_retention = 0.0
+        last_compact = time.monotonic()
         while True:
             try:
                 item = self._q.get(timeout=0.2)
@@ -300,6 +319,9 @@ class DuckDBStore:
                 if self._dirty and now - last_refresh >= self.refresh_interval_s:
                     self._refresh(con)
                     last_refresh = now
+                if self._hist_from is not None and now - last_compact >= COMPACT_EVERY_S:
+                    self._compact_step_histogram(con)
+                    last_compact = now
                 if self.retention_s and now - last_retention >= 60:
                     self._retention(con)
                     last_retention = now
@@ -326,6 +348,7 @@ class DuckDBStore:
             for c in controls:
                 if c is _STOP:
                     self._drain_after_stop(con)
+                    self._compact_step_histogram(con)
                     try:
                         con.execute("CHECKPOINT")
                     except Exception:
@@ -396,19 +419,21 @@ class DuckDBStore:
                     parts.setdefault(name, []).append(t)
         con.execute("BEGIN TRANSACTION")
         stored = 0
-        for name, ts in parts.items():
-            t = pa.concat_tables(ts) if len(ts) > 1 else ts[0]
+        tables = {name: pa.concat_tables(ts) if len(ts) > 1 else ts[0] for name, ts in parts.items()}
+        for name, t in tables.items():
+            if name == "_decode_arrays":
+                continue
             con.register("_batch", t)
             try:
-                if name == "_decode_arrays":
-                    con.execute(_EXPLODE_DECODE)
-                else:
-                    con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
-                    if name == "_request_spans":
-                        con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
+                con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
+                if name == "_request_spans":
+                    con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
             finally:
                 con.unregister("_batch")
             stored += t.num_rows
+        if "_decode_arrays" in tables:
+            self._insert_decode_steps(con, tables["_decode_arrays"], tables.get("_request_spans"))
+            stored += tables["_decode_arrays"].num_rows
         con.execute("COMMIT")
         window.update(seen)
         if "_request_spans" in parts:
@@ -424,6 +449,46 @@ class DuckDBStore:
         with self._lock:
             self._pending -= total
 
+    def _insert_decode_steps(self, con, arrays: pa.Table, facts: pa.Table | None) -> None:
+        """Explode the per-request step arrays into `decode_steps` and count them into
+        `step_histogram`, with service and model from the engine span (`facts`) of the same batch."""
+        con.register("_batch", arrays)
+        try:
+            con.execute("CREATE OR REPLACE TEMP TABLE _steps AS " + _EXPLODE_DECODE)
+        finally:
+            con.unregister("_batch")
+        con.execute("INSERT INTO decode_steps SELECT * FROM _steps")
+        if facts is not None:
+            con.register("_facts", facts)
+            meta = (f"LEFT JOIN (SELECT trace_id, request_id, arg_max(service_name, end_ns) AS service_name, "
+                    f"arg_max(model, end_ns) AS model FROM _facts WHERE phase = '{sc.PHASE_ENGINE}' GROUP BY ALL) m "
+                    "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id")
+        else:
+            meta = "LEFT JOIN (SELECT NULL AS service_name, NULL AS model) m ON true"
+        try:
+            con.execute(step_histogram_insert("_steps", meta))
+        finally:
+            if facts is not None:
+                con.unregister("_facts")
+        first = con.execute("SELECT date_trunc('minute', min(time)) FROM _steps").fetchone()[0]
+        if first is not None and (self._hist_from is None or first < self._hist_from):
+            self._hist_from = first
+        con.execute("DROP TABLE _steps")
+
+    def _compact_step_histogram(self, con) -> None:
+        """Merge step_histogram's partial counts from the oldest minute written since the last merge."""
+        if self._hist_from is None:
+            return
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for stmt in COMPACT_STEP_HISTOGRAM:
+                con.execute(stmt, [self._hist_from] if "?" in stmt else [])
+            con.execute("COMMIT")
+            self._hist_from = None
+        except Exception:
+            _rollback(con)
+            log.exception("merging step_histogram")
+
     def _refresh(self, con) -> None:
         try:
             con.execute("BEGIN TRANSACTION")
@@ -438,7 +503,7 @@ class DuckDBStore:
     def _retention(self, con) -> None:
         if not self.retention_s:
             return
-        cutoff = time.time() - self.retention_s
+        cutoff = (time.time() - self.retention_s) // 60 * 60  # whole minutes, as step_histogram keeps them
         try:
             con.execute("BEGIN TRANSACTION")
             for table, col in TIME_COLUMNS.items():
@@ -459,6 +524,9 @@ class DuckDBStore:
 
 
 # Columns whose absence means the file is not a tailtrace store (checked at start).
+# How often (s, when idle) the writer merges step_histogram's per-commit partial counts.
+COMPACT_EVERY_S = 30.0
+
 _CONTRACT = {
     "spans": ("trace_id", "span_id", "parent_span_id", "start_time", "end_time", "phase", "attributes"),
     "requests": ("trace_id", "request_id", "queue_time_ms", "service_time_ms", "e2e_ms"),
@@ -467,10 +535,9 @@ _CONTRACT = {
 }
 
 _EXPLODE_DECODE = """
-INSERT INTO decode_steps
 SELECT trace_id, request_id, i - 1 AS token_index, make_timestamp(t[i] // 1000) AS time,
        CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END AS itl_ms,
-       bs[i], pf[i], dc[i], kv[i]
+       bs[i] AS batch_size, pf[i] AS batch_prefill_tokens, dc[i] AS batch_decode_tokens, kv[i] AS kv_cache_usage
 FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
 """
 

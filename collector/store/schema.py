@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from instrument import semconv as sc
 
-__all__ = ["DDL", "REFRESH_REQUESTS", "TIME_COLUMNS", "USER_TABLES"]
+__all__ = ["COMPACT_STEP_HISTOGRAM", "DDL", "REBUILD_STEP_HISTOGRAM", "REFRESH_REQUESTS", "STEP_HISTOGRAM_METRICS",
+           "TIME_COLUMNS", "USER_TABLES", "step_histogram_insert"]
 
 DDL = [
     """CREATE TABLE IF NOT EXISTS spans (
@@ -37,6 +38,10 @@ DDL = [
         request_id VARCHAR, model VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT,
         cached_tokens BIGINT, preemptions BIGINT, finish_reason VARCHAR, ttft_s DOUBLE,
         priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE)""",
+    # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
+    # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
+    """CREATE TABLE IF NOT EXISTS step_histogram (
+        minute TIMESTAMP, service_name VARCHAR, model VARCHAR, metric VARCHAR, value BIGINT, steps BIGINT)""",
     # Traces whose `requests` row is stale; written in the same transaction as their spans.
     "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
     """CREATE TABLE IF NOT EXISTS requests (
@@ -52,7 +57,7 @@ DDL = [
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {
     "spans": "start_time", "engine_steps": "time", "decode_steps": "time", "device_samples": "time",
-    "metric_points": "time", "requests": "arrival_time", "_request_spans": "make_timestamp(start_ns // 1000)",
+    "metric_points": "time", "requests": "arrival_time", "step_histogram": "minute", "_request_spans": "make_timestamp(start_ns // 1000)",
 }
 USER_TABLES = ("spans", "requests", "decode_steps", "engine_steps", "device_samples", "metric_points")
 
@@ -142,4 +147,41 @@ REFRESH_REQUESTS = [
     "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
     "INSERT INTO requests " + _AGG,
     "DELETE FROM _dirty_traces",
+]
+
+
+# step_histogram: one row per (minute, engine service, model, metric, value) with its count of
+# decode steps. metric 'itl_us': the step's ITL rounded to the microsecond; 'batch_size': the
+# batch the step's token was decoded in. The writer appends partial counts with every commit and
+# merges them (COMPACT_STEP_HISTOGRAM); readers always sum `steps` over equal keys.
+STEP_HISTOGRAM_METRICS = {"itl_us": "CAST(round(s.itl_ms * 1000) AS BIGINT)",
+                          "batch_size": "CAST(s.batch_size AS BIGINT)"}
+
+
+def step_histogram_insert(steps: str, meta_join: str) -> str:
+    """`INSERT INTO step_histogram` counting the decode-step rows of relation `steps` (alias s);
+    `meta_join` joins the alias m that gives each step's service_name and model."""
+    parts = [f"""SELECT date_trunc('minute', s.time) AS minute, m.service_name, m.model, '{metric}' AS metric,
+                {expr} AS value, count(*) AS steps
+            FROM {steps} s {meta_join} WHERE {expr} IS NOT NULL GROUP BY ALL"""
+             for metric, expr in STEP_HISTOGRAM_METRICS.items()]
+    return "INSERT INTO step_histogram " + " UNION ALL ".join(parts)
+
+
+# For a store written before step_histogram existed (and for benchmarks that fill decode_steps
+# directly): count every decode step, with service and model from `requests`.
+REBUILD_STEP_HISTOGRAM = [
+    "DELETE FROM step_histogram",
+    step_histogram_insert("decode_steps", "LEFT JOIN (SELECT trace_id, request_id, any_value(service_name) AS "
+                          "service_name, any_value(model) AS model FROM requests GROUP BY ALL) m "
+                          "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id"),
+]
+
+# Merge the partial counts of the minutes >= ? (the oldest minute written since the last merge).
+COMPACT_STEP_HISTOGRAM = [
+    """CREATE OR REPLACE TEMP TABLE _hc AS SELECT minute, service_name, model, metric, value,
+        CAST(sum(steps) AS BIGINT) AS steps FROM step_histogram WHERE minute >= ? GROUP BY ALL""",
+    "DELETE FROM step_histogram WHERE minute >= ?",
+    "INSERT INTO step_histogram SELECT * FROM _hc",
+    "DROP TABLE _hc",
 ]

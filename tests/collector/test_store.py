@@ -172,6 +172,57 @@ def test_same_batch_twice_stored_once(store, tmp_path):
         s2.stop()
 
 
+HIST = ("SELECT metric, value, service_name, model, CAST(sum(steps) AS BIGINT) FROM step_histogram "
+        "GROUP BY ALL ORDER BY ALL")
+SCAN = """SELECT 'batch_size' AS metric, CAST(batch_size AS BIGINT) AS value, count(*) FROM decode_steps GROUP BY ALL
+          UNION ALL SELECT 'itl_us', CAST(round(itl_ms * 1000) AS BIGINT), count(*) FROM decode_steps
+          WHERE itl_ms IS NOT NULL GROUP BY ALL ORDER BY ALL"""
+
+
+def test_step_histogram_counts_every_decode_step_once(tmp_path):
+    s = DuckDBStore(tmp_path / "h.duckdb").start()
+    b1, b2 = TraceBuilder(), TraceBuilder()
+    full_tree(b1, os.urandom(16))
+    full_tree(b2, os.urandom(16), t0=T0 + 3 * 60 * 10**9)  # three minutes later: another minute
+    try:
+        for b in (b1, b2, b1):  # the resent batch is a duplicate: not counted again
+            s.submit(traces_to_batch(b.req)).result(30)
+        hist = s.read_query(HIST)
+        # 2 requests x 10 steps: batch sizes 1..10 twice; 9 ITLs of 90 ms each per request
+        assert hist == sorted([("batch_size", k, "vllm", "tiny", 2) for k in range(1, 11)]
+                              + [("itl_us", 90_000, "vllm", "tiny", 18)])
+        assert [(m, v, n) for m, v, _, _, n in hist] == [tuple(r) for r in s.read_query(SCAN)]
+        assert s.read_query("SELECT count(DISTINCT minute) FROM step_histogram")[0][0] == 2
+    finally:
+        s.stop()
+    # the clean stop merged the per-commit partial counts: one row per key
+    s = DuckDBStore(tmp_path / "h.duckdb").start()
+    try:
+        assert s.read_query("SELECT count(*) FROM step_histogram")[0][0] == 2 * (10 + 1)
+        assert s.read_query(HIST) == hist
+    finally:
+        s.stop()
+
+
+def test_step_histogram_is_rebuilt_for_a_store_from_before_it(tmp_path):
+    import duckdb
+
+    s = DuckDBStore(tmp_path / "o.duckdb").start()
+    b = TraceBuilder()
+    full_tree(b, os.urandom(16))
+    s.submit(traces_to_batch(b.req)).result(30)
+    want = s.read_query(HIST)
+    s.stop()
+    con = duckdb.connect(str(tmp_path / "o.duckdb"))
+    con.execute("DROP TABLE step_histogram")
+    con.close()
+    s = DuckDBStore(tmp_path / "o.duckdb").start()
+    try:
+        assert s.read_query(HIST) == want and len(want) == 11
+    finally:
+        s.stop()
+
+
 def test_retention_drops_old_rows(tmp_path):
     import time
 
@@ -187,6 +238,8 @@ def test_retention_drops_old_rows(tmp_path):
         assert s.read_query("SELECT count(*) FROM requests")[0][0] == 1
         assert s.read_query("SELECT count(*) FROM spans")[0][0] == 11
         assert s.read_query("SELECT count(*) FROM decode_steps")[0][0] == 10
+        assert s.read_query("SELECT CAST(sum(steps) AS BIGINT) FROM step_histogram WHERE metric = 'batch_size'"
+                            )[0][0] == 10
     finally:
         s.stop()
 

@@ -148,10 +148,11 @@ if _root is None or not hasattr(_root, "demo_store"):
 
 @pytest.fixture(scope="session")
 def small_store(tmp_path_factory) -> Path:
-    """bench/dashboard.py's synthetic store with 2,000 requests (~420k decode steps)."""
+    """bench/dashboard.py's synthetic store with 2,000 requests (~420k decode steps) and its step_histogram."""
     sys.path.insert(0, str(ROOT))
-    from bench.dashboard import build_store
+    from bench.dashboard import build_store, ensure_step_histogram
 
     db = tmp_path_factory.mktemp("dashboard-small") / "small.duckdb"
     build_store(db, 2000, rate_rps=20.0, threads=1)
+    ensure_step_histogram(db)  # as the collector keeps it
     return db

@@ -34,8 +34,14 @@ def test_percentiles_are_exact(src, small_store):
     pct = data.percentiles(src, Filters()).set_index("metric")
     raw = _col(small_store, "SELECT e2e_ms, ttft_ms FROM requests")
     itl = _col(small_store, "SELECT itl_ms FROM decode_steps WHERE itl_ms IS NOT NULL")["itl_ms"].to_numpy()
-    for metric, values in (("e2e_ms", raw["e2e_ms"].to_numpy()), ("ttft_ms", raw["ttft_ms"].to_numpy()),
-                           (data.ITL, itl)):
+    # ITL comes from step_histogram: exact over the ITLs rounded to 1 us (the histogram's unit)...
+    assert np.allclose(pct.loc[data.ITL, ["P50", "P90", "P99", "P999"]].to_numpy(dtype=float),
+                       np.percentile(np.round(itl * 1000) / 1000, [50, 90, 99, 99.9]), rtol=1e-12, atol=1e-9)
+    # ... so within half a microsecond of the raw values' quantiles
+    assert np.allclose(pct.loc[data.ITL, ["P50", "P90", "P99", "P999"]].to_numpy(dtype=float),
+                       np.percentile(itl, [50, 90, 99, 99.9]), rtol=0, atol=0.0005)
+    assert pct.loc[data.ITL, "count"] == len(itl)
+    for metric, values in (("e2e_ms", raw["e2e_ms"].to_numpy()), ("ttft_ms", raw["ttft_ms"].to_numpy())):
         # numpy's default ("linear") is the same definition as DuckDB's quantile_cont.
         want = np.percentile(values, [50, 90, 99, 99.9])
         got = pct.loc[metric, ["P50", "P90", "P99", "P999"]].to_numpy(dtype=float)
@@ -59,6 +65,45 @@ def test_filters_narrow_every_query(src, small_store):
                                                             "request_id"])) & (steps["time"] >= mid)]
     assert p.loc[data.ITL, "count"] == len(steps)
     assert p.loc[data.ITL, "P999"] == pytest.approx(np.percentile(steps["itl_ms"], 99.9), rel=1e-12)
+
+
+def test_step_counts_equal_a_scan_of_decode_steps(src, small_store):
+    """Whole minutes from step_histogram plus the partial minutes at either end from decode_steps
+    give exactly the counts of a scan, under time and model filters; a priority filter falls back."""
+    steps = _col(small_store, "SELECT s.time, s.itl_ms, s.batch_size, r.model FROM decode_steps s "
+                              "JOIN requests r USING (request_id)")
+    t = steps["time"].sort_values()
+    start = (t.iloc[len(t) // 5] + pd.Timedelta(seconds=17, microseconds=3)).to_pydatetime()
+    end = (t.iloc[4 * len(t) // 5] - pd.Timedelta(seconds=23)).to_pydatetime()
+    model = min(steps["model"].unique())
+    f = Filters(start=start, end=end, models=(model,))
+    sel = steps[(steps["time"] >= start) & (steps["time"] < end) & (steps["model"] == model)]
+    assert len(sel) > 1000 and start.second != 0
+    itl = data.step_counts(src, f, src.schema(), "itl_us")
+    want = sel["itl_ms"].dropna().mul(1000).round().astype("int64").value_counts().sort_index()
+    assert itl["value"].tolist() == want.index.tolist() and itl["steps"].tolist() == want.tolist()
+    bs = data.step_counts(src, f, src.schema(), "batch_size")
+    want = sel["batch_size"].value_counts().sort_index()
+    assert bs["value"].tolist() == want.index.tolist() and bs["steps"].tolist() == want.tolist()
+    # the page functions read them: ITL distribution and batch size per decode step
+    d = data.latency_distribution(src, f, data.ITL)
+    assert d["count"] == len(sel["itl_ms"].dropna()) and int(d["hist"]["count"].sum()) == d["count"]
+    assert d["quantiles"]["P99"] == pytest.approx(np.percentile(sel["itl_ms"].dropna(), 99), abs=0.0005)
+    b = data.batch_size_distribution(src, f, src.schema())
+    got = b[b["view"] == "decode step"].set_index("batch_size")["count"]
+    assert got.to_dict() == sel["batch_size"].value_counts().to_dict()
+    assert data.step_counts(src, Filters(priorities=("batch",)), src.schema(), "itl_us") is None
+
+
+def test_hist_quantiles_is_quantile_cont():
+    rng = np.random.default_rng(7)
+    raw = rng.integers(1, 60, size=5001).astype(float)  # many ties, as whole microseconds have
+    values, counts = np.unique(raw, return_counts=True)
+    probs = [0, 0.1, 0.5, 0.9, 0.99, 0.999, 1]
+    assert np.allclose(data.hist_quantiles(values, counts, probs), np.percentile(raw, [100 * p for p in probs]),
+                       rtol=0, atol=1e-12)
+    assert data.hist_quantiles(np.array([5.0]), [1], [0.5, 0.999]) == [5.0, 5.0]
+    assert data.hist_quantiles(np.array([]), [], [0.5]) == [None]
 
 
 def test_summary_goodput_and_attainment(src, small_store):

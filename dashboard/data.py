@@ -1089,6 +1089,7 @@ def _queue_service(src: DataSource, f: Filters, schema=None) -> None:
 def _distributions(src: DataSource, f: Filters, schema=None) -> None:
     schema = schema or src.schema()
     latency_distribution(src, f, "e2e_ms")
+    latency_distribution(src, f, ITL)  # the page's other usual choice
     batch_size_distribution(src, f, schema)
     length_distribution(src, f)
     latency_by_input_length(src, f)

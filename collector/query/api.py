@@ -33,6 +33,7 @@ from collector.query.readonly import (
     run_guarded,
 )
 from collector.store.schema import USER_TABLES
+from tailtrace.http_body import BodyError, BodyTooLarge, read_body
 
 __all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
 
@@ -40,6 +41,7 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 # /api/sql bodies hold one query and its parameters: 1 MiB is far beyond any real one.
 MAX_SQL_BODY_BYTES = 2**20
+SQL_BODY_TIMEOUT_S = 10.0  # a stalled client frees its connection (408)
 
 
 def to_json_value(v):
@@ -107,15 +109,14 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         if request.method == "GET":
             q = request.query_params.get("q") or request.query_params.get("sql")
         else:
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > MAX_SQL_BODY_BYTES:
-                return _err(413, f"the body is {declared} bytes; /api/sql takes at most {MAX_SQL_BODY_BYTES} "
+            try:
+                raw = await read_body(request, MAX_SQL_BODY_BYTES, SQL_BODY_TIMEOUT_S)
+            except BodyTooLarge as exc:
+                size = f"{exc.declared} bytes" if exc.declared is not None else f"over {MAX_SQL_BODY_BYTES} bytes"
+                return _err(413, f"the body is {size}; /api/sql takes at most {MAX_SQL_BODY_BYTES} "
                                  "(a query and its parameters)")
-            raw = b""
-            async for chunk in request.stream():
-                raw += chunk
-                if len(raw) > MAX_SQL_BODY_BYTES:
-                    return _err(413, f"the body is over {MAX_SQL_BODY_BYTES} bytes (a query and its parameters)")
+            except BodyError as exc:
+                return _err(exc.status, f"could not read the body: {exc}")
             try:
                 body = json.loads(raw or b"null")
             except (ValueError, UnicodeDecodeError):

@@ -28,6 +28,7 @@ from collector.processor.enrich import metrics_to_batch, traces_to_batch
 from collector.processor.fastpath import fast_traces_to_batch
 from collector.processor.limiter import AdmissionLimiter, Refusal
 from collector.store.duckdb_store import StoreUnavailable
+from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
 
@@ -78,36 +79,16 @@ BODY_READ_TIMEOUT_S = 10.0
 
 async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, at most `limit` bytes, within BODY_READ_TIMEOUT_S. Raises _Bad: 413 over
-    the limit, 400 bad Content-Length, 408 too slow; `_Gone` when the client hung up."""
-    from starlette.requests import ClientDisconnect
-
+    the limit, 400 bad Content-Length, 408 too slow; `ClientGone` when the client hung up."""
     try:
-        return await asyncio.wait_for(_read_body_now(request, limit), BODY_READ_TIMEOUT_S)
-    except TimeoutError:
+        return await read_body(request, limit, BODY_READ_TIMEOUT_S)
+    except BodyTooLarge as exc:
+        size = f"body of {exc.declared} bytes" if exc.declared is not None else "body"
+        raise _Bad(413, f"{size} is over the limit of {limit} bytes; send smaller batches") from None
+    except BodyTimeout:
         raise _Bad(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s") from None
-    except ClientDisconnect:
-        raise _Gone from None
-
-
-class _Gone(Exception):
-    """The client disconnected before its body arrived: nothing to answer, nothing to log."""
-
-
-async def _read_body_now(request: Request, limit: int) -> bytes:
-    cl = request.headers.get("content-length")
-    if cl is not None:
-        try:
-            if int(cl) > limit:
-                raise _Bad(413, f"body of {int(cl)} bytes is over the limit of {limit} bytes; send smaller batches")
-        except ValueError:
-            raise _Bad(400, "Content-Length is not a number") from None
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise _Bad(413, f"body is over the limit of {limit} bytes; send smaller batches")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    except BadContentLength:
+        raise _Bad(400, "Content-Length is not a number") from None
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
@@ -166,7 +147,7 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
             except _Bad as b:
                 stats["errors"] += 1
                 return _error_response(b.status, str(b), is_json, b.retry_after)
-            except _Gone:
+            except ClientGone:
                 stats["errors"] += 1
                 return Response(status_code=400)  # never read: the client is gone
             stats["requests"] += 1

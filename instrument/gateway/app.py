@@ -44,6 +44,7 @@ from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
 from instrument.gateway.limits import LimitError, TokenCounter, check_input
+from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["create_app", "error_body"]
 
@@ -402,21 +403,20 @@ def _classify(exc, url: str) -> tuple[int, str, str, str]:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise LimitError(400, "Content-Length is not a number", "invalid_request")
-        if int(declared) > limit:
-            raise LimitError(413, f"the request body is {int(declared)} bytes, over this gateway's limit of "
-                             f"{limit} bytes (--max-body-bytes)", "request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise LimitError(413, f"the request body is over this gateway's limit of {limit} bytes "
-                             "(--max-body-bytes)", "request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The request body (tailtrace.http_body.read_body), its errors as OpenAI-shaped `LimitError`s."""
+    try:
+        return await read_body(request, limit, BODY_READ_TIMEOUT_S)
+    except BodyTooLarge as exc:
+        size = f"is {exc.declared} bytes," if exc.declared is not None else "is"
+        raise LimitError(413, f"the request body {size} over this gateway's limit of {limit} bytes "
+                         "(--max-body-bytes)", "request_too_large") from None
+    except BodyTimeout:
+        raise LimitError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
+                         "request_timeout") from None
+    except BadContentLength:
+        raise LimitError(400, "Content-Length is not a number", "invalid_request") from None
+    except ClientGone:  # gone before its body arrived: an answer nobody reads, no traceback
+        raise LimitError(400, "the client disconnected before sending its body", "client_disconnected") from None
 
 
 def _priority(request: Request) -> str:
@@ -471,15 +471,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         priority = _priority(request)
         body = b""
         if kind is not None:
-            from starlette.requests import ClientDisconnect
-
-            try:
-                body = await asyncio.wait_for(_read_body(request, config.max_body_bytes), BODY_READ_TIMEOUT_S)
-            except TimeoutError:
-                raise LimitError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s",
-                                 "request_timeout") from None
-            except ClientDisconnect:  # gone before its body arrived: an answer nobody reads, no traceback
-                raise LimitError(400, "the client disconnected before sending its body", "client_disconnected") from None
+            body = await _read_body(request, config.max_body_bytes)
         received = time.time_ns()
         if kind is not None:
             try:

@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "run_guarded"]
+__all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "check_read_only_sql",
+           "run_guarded"]
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 10_000
@@ -35,6 +36,30 @@ class QueryRefused(ValueError):
 
 class QueryInvalid(QueryRefused):
     """The SQL is empty or does not parse (HTTP 400: the client's mistake, not a forbidden act)."""
+
+
+def check_read_only_sql(con, sql: str) -> None:
+    """Return when `sql` is exactly one SELECT (or EXPLAIN) statement. Raises `QueryInvalid` when
+    it does not parse or holds no statement, `QueryRefused` for anything else (several statements,
+    COPY, ATTACH, DROP, ...).
+
+    Parsed by DuckDB's own parser, not a regex. This is one of three guards: the connection also
+    has `enable_external_access=false` and `lock_configuration=true`, and user queries run in a
+    transaction that is rolled back."""
+    import duckdb
+
+    try:
+        stmts = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise QueryInvalid(f"SQL does not parse: {exc}".splitlines()[0]) from None
+    if not stmts:
+        raise QueryInvalid("SQL does not parse: no statement in it (only comments?); send one SELECT")
+    if len(stmts) != 1:
+        raise QueryRefused(f"send exactly one statement (got {len(stmts)})")
+    kind = stmts[0].type
+    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+        first = sql.split(None, 1)[0].upper() if sql.split() else kind.name
+        raise QueryRefused(f"only SELECT queries are allowed (this is {first})")
 
 
 @dataclass
@@ -59,15 +84,11 @@ def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout
     errors, e.g. a permission error for read_csv('/etc/passwd')). `max_rows=None`: no cap."""
     import duckdb
 
-    from collector.store.duckdb_store import is_read_only_sql
-
     if not isinstance(sql, str) or not sql.strip():
         raise QueryInvalid("empty SQL")
     cur = cursor_factory()
     try:
-        why = is_read_only_sql(cur, sql)
-        if why:
-            raise (QueryInvalid if why.startswith("SQL does not parse") else QueryRefused)(why)
+        check_read_only_sql(cur, sql)
         box: dict = {}
 
         def work():

@@ -41,7 +41,7 @@ from collector.store.schema import (
 from instrument import semconv as sc
 from tailtrace.errors import UserError
 
-__all__ = ["DuckDBStore", "StoreUnavailable", "is_read_only_sql", "open_readonly"]
+__all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
 
 log = logging.getLogger("tailtrace.collector.store")
 
@@ -99,29 +99,6 @@ def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
         raise UserError(f"cannot open {p} as a DuckDB file: {exc}") from None
     con.execute("SET lock_configuration = true")
     return con
-
-
-def is_read_only_sql(con, sql: str) -> str | None:
-    """None when `sql` is exactly one SELECT (or EXPLAIN) statement, else the reason to refuse it.
-
-    Parsed by DuckDB's own parser, not a regex. This is one of three guards: the connection also
-    has `enable_external_access=false` and `lock_configuration=true`, and user queries run in a
-    transaction that is rolled back."""
-    import duckdb
-
-    try:
-        stmts = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        return f"SQL does not parse: {exc}".splitlines()[0]
-    if not stmts:
-        return "SQL does not parse: no statement in it (only comments?); send one SELECT"
-    if len(stmts) != 1:
-        return f"send exactly one statement (got {len(stmts)})"
-    kind = stmts[0].type
-    if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-        first = sql.split(None, 1)[0].upper() if sql.split() else kind.name
-        return f"only SELECT queries are allowed (this is {first})"
-    return None
 
 
 class DuckDBStore:

@@ -42,29 +42,30 @@ def test_mooncake_jitter_stays_in_slot_and_is_noted():
     assert all(len(r.hash_ids) == math.ceil(r.input_tokens / 512) for r in raw.requests[:1000])
 
 
-def test_csv_format_detection_and_errors(tmp_path):
+def test_csv_format_detection(tmp_path):
     mc = tmp_path / "m.csv"
     mc.write_text("timestamp,input_length,output_length,hash_ids\n1000,600,5,1 2\n0,100,3,1\n")
     tr = load_trace(mc, jitter="none")
     assert tr.fmt == "mooncake"
     assert [(r.offset_s, r.hash_ids) for r in tr.requests] == [(0.0, (1,)), (1.0, (1, 2))]
     assert select_window(tr)[0][1].offset_s == 1.0
-    bad = tmp_path / "bad.csv"
-    bad.write_text("time,prompt,completion\n1,2,3\n")
-    with pytest.raises(UserError, match="TIMESTAMP,ContextTokens,GeneratedTokens"):
-        load_trace(bad)
-    row = tmp_path / "row.csv"
-    row.write_text("timestamp,input_length,output_length\n0,10,1\n5,ten,1\n")
-    with pytest.raises(UserError, match="line 3"):
-        load_trace(row)
-    with pytest.raises(UserError, match="not found"):
-        load_trace(tmp_path / "missing.csv")
-    with pytest.raises(UserError, match="is a directory"):
-        load_trace(tmp_path)
-    neg = tmp_path / "neg.csv"
-    neg.write_text("timestamp,input_length,output_length\n-5,10,5\n")
-    with pytest.raises(UserError, match="line 2: timestamp must be >= 0"):
-        load_trace(neg)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("time,prompt,completion\n1,2,3\n", "TIMESTAMP,ContextTokens,GeneratedTokens"),
+    ("timestamp,input_length,output_length\n0,10,1\n5,ten,1\n", "line 3"),
+    ("timestamp,input_length,output_length\n-5,10,5\n", "line 2: timestamp must be >= 0"),
+    (None, "not found"),
+    ("", "is a directory"),
+])
+def test_bad_trace_files_are_one_clear_error(tmp_path, text, message):
+    path = tmp_path / "trace.csv"
+    if text == "":
+        path = tmp_path
+    elif text is not None:
+        path.write_text(text)
+    with pytest.raises(UserError, match=message):
+        load_trace(path)
 
 
 def test_window_speed_and_rate():

@@ -7,7 +7,12 @@ flight. Prints output-token throughput (client-side) and ITL mean/P50/P99 per mo
 `vllm:inter_token_latency_seconds` histogram (the same measure whatever the mode; quantiles are
 interpolated within its buckets, so they are coarse), and their ratios to `off`. Goal (issue 4): <= 1% throughput loss with tail, <= 3% with full.
 
-    .venv/bin/python bench/overhead.py [--rounds 3] [--requests 64] [--quick]
+    .venv/bin/python bench/overhead.py [--rounds 3] [--requests 64] [--quick] [--sink collector|discard]
+
+`--sink collector` (default) exports to the real collector on this host, so its ingest CPU is in
+the measure; `--sink discard` exports to a discarding OTLP endpoint (reads each request, answers
+200) and measures the plugin's own cost in vLLM's processes, as in a deployment where the
+collector runs on another machine.
 """
 
 from __future__ import annotations
@@ -36,6 +41,49 @@ BINDING = {"reserve1": "1", "reserve0": "0"}
 # --compare engine-core: both with the plugin (tail) and one core reserved; vLLM's EngineCore
 # pinned beside its worker (tailtrace.serve.pin_engine_core, the default) vs left free.
 PINNING = {"pinned": True, "free": False}
+# --compare step-spans: both full; llm.decode.step spans built as OTLP protobuf directly
+# (instrument.step_spans, the default) vs through the OpenTelemetry SDK (TAILTRACE_DIRECT_STEP_SPANS=0).
+STEP_SPANS = {"direct": "1", "sdk": "0"}
+
+
+class DiscardSink:
+    """An OTLP/HTTP endpoint on 127.0.0.1 that reads every request body and answers 200 with an
+    empty body (a valid empty Export*ServiceResponse), keeping connections alive. Runs in a thread."""
+
+    def __init__(self):
+        import threading
+
+        self.port = free_port()
+        self.requests = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self):
+        server = await asyncio.start_server(self._conn, "127.0.0.1", self.port)
+        self._ready.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _conn(self, reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            writer.close()
 
 
 async def _one(client, url, i, out_tokens, prompt_len):
@@ -108,11 +156,15 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="1 round of 16 requests x 64 tokens")
-    ap.add_argument("--compare", choices=("plugin", "cpu-binding", "engine-core"), default="plugin",
+    ap.add_argument("--compare", choices=("plugin", "cpu-binding", "engine-core", "step-spans"), default="plugin",
                     help="plugin: off/tail/full (default); cpu-binding: VLLM_CPU_NUM_OF_RESERVED_CPU 1 vs 0; "
-                         "engine-core: EngineCore pinned beside its worker vs free")
+                         "engine-core: EngineCore pinned beside its worker vs free; "
+                         "step-spans: full mode with decode-step spans built directly vs through the SDK")
+    ap.add_argument("--sink", choices=("collector", "discard"), default="collector",
+                    help="where spans go: the real collector on this host (default) or a discarding endpoint")
     a = ap.parse_args()
-    modes = {"plugin": MODES, "cpu-binding": tuple(BINDING), "engine-core": tuple(PINNING)}[a.compare]
+    modes = {"plugin": MODES, "cpu-binding": tuple(BINDING), "engine-core": tuple(PINNING),
+             "step-spans": tuple(STEP_SPANS)}[a.compare]
     base = modes[0]
     if a.quick:
         a.rounds, a.requests, a.output_tokens = 1, 16, 64
@@ -120,18 +172,22 @@ def main() -> int:
     model = build_tiny_model(work / "tiny")
     from collector.testing import start_collector
 
-    coll = start_collector(work / "overhead.duckdb")
+    coll = start_collector(work / "overhead.duckdb") if a.sink == "collector" else None
+    sink = DiscardSink() if coll is None else None
+    otlp = coll.otlp_url if coll else sink.url
     servers = {}
     try:
         for mode in modes:
             port = free_port()
-            plugin_mode = mode if mode in MODES else "tail"
-            cfg = ServeConfig(model=str(model), port=port, otlp_endpoint=coll.otlp_url,
+            plugin_mode = mode if mode in MODES else ("full" if mode in STEP_SPANS else "tail")
+            cfg = ServeConfig(model=str(model), port=port, otlp_endpoint=otlp,
                               decode_spans="tail" if plugin_mode == "off" else plugin_mode,
                               instrument=plugin_mode != "off", kv_cache_gib=1, pin_engine_core=PINNING.get(mode, True),
                               extra_args=["--served-model-name", "tiny"])
             if mode in BINDING:
                 os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = BINDING[mode]
+            if mode in STEP_SPANS:
+                os.environ["TAILTRACE_DIRECT_STEP_SPANS"] = STEP_SPANS[mode]
             print(f"starting vLLM ({mode}) on :{port} ...", flush=True)
             servers[mode] = (start_vllm(cfg, log_path=work / f"vllm-{mode}.log"), f"http://127.0.0.1:{port}")
         results = {m: [] for m in modes}
@@ -149,11 +205,14 @@ def main() -> int:
     finally:
         for proc, _ in servers.values():
             stop_process(proc)
-        coll.stop()
+        if coll:
+            coll.stop()
 
     def med(mode, key):
         return statistics.median(x[key] for x in results[mode])
 
+    if sink:
+        print(f"discard sink: {sink.requests} OTLP requests received")
     print(f"\n{'mode':>8}   tok/s   ratio   ITL mean ratio   ITL P50 ratio   ITL P99 ratio   (medians over rounds, vs {base})")
     for mode in modes:
         print(f"{mode:>8} {med(mode, 'tok_s'):7.0f}  {med(mode, 'tok_s') / med(base, 'tok_s'):6.3f}   "

@@ -273,8 +273,9 @@ class SpanSink:
     """
 
     def __init__(self, tracer, clock: MonoClock, mode: str = "tail", policy: TailPolicy | None = None,
-                 service_name: str = "vllm") -> None:
+                 service_name: str = "vllm", step_writer=None) -> None:
         self.tracer = tracer
+        self.step_writer = step_writer  # instrument.step_spans.DecodeStepWriter, or None: SDK spans
         self.clock = clock
         self.mode = mode
         self.policy = policy or TailPolicy()
@@ -307,8 +308,13 @@ class SpanSink:
     def _emit_steps(self, tl: RequestTimeline, decode_span) -> None:
         from opentelemetry import trace
 
-        ctx = trace.set_span_in_context(decode_span)
         times = [self.clock.wall_ns(t) for t in tl.token_mono]
+        if self.step_writer is not None:  # the same spans as below, built as OTLP protobuf directly
+            c = decode_span.get_span_context()
+            self.step_writer.add_decode_steps(c.trace_id.to_bytes(16, "big"), c.span_id.to_bytes(8, "big"),
+                                              times, tl.token_steps)
+            return
+        ctx = trace.set_span_in_context(decode_span)
         for k in range(1, len(times)):
             step = tl.token_steps[k]
             a = {sc.PHASE: sc.PHASE_DECODE_STEP, sc.TOKEN_INDEX: k, sc.ITL_MS: (times[k] - times[k - 1]) / 1e6}

@@ -93,9 +93,16 @@ def _sink() -> SpanSink:
         _State.provider = make_tracer_provider("vllm")
         _State.tracer = _State.provider.get_tracer("tailtrace.vllm")
         threshold = os.environ.get("TAILTRACE_TAIL_THRESHOLD_MS")
+        mode = os.environ.get("TAILTRACE_DECODE_SPANS", "tail")
+        writer = None
+        if mode != "off" and os.environ.get("TAILTRACE_DIRECT_STEP_SPANS", "1") != "0":
+            from instrument.otel import otlp_endpoint
+            from instrument.step_spans import DecodeStepWriter
+
+            writer = DecodeStepWriter(otlp_endpoint(), dict(_State.provider.resource.attributes), "tailtrace.vllm")
         _State.sink = SpanSink(
-            _State.tracer, MonoClock(), mode=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
-            policy=TailPolicy(threshold_ms=float(threshold) if threshold else None),
+            _State.tracer, MonoClock(), mode=mode,
+            policy=TailPolicy(threshold_ms=float(threshold) if threshold else None), step_writer=writer,
         )
     return _State.sink
 

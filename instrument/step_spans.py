@@ -1,11 +1,11 @@
 """`llm.decode.step` spans written straight as OTLP protobuf, without SDK span objects.
 
 One span per output token is the one place where tailtrace's own span cost multiplies: 256 tokens
-per request, thousands per second. Through the OpenTelemetry SDK each step span cost about 30 us
-to create and end plus about 45 us to encode in the exporter's thread; built directly into the
+per request, thousands per second. Through the OpenTelemetry SDK a step span is created and
+ended on vLLM's frontend thread, then encoded in the exporter's thread; built directly into the
 OTLP `ExportTraceServiceRequest` message (upb, the protobuf runtime the SDK's exporter uses too)
-it costs about 8 us, serialisation included (measured side by side on this project's 2-core
-machine; docs/vllm-plugin.md). Everything else (llm.request and its phases, engine steps) still
+it costs about a tenth of that CPU, serialisation included (bench/step_spans.py measures both
+side by side; docs/vllm-plugin.md). Everything else (llm.request and its phases, engine steps) still
 goes through the SDK.
 
 The spans are the ones the SDK would have made: same trace, parent (the `llm.decode` span), name,

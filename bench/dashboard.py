@@ -30,31 +30,6 @@ sys.path.insert(0, str(ROOT))
 
 TRACE_CSV = ROOT / "data" / "traces" / "azure2023_conv.csv"
 
-# The store contract (DESIGN.md "The store"), as the collector creates it. Used only when
-# the collector's own DDL cannot be imported.
-_DDL = """
-CREATE TABLE IF NOT EXISTS spans(trace_id VARCHAR, span_id VARCHAR, parent_span_id VARCHAR, name VARCHAR,
-  kind VARCHAR, service_name VARCHAR, start_time TIMESTAMP, end_time TIMESTAMP, duration_ms DOUBLE,
-  status_code VARCHAR, status_message VARCHAR, phase VARCHAR, attributes JSON, resource JSON, events JSON);
-CREATE TABLE IF NOT EXISTS requests(request_id VARCHAR, trace_id VARCHAR, model VARCHAR, service_name VARCHAR,
-  priority VARCHAR, run_id VARCHAR, arrival_time TIMESTAMP, status VARCHAR, finish_reason VARCHAR,
-  prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT, preemptions BIGINT,
-  network_ms DOUBLE, gateway_ms DOUBLE, gateway_queue_ms DOUBLE, frontend_ms DOUBLE, queue_ms DOUBLE,
-  prefill_ms DOUBLE, preempted_ms DOUBLE, decode_ms DOUBLE, unattributed_ms DOUBLE, ttft_ms DOUBLE,
-  tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE, client_e2e_ms DOUBLE, queue_time_ms DOUBLE,
-  service_time_ms DOUBLE, schedule_lag_ms DOUBLE);
-CREATE TABLE IF NOT EXISTS decode_steps(trace_id VARCHAR, request_id VARCHAR, token_index BIGINT, time TIMESTAMP,
-  itl_ms DOUBLE, batch_size BIGINT, batch_prefill_tokens BIGINT, batch_decode_tokens BIGINT,
-  kv_cache_usage DOUBLE);
-CREATE TABLE IF NOT EXISTS engine_steps(time TIMESTAMP, service_name VARCHAR, step_index BIGINT, running BIGINT,
-  waiting BIGINT, batch_size BIGINT, prefill_tokens BIGINT, decode_tokens BIGINT, step_ms DOUBLE,
-  kv_cache_usage DOUBLE, preemptions BIGINT);
-CREATE TABLE IF NOT EXISTS device_samples(time TIMESTAMP, host VARCHAR, device_index BIGINT, device_uuid VARCHAR,
-  util_pct DOUBLE, mem_util_pct DOUBLE, mem_used_bytes BIGINT, mem_total_bytes BIGINT, sm_clock_mhz DOUBLE,
-  power_w DOUBLE, temp_c DOUBLE, throttle_reasons VARCHAR, source VARCHAR);
-CREATE TABLE IF NOT EXISTS metric_points(time TIMESTAMP, source VARCHAR, name VARCHAR, labels JSON, value DOUBLE);
-"""
-
 T0 = "TIMESTAMP '2025-03-01 12:00:00'"
 
 
@@ -84,7 +59,10 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
     con.execute("SET preserve_insertion_order = true")
     # Bounded memory (the machine is shared): sorts and joins spill to a temp directory instead.
     con.execute(f"SET memory_limit = '{memory_limit}'")
-    con.execute(_DDL)
+    from collector.store.schema import DDL
+
+    for stmt in DDL:  # the collector's own tables, so the file is a store it (and its API) can open
+        con.execute(stmt)
     con.execute(f"CREATE TEMP TABLE trace AS SELECT (row_number() OVER () - 1) AS i, ContextTokens AS p, "
                 f"GeneratedTokens AS o FROM read_csv('{TRACE_CSV}')")
     n_trace = con.execute("SELECT count(*) FROM trace").fetchone()[0]
@@ -238,22 +216,23 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
 
 def ensure_step_histogram(path: Path, memory_limit: str = "3GB") -> float | None:
     """Count the store's decode steps into `step_histogram`, as the collector does when it opens a
-    store written before that table existed (collector.store.schema.REBUILD_STEP_HISTOGRAM).
+    store written before that table existed (collector.store.schema.REBUILD_STEP_HISTOGRAM_FROM_REQUESTS).
     Returns the seconds it took, or None when the table was there already."""
     import duckdb
 
-    from collector.store.schema import DDL, REBUILD_STEP_HISTOGRAM
+    from collector.store.schema import DDL, REBUILD_STEP_HISTOGRAM_FROM_REQUESTS
 
     con = duckdb.connect(str(path))
     try:
         if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'step_histogram'"
-                       ).fetchone()[0]:
+                       ).fetchone()[0] and con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)"
+                                                       ).fetchone()[0]:
             return None
         con.execute(f"SET memory_limit = '{memory_limit}'")
         t0 = time.perf_counter()
         for stmt in DDL:
             con.execute(stmt)
-        for stmt in REBUILD_STEP_HISTOGRAM:
+        for stmt in REBUILD_STEP_HISTOGRAM_FROM_REQUESTS:  # a synthetic store has no llm.request facts
             con.execute(stmt)
         con.execute("CHECKPOINT")
         return time.perf_counter() - t0

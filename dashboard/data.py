@@ -593,14 +593,11 @@ def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]]
     From `step_histogram` when the store has it and the filters allow (see `step_counts`): exact
     quantile_cont of the ITLs rounded to 1 us, without scanning decode_steps; else from decode_steps.
     """
-    h = step_counts(src, f, schema or src.schema(), "itl_us")
+    h = step_summary(src, f, schema or src.schema(), "itl_us", QUANTILES)
     if h is not None:
-        n = int(h["steps"].sum())
-        if not n:
-            return (ITL, ALL_METRICS[ITL], 0, None, *([None] * len(QUANTILES)), None)
-        v = h["value"].to_numpy(dtype="float64") / 1000.0
-        qs = hist_quantiles(v, h["steps"].to_numpy(), QUANTILES)
-        return (ITL, ALL_METRICS[ITL], n, float((v * h["steps"]).sum() / n), *qs, float(v[-1]))
+        ms = [None if v is None else v / 1000.0 for v in h["quantiles"]]
+        return (ITL, ALL_METRICS[ITL], h["n"], None if h["mean"] is None else h["mean"] / 1000.0, *ms,
+                None if h["max"] is None else h["max"] / 1000.0)
     w, p = f.steps_where()
     q = "[" + ", ".join(str(x) for x in QUANTILES) + "]"
     r = src.df(f"SELECT count(itl_ms) AS n, avg(itl_ms) AS mean, quantile_cont(itl_ms, {q}) AS q, "
@@ -608,49 +605,22 @@ def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]]
     return (ITL, ALL_METRICS[ITL], int(r["n"]), _f(r["mean"]), *_qlist(r["q"]), _f(r["mx"]))
 
 
-def hist_quantiles(values, counts, probs) -> list[float]:
-    """Exact `quantile_cont` (DuckDB's: linear between the order statistics at (n - 1) * p) of the
-    multiset where each `values[i]` (ascending) occurs `counts[i]` times. Empty input gives None each."""
-    import numpy as np
-
-    counts = np.asarray(counts, dtype="int64")
-    n = int(counts.sum())
-    if not n:
-        return [None for _ in probs]
-    cum = np.cumsum(counts)
-    out = []
-    for p in probs:
-        h = (n - 1) * float(p)
-        lo = int(np.floor(h))
-        v_lo = values[int(np.searchsorted(cum, lo, side="right"))]
-        v_hi = values[int(np.searchsorted(cum, min(lo + 1, n - 1), side="right"))]
-        out.append(float(v_lo + (h - lo) * (v_hi - v_lo)))
-    return out
-
-
-def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str) -> pd.DataFrame | None:
-    """DataFrame(value, steps), ascending: how many filtered decode steps have each `metric` value
-    ('itl_us': ITL in whole microseconds; 'batch_size'), from the collector's `step_histogram`.
-
-    Whole minutes of the time range come from the histogram and its partial minutes at either end
-    from `decode_steps`, so the counts equal a scan of decode_steps. Returns None when the store has
-    no step_histogram or a priority filter is set (the histogram is kept per service and model
-    only): callers then scan decode_steps.
-    """
+def _step_rows_sql(f: Filters, schema: dict[str, list[str]], metric: str) -> tuple[str, list[Any]] | None:
+    """(SQL of rows (value, steps) whose per-value sums are the filtered decode steps' counts of
+    `metric`, params), or None when `step_histogram` cannot answer (see `step_counts`)."""
     if "step_histogram" not in schema or f.priorities or "decode_steps" not in schema:
         return None
     col = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)", "batch_size": "CAST(batch_size AS BIGINT)"}[metric]
+    lo = _ceil_minute(f.start) if f.start is not None else None
+    hi = _floor_minute(f.end) if f.end is not None else None
+    if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
+        w, p = f.steps_where()
+        return f"SELECT {col} AS value, 1 AS steps FROM decode_steps {_and(w, f'{col} IS NOT NULL')}", p
     h_terms, h_params = ["metric = ?"], [metric]
     for c, values in (("model", f.models), ("service_name", f.services)):
         if values:
             h_terms.append(f"{c} IN ({', '.join('?' for _ in values)})")
             h_params.extend(values)
-    lo = _ceil_minute(f.start) if f.start is not None else None
-    hi = _floor_minute(f.end) if f.end is not None else None
-    if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
-        w, p = f.steps_where()
-        return src.df(f"SELECT {col} AS value, count(*) AS steps FROM decode_steps {_and(w, f'{col} IS NOT NULL')} "
-                      f"GROUP BY 1 ORDER BY 1", p)
     edges, e_params = [], []
     if lo is not None:
         h_terms.append("minute >= CAST(? AS TIMESTAMP)")
@@ -665,18 +635,82 @@ def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metri
             edges.append("(time >= CAST(? AS TIMESTAMP) AND time < CAST(? AS TIMESTAMP))")
             e_params += [hi, f.end]
     sql = f"SELECT value, steps FROM step_histogram WHERE {' AND '.join(h_terms)}"
-    params = h_params
-    if edges:
-        terms = [f"({' OR '.join(edges)})", f"{col} IS NOT NULL"]
-        if f.models or f.services:
-            t2, p2 = Filters(models=f.models, services=f.services)._request_terms()
-            terms.append(f"request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
-            e_params += p2
-        sql += f" UNION ALL SELECT {col} AS value, 1 AS steps FROM decode_steps WHERE {' AND '.join(terms)}"
-        params = params + e_params
-    d = src.df(f"SELECT value, CAST(sum(steps) AS BIGINT) AS steps FROM ({sql}) GROUP BY 1 ORDER BY 1", params)
+    if not edges:
+        return sql, h_params
+    terms = [f"({' OR '.join(edges)})", f"{col} IS NOT NULL"]
+    if f.models or f.services:
+        t2, p2 = Filters(models=f.models, services=f.services)._request_terms()
+        terms.append(f"request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
+        e_params += p2
+    return (sql + f" UNION ALL SELECT {col} AS value, 1 AS steps FROM decode_steps WHERE {' AND '.join(terms)}",
+            h_params + e_params)
+
+
+def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str) -> pd.DataFrame | None:
+    """DataFrame(value, steps), ascending: how many filtered decode steps have each `metric` value
+    ('itl_us': ITL in whole microseconds; 'batch_size'), from the collector's `step_histogram`.
+
+    Whole minutes of the time range come from the histogram and its partial minutes at either end
+    from `decode_steps`, so the counts equal a scan of decode_steps. Returns None when the store has
+    no step_histogram or a priority filter is set (the histogram is kept per service and model
+    only): callers then scan decode_steps. One row per distinct value: meant for batch sizes (few);
+    ITL goes through `step_summary`, which aggregates in DuckDB.
+    Raises DataError when the source truncated the rows (a collector API row cap).
+    """
+    q = _step_rows_sql(f, schema, metric)
+    if q is None:
+        return None
+    res = src.query(f"SELECT value, CAST(sum(steps) AS BIGINT) AS steps FROM ({q[0]}) GROUP BY 1 ORDER BY 1",
+                    q[1], max_rows=None)
+    if res.truncated:
+        raise DataError(f"too many distinct {metric} values for the source's row cap")
+    d = res.df
     return d.astype({"value": "int64", "steps": "int64"}) if len(d) else pd.DataFrame(
         {"value": pd.Series([], dtype="int64"), "steps": pd.Series([], dtype="int64")})
+
+
+def step_summary(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str, probs,
+                 bins_per_decade: int | None = None) -> dict | None:
+    """Count, mean, max and exact quantiles (DuckDB's `quantile_cont` definition) of `metric` over
+    the filtered decode steps, from `step_histogram` (see `step_counts`), in one query that returns
+    a few rows whatever the store's size (so it also works through the collector API's row cap).
+    Values are in the metric's unit (itl_us: microseconds).
+
+    Returns {'n', 'mean', 'max', 'quantiles': [one per p in `probs`, None when n = 0],
+    'hist': DataFrame(b, count) of log10 bins (`bins_per_decade` per x10, of value / 1000) or None},
+    or None when step_histogram cannot answer (callers scan decode_steps).
+    """
+    q = _step_rows_sql(f, schema, metric)
+    if q is None:
+        return None
+    probs = [float(p) for p in probs]
+    pv = ", ".join(f"({i}, {p!r})" for i, p in enumerate(probs))
+    hist = (f" UNION ALL SELECT 'bin', floor(log10(greatest(value / 1000.0, 1e-3)) * {int(bins_per_decade)}), "
+            "CAST(sum(n) AS DOUBLE), NULL, NULL FROM g GROUP BY 2") if bins_per_decade else ""
+    sql = f"""
+    WITH g AS MATERIALIZED (SELECT value, sum(steps) AS n FROM ({q[0]}) GROUP BY value),
+    c AS (SELECT value, sum(n) OVER (ORDER BY value) AS cum FROM g),
+    tot AS (SELECT sum(n) AS total, sum(CAST(value AS DOUBLE) * n) AS s, max(value) AS mx FROM g),
+    qs AS (SELECT i, (total - 1) * p AS h, total FROM (VALUES {pv}) t(i, p), tot)
+    SELECT 'total' AS kind, CAST(total AS DOUBLE) AS x, s AS a, CAST(mx AS DOUBLE) AS b, NULL AS c FROM tot
+    UNION ALL
+    SELECT 'q', i, h, (SELECT min(value) FROM c WHERE cum > floor(qs.h)),
+           (SELECT min(value) FROM c WHERE cum > least(floor(qs.h) + 1, qs.total - 1)) FROM qs{hist}"""
+    d = src.df(sql, q[1])
+    tot = d[d["kind"] == "total"].iloc[0]
+    n = int(tot["x"]) if pd.notna(tot["x"]) else 0
+    quantiles: list[float | None] = [None] * len(probs)
+    if n:
+        for _, r in d[d["kind"] == "q"].iterrows():
+            h, v_lo, v_hi = float(r["a"]), float(r["b"]), float(r["c"])
+            quantiles[int(r["x"])] = v_lo + (h - math.floor(h)) * (v_hi - v_lo)
+    out = {"n": n, "mean": float(tot["a"]) / n if n else None, "max": float(tot["b"]) if n else None,
+           "quantiles": quantiles, "hist": None}
+    if bins_per_decade:
+        b = d[d["kind"] == "bin"]
+        out["hist"] = pd.DataFrame({"b": b["x"].astype(float).to_numpy(), "count": b["a"].astype("int64").to_numpy()}
+                                   ).sort_values("b").reset_index(drop=True)
+    return out
 
 
 def _ceil_minute(t: dt.datetime) -> dt.datetime:
@@ -805,9 +839,11 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
     """
     k = int(bins_per_decade)
     if metric == ITL:
-        h = step_counts(src, f, src.schema(), "itl_us")
+        probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
+        h = step_summary(src, f, src.schema(), "itl_us", probs, bins_per_decade=k)
         if h is not None:
-            return _distribution_from_counts(h["value"].to_numpy(dtype="float64") / 1000.0, h["steps"].to_numpy(), k)
+            return _distribution(h["n"], h["hist"], dict(zip(probs, [None if v is None else v / 1000.0
+                                                                    for v in h["quantiles"]])), k)
     table, w, p = metric_source(metric, f)
     hist = src.df(f"SELECT floor(log10(greatest({metric}, 1e-3)) * {k}) AS b, count(*) AS count FROM {table} {w} "
                   f"GROUP BY 1 ORDER BY 1", p)
@@ -825,18 +861,11 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
             "quantiles": {lab: qmap.get(x) for lab, x in zip(QUANTILE_LABELS, QUANTILES)} if n else {}}
 
 
-def _distribution_from_counts(values, counts, k: int) -> dict:
-    """`latency_distribution`'s result from ascending `values` (ms) occurring `counts` times."""
-    import numpy as np
-
-    n = int(np.sum(counts))
-    b = np.floor(np.log10(np.maximum(values, 1e-3)) * k) if n else np.array([])
-    hist = pd.DataFrame({"b": b, "count": counts}).groupby("b", as_index=False)["count"].sum() if n else \
-        pd.DataFrame({"b": [], "count": []})
+def _distribution(n: int, hist: pd.DataFrame, qmap: dict, k: int) -> dict:
+    """`latency_distribution`'s result from log-bin counts (b, count) and exact quantiles by p (ms)."""
+    hist = hist.copy()
     hist["lo_ms"] = 10 ** (hist["b"] / k)
     hist["hi_ms"] = 10 ** ((hist["b"] + 1) / k)
-    probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
-    qmap = dict(zip(probs, hist_quantiles(values, counts, probs))) if n else {}
     cdf = pd.DataFrame({"prob": list(CDF_PROBS), "value_ms": [qmap.get(x) for x in CDF_PROBS]}) if n else \
         pd.DataFrame(columns=["prob", "value_ms"])
     return {"hist": hist[["lo_ms", "hi_ms", "count"]], "cdf": cdf, "count": n,

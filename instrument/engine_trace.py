@@ -310,6 +310,8 @@ class SpanSink:
 
         times = [self.clock.wall_ns(t) for t in tl.token_mono]
         if self.step_writer is not None:  # the same spans as below, built as OTLP protobuf directly
+            if not decode_span.is_recording():  # sampled out or SDK disabled: the SDK would export nothing
+                return
             c = decode_span.get_span_context()
             self.step_writer.add_decode_steps(c.trace_id.to_bytes(16, "big"), c.span_id.to_bytes(8, "big"),
                                               times, tl.token_steps)

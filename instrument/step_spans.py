@@ -99,44 +99,55 @@ class DecodeStepWriter:
                 self.dropped += n
                 return 0
             spans = self._spans
-            for k in range(1, n + 1):
-                sp = spans.add()
-                sp.trace_id = trace_id
-                sp.span_id = (getrandbits(64) | 1).to_bytes(8, "big")
-                sp.parent_span_id = parent_span_id
-                sp.name = sc.SPAN_LLM_DECODE_STEP
-                sp.kind = _SPAN_KIND_INTERNAL
-                sp.start_time_unix_nano = times_ns[k - 1]
-                sp.end_time_unix_nano = times_ns[k]
-                at = sp.attributes
-                kv = at.add()
-                kv.key = sc.PHASE
-                kv.value.string_value = sc.PHASE_DECODE_STEP
-                kv = at.add()
-                kv.key = sc.TOKEN_INDEX
-                kv.value.int_value = k
-                kv = at.add()
-                kv.key = sc.ITL_MS
-                kv.value.double_value = (times_ns[k] - times_ns[k - 1]) / 1e6
-                step = steps[k]
-                if step is not None:
-                    kv = at.add()
-                    kv.key = sc.BATCH_SIZE
-                    kv.value.int_value = step.batch_size
-                    if step.prefill_tokens is not None:
-                        kv = at.add()
-                        kv.key = sc.BATCH_PREFILL_TOKENS
-                        kv.value.int_value = step.prefill_tokens
-                    if step.decode_tokens is not None:
-                        kv = at.add()
-                        kv.key = sc.BATCH_DECODE_TOKENS
-                        kv.value.int_value = step.decode_tokens
-                    if step.kv_cache_usage is not None:
-                        kv = at.add()
-                        kv.key = sc.KV_CACHE_USAGE
-                        kv.value.double_value = float(step.kv_cache_usage)
+            first = len(spans)
+            try:
+                self._build(spans, trace_id, parent_span_id, times_ns, steps, n, getrandbits)
+            except Exception:  # e.g. a value out of int64 range: drop this request's steps, count them
+                del spans[first:]
+                self.failed += n
+                log.debug("decode-step spans not built", exc_info=True)
+                return 0
             self._pending += n
         return n
+
+    @staticmethod
+    def _build(spans, trace_id, parent_span_id, times_ns, steps, n, getrandbits) -> None:
+        for k in range(1, n + 1):
+            sp = spans.add()
+            sp.trace_id = trace_id
+            sp.span_id = (getrandbits(64) | 1).to_bytes(8, "big")
+            sp.parent_span_id = parent_span_id
+            sp.name = sc.SPAN_LLM_DECODE_STEP
+            sp.kind = _SPAN_KIND_INTERNAL
+            sp.start_time_unix_nano = times_ns[k - 1]
+            sp.end_time_unix_nano = times_ns[k]
+            at = sp.attributes
+            kv = at.add()
+            kv.key = sc.PHASE
+            kv.value.string_value = sc.PHASE_DECODE_STEP
+            kv = at.add()
+            kv.key = sc.TOKEN_INDEX
+            kv.value.int_value = k
+            kv = at.add()
+            kv.key = sc.ITL_MS
+            kv.value.double_value = (times_ns[k] - times_ns[k - 1]) / 1e6
+            step = steps[k]
+            if step is not None:
+                kv = at.add()
+                kv.key = sc.BATCH_SIZE
+                kv.value.int_value = step.batch_size
+                if step.prefill_tokens is not None:
+                    kv = at.add()
+                    kv.key = sc.BATCH_PREFILL_TOKENS
+                    kv.value.int_value = step.prefill_tokens
+                if step.decode_tokens is not None:
+                    kv = at.add()
+                    kv.key = sc.BATCH_DECODE_TOKENS
+                    kv.value.int_value = step.decode_tokens
+                if step.kv_cache_usage is not None:
+                    kv = at.add()
+                    kv.key = sc.KV_CACHE_USAGE
+                    kv.value.double_value = float(step.kv_cache_usage)
 
     def _take(self):
         with self._lock:

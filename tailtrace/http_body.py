@@ -58,7 +58,7 @@ async def read_body(request, limit: int, timeout_s: float | None = None) -> byte
 
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.strip().isdigit():
+        if not (declared.strip().isascii() and declared.strip().isdigit()):
             raise BadContentLength("Content-Length is not a number")
         if int(declared) > limit:
             raise BodyTooLarge(limit, int(declared))

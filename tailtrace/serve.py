@@ -159,7 +159,8 @@ def pin_engine_core(server_pid: int) -> set[int] | None:
     try:
         kids = psutil.Process(server_pid).children(recursive=True)
         workers = [p for p in kids if p.name().startswith("VLLM::Worker")]
-        cores = set(workers[0].cpu_affinity()) if workers else set()
+        # OpenMP binds each of the worker's threads to its own core: take the union over its threads
+        cores = set().union(*(os.sched_getaffinity(t.id) for t in workers[0].threads())) if workers else set()
         allowed = set(os.sched_getaffinity(0))
         if not cores or cores >= allowed:
             return None

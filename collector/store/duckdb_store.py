@@ -33,12 +33,12 @@ import pyarrow as pa
 from collector.store.schema import (
     COMPACT_STEP_HISTOGRAM,
     DDL,
+    ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
     TIME_COLUMNS,
     step_histogram_insert,
 )
-from instrument import semconv as sc
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
@@ -162,8 +162,9 @@ class DuckDBStore:
                     con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             for stmt in DDL:
                 con.execute(stmt)
-            if "decode_steps" in existing and "step_histogram" not in existing:
-                self._rebuild_step_histogram(con)  # a store from before step_histogram existed
+            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
+                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
+                self._rebuild_step_histogram(con)  # a store from before step_histogram, or a failed first try
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
             self._preload_keys(con)
@@ -318,6 +319,9 @@ class DuckDBStore:
                     break
             if group:
                 self._commit_group(con, group)
+                if self._hist_from is not None and time.monotonic() - last_compact >= COMPACT_EVERY_S:
+                    self._compact_step_histogram(con)  # under steady load the queue is never idle
+                    last_compact = time.monotonic()
             if self._dirty and (time.monotonic() - last_refresh >= self.refresh_interval_s
                                 or controls):
                 self._refresh(con)
@@ -437,9 +441,7 @@ class DuckDBStore:
         con.execute("INSERT INTO decode_steps SELECT * FROM _steps")
         if facts is not None:
             con.register("_facts", facts)
-            meta = (f"LEFT JOIN (SELECT trace_id, request_id, arg_max(service_name, end_ns) AS service_name, "
-                    f"arg_max(model, end_ns) AS model FROM _facts WHERE phase = '{sc.PHASE_ENGINE}' GROUP BY ALL) m "
-                    "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id")
+            meta = ENGINE_META_JOIN.format(facts="_facts")
         else:
             meta = "LEFT JOIN (SELECT NULL AS service_name, NULL AS model) m ON true"
         try:

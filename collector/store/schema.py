@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from instrument import semconv as sc
 
-__all__ = ["COMPACT_STEP_HISTOGRAM", "DDL", "REBUILD_STEP_HISTOGRAM", "REFRESH_REQUESTS", "STEP_HISTOGRAM_METRICS",
+__all__ = ["COMPACT_STEP_HISTOGRAM", "DDL", "ENGINE_META_JOIN", "REBUILD_STEP_HISTOGRAM",
+           "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS", "REFRESH_REQUESTS", "STEP_HISTOGRAM_METRICS",
            "TIME_COLUMNS", "USER_TABLES", "step_histogram_insert"]
 
 DDL = [
@@ -168,9 +169,20 @@ def step_histogram_insert(steps: str, meta_join: str) -> str:
     return "INSERT INTO step_histogram " + " UNION ALL ".join(parts)
 
 
-# For a store written before step_histogram existed (and for benchmarks that fill decode_steps
-# directly): count every decode step, with service and model from `requests`.
+# Service and model of each decode step's request: its llm.request span (the writer does the same
+# with the facts of the batch at hand; `{facts}` is the relation holding them).
+ENGINE_META_JOIN = (f"LEFT JOIN (SELECT trace_id, request_id, arg_max(service_name, end_ns) AS service_name, "
+                    f"arg_max(model, end_ns) AS model FROM {{facts}} WHERE phase = '{sc.PHASE_ENGINE}' GROUP BY ALL) m "
+                    "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id")
+
+# For a store written before step_histogram existed, or whose first counting failed: count every
+# decode step (from the stored llm.request facts; a store without them, e.g. a benchmark's, from
+# `requests`).
 REBUILD_STEP_HISTOGRAM = [
+    "DELETE FROM step_histogram",
+    step_histogram_insert("decode_steps", ENGINE_META_JOIN.format(facts="_request_spans")),
+]
+REBUILD_STEP_HISTOGRAM_FROM_REQUESTS = [
     "DELETE FROM step_histogram",
     step_histogram_insert("decode_steps", "LEFT JOIN (SELECT trace_id, request_id, any_value(service_name) AS "
                           "service_name, any_value(model) AS model FROM requests GROUP BY ALL) m "

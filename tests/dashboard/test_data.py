@@ -95,17 +95,6 @@ def test_step_counts_equal_a_scan_of_decode_steps(src, small_store):
     assert data.step_counts(src, Filters(priorities=("batch",)), src.schema(), "itl_us") is None
 
 
-def test_hist_quantiles_is_quantile_cont():
-    rng = np.random.default_rng(7)
-    raw = rng.integers(1, 60, size=5001).astype(float)  # many ties, as whole microseconds have
-    values, counts = np.unique(raw, return_counts=True)
-    probs = [0, 0.1, 0.5, 0.9, 0.99, 0.999, 1]
-    assert np.allclose(data.hist_quantiles(values, counts, probs), np.percentile(raw, [100 * p for p in probs]),
-                       rtol=0, atol=1e-12)
-    assert data.hist_quantiles(np.array([5.0]), [1], [0.5, 0.999]) == [5.0, 5.0]
-    assert data.hist_quantiles(np.array([]), [], [0.5]) == [None]
-
-
 def test_summary_goodput_and_attainment(src, small_store):
     slo = Slo(ttft_ms=300.0, tpot_ms=25.0, e2e_ms=None)
     s = data.summary(src, Filters(), slo)
@@ -208,3 +197,35 @@ def test_span_tree_handles_orphans_and_cycles():
     tree = data.span_tree(spans)
     assert list(tree["name"]) == ["root", "child", "orphan", "self"]
     assert list(tree["depth"]) == [0, 1, 0, 0]
+
+
+def test_itl_through_the_collector_api_is_not_cut_by_its_row_cap(small_store, tmp_path):
+    """Live mode: the ITL figures come from one aggregating query, so the API's 10,000-row cap
+    (more distinct microsecond values than that here) does not cut them."""
+    import shutil
+
+    from collector.testing import start_collector
+
+    db = tmp_path / "live.duckdb"
+    shutil.copy(small_store, db)
+    local = DuckDBSource(db)
+    try:
+        want = data.percentiles(local, Filters()).set_index("metric").loc[data.ITL]
+        distinct = int(local.df("SELECT count(DISTINCT value) AS n FROM step_histogram WHERE metric = 'itl_us'")["n"][0])
+        dist_local = data.latency_distribution(local, Filters(), data.ITL)
+    finally:
+        local.close()
+    assert distinct > 10_000
+    h = start_collector(db)
+    try:
+        api = data.ApiSource(h.api_url)
+        got = data.percentiles(api, Filters()).set_index("metric").loc[data.ITL]
+        assert got[["count", "P50", "P90", "P99", "P999", "max"]].tolist() == \
+            want[["count", "P50", "P90", "P99", "P999", "max"]].tolist()
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-12)
+        dist = data.latency_distribution(api, Filters(), data.ITL)
+        assert dist["count"] == dist_local["count"] and dist["quantiles"] == dist_local["quantiles"]
+        assert dist["hist"]["count"].tolist() == dist_local["hist"]["count"].tolist()
+        api.close()
+    finally:
+        h.stop()

@@ -81,7 +81,10 @@ def test_writer_drops_and_counts_past_its_bound_and_when_the_collector_is_down()
     assert w.add_decode_steps(b"\x01" * 16, b"\x02" * 8, times, [None] * 9) == 8
     assert w.add_decode_steps(b"\x01" * 16, b"\x02" * 8, times, [None] * 9) == 0  # 16 > 10: dropped
     assert w.dropped == 8
+    # a value protobuf cannot hold: that request's steps are counted as failed, the queue stays whole
+    assert w.add_decode_steps(b"\x01" * 16, b"\x02" * 8, times[:3], [None, StepInfo(0, 0.0, batch_size=2**70), None]) == 0
+    assert (w.failed, w._pending, len(w._spans)) == (2, 8, 8)
     w.flush()  # nothing listens there: the batch is counted as failed, nothing raises
-    assert (w.exported, w.failed) == (0, 8)
+    assert (w.exported, w.failed) == (0, 10)
     w.shutdown()
     w.shutdown()

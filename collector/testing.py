@@ -16,6 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from instrument.otel import set_any_value  # re-exported for tests and benches
 from tailtrace.procs import free_port, start_process, stop_process, wait_http
 
 __all__ = ["CollectorHandle", "set_any_value", "start_collector"]
@@ -99,28 +100,3 @@ def start_collector(db_path, *extra_args: str, timeout_s: float = 60.0) -> Colle
             stop_process(proc, 5)
     raise RuntimeError(f"collector did not start: {last}\n{h.log()[-3000:]}")
 
-
-def set_any_value(v, value) -> None:
-    """Fill an OTLP `AnyValue` protobuf message `v` from a Python value: bool, int, float, str,
-    bytes, list (array_value) or dict (kvlist_value), recursively. For building test and
-    benchmark payloads by hand."""
-    if isinstance(value, bool):
-        v.bool_value = value
-    elif isinstance(value, int):
-        v.int_value = value
-    elif isinstance(value, float):
-        v.double_value = value
-    elif isinstance(value, str):
-        v.string_value = value
-    elif isinstance(value, bytes):
-        v.bytes_value = value
-    elif isinstance(value, list):
-        v.array_value.SetInParent()
-        for x in value:
-            set_any_value(v.array_value.values.add(), x)
-    elif isinstance(value, dict):
-        v.kvlist_value.SetInParent()
-        for k, x in value.items():
-            kv = v.kvlist_value.values.add()
-            kv.key = k
-            set_any_value(kv.value, x)

@@ -610,7 +610,9 @@ def _step_rows_sql(f: Filters, schema: dict[str, list[str]], metric: str) -> tup
     `metric`, params), or None when `step_histogram` cannot answer (see `step_counts`)."""
     if "step_histogram" not in schema or f.priorities or "decode_steps" not in schema:
         return None
-    col = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)", "batch_size": "CAST(batch_size AS BIGINT)"}[metric]
+    from collector.store.schema import STEP_HISTOGRAM_METRICS  # the writer's own definition of each value
+
+    col = STEP_HISTOGRAM_METRICS[metric]
     lo = _ceil_minute(f.start) if f.start is not None else None
     hi = _floor_minute(f.end) if f.end is not None else None
     if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
@@ -838,8 +840,8 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
     CDF_PROBS, 'quantiles': {label: ms}, 'count': n}.
     """
     k = int(bins_per_decade)
+    probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
     if metric == ITL:
-        probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
         h = step_summary(src, f, src.schema(), "itl_us", probs, bins_per_decade=k)
         if h is not None:
             return _distribution(h["n"], h["hist"], dict(zip(probs, [None if v is None else v / 1000.0
@@ -847,18 +849,10 @@ def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_deca
     table, w, p = metric_source(metric, f)
     hist = src.df(f"SELECT floor(log10(greatest({metric}, 1e-3)) * {k}) AS b, count(*) AS count FROM {table} {w} "
                   f"GROUP BY 1 ORDER BY 1", p)
-    hist["lo_ms"] = 10 ** (hist["b"] / k)
-    hist["hi_ms"] = 10 ** ((hist["b"] + 1) / k)
-    probs = list(CDF_PROBS) + [x for x in QUANTILES if x not in CDF_PROBS]
     r = src.df(f"SELECT count(*) AS n, quantile_cont({metric}, [{', '.join(map(str, probs))}]) AS q "
                f"FROM {table} {w}", p).iloc[0]
     n = int(r["n"])
-    vals = [_f(x) for x in list(r["q"])] if n else []
-    qmap = dict(zip(probs, vals))
-    cdf = pd.DataFrame({"prob": list(CDF_PROBS), "value_ms": [qmap.get(x) for x in CDF_PROBS]}) if n else \
-        pd.DataFrame(columns=["prob", "value_ms"])
-    return {"hist": hist[["lo_ms", "hi_ms", "count"]], "cdf": cdf, "count": n,
-            "quantiles": {lab: qmap.get(x) for lab, x in zip(QUANTILE_LABELS, QUANTILES)} if n else {}}
+    return _distribution(n, hist, dict(zip(probs, [_f(x) for x in list(r["q"])])) if n else {}, k)
 
 
 def _distribution(n: int, hist: pd.DataFrame, qmap: dict, k: int) -> dict:

@@ -14,7 +14,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint"]
+__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint", "set_any_value"]
 
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
 
@@ -64,3 +64,29 @@ def make_tracer_provider(
         )
     )
     return provider
+
+
+def set_any_value(v, value) -> None:
+    """Fill an OTLP `AnyValue` protobuf message `v` from a Python value: bool, int, float, str,
+    bytes, list or tuple (array_value) or dict (kvlist_value), recursively. For building test and
+    benchmark payloads by hand, and by instrument.step_spans for the resource."""
+    if isinstance(value, bool):
+        v.bool_value = value
+    elif isinstance(value, int):
+        v.int_value = value
+    elif isinstance(value, float):
+        v.double_value = value
+    elif isinstance(value, str):
+        v.string_value = value
+    elif isinstance(value, bytes):
+        v.bytes_value = value
+    elif isinstance(value, (list, tuple)):  # the SDK keeps sequence attributes as tuples
+        v.array_value.SetInParent()
+        for x in value:
+            set_any_value(v.array_value.values.add(), x)
+    elif isinstance(value, dict):
+        v.kvlist_value.SetInParent()
+        for k, x in value.items():
+            kv = v.kvlist_value.values.add()
+            kv.key = k
+            set_any_value(kv.value, x)

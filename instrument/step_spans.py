@@ -25,6 +25,7 @@ import threading
 import time
 
 from instrument import semconv as sc
+from instrument.otel import set_any_value
 
 __all__ = ["DecodeStepWriter"]
 
@@ -32,17 +33,6 @@ log = logging.getLogger("tailtrace.vllm")
 
 _RETRY_STATUS = (429, 502, 503, 504)
 _SPAN_KIND_INTERNAL = 1  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_INTERNAL
-
-
-def _set_value(v, value) -> None:
-    if isinstance(value, bool):
-        v.bool_value = value
-    elif isinstance(value, int):
-        v.int_value = value
-    elif isinstance(value, float):
-        v.double_value = value
-    else:
-        v.string_value = str(value)
 
 
 class DecodeStepWriter:
@@ -81,7 +71,7 @@ class DecodeStepWriter:
         for k, val in self._resource.items():
             kv = rs.resource.attributes.add()
             kv.key = k
-            _set_value(kv.value, val)
+            set_any_value(kv.value, val)
         ss = rs.scope_spans.add()
         ss.scope.name = self._scope
         return req, ss.spans, 0
@@ -136,14 +126,12 @@ class DecodeStepWriter:
                 kv = at.add()
                 kv.key = sc.BATCH_SIZE
                 kv.value.int_value = step.batch_size
-                if step.prefill_tokens is not None:
-                    kv = at.add()
-                    kv.key = sc.BATCH_PREFILL_TOKENS
-                    kv.value.int_value = step.prefill_tokens
-                if step.decode_tokens is not None:
-                    kv = at.add()
-                    kv.key = sc.BATCH_DECODE_TOKENS
-                    kv.value.int_value = step.decode_tokens
+                for key, val in ((sc.BATCH_PREFILL_TOKENS, step.prefill_tokens),
+                                 (sc.BATCH_DECODE_TOKENS, step.decode_tokens)):
+                    if val is not None:
+                        kv = at.add()
+                        kv.key = key
+                        kv.value.int_value = val
                 if step.kv_cache_usage is not None:
                     kv = at.add()
                     kv.key = sc.KV_CACHE_USAGE

@@ -155,8 +155,8 @@ REFRESH_REQUESTS = [
 # decode steps. metric 'itl_us': the step's ITL rounded to the microsecond; 'batch_size': the
 # batch the step's token was decoded in. The writer appends partial counts with every commit and
 # merges them (COMPACT_STEP_HISTOGRAM); readers always sum `steps` over equal keys.
-STEP_HISTOGRAM_METRICS = {"itl_us": "CAST(round(s.itl_ms * 1000) AS BIGINT)",
-                          "batch_size": "CAST(s.batch_size AS BIGINT)"}
+STEP_HISTOGRAM_METRICS = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)",
+                          "batch_size": "CAST(batch_size AS BIGINT)"}  # over decode_steps' columns
 
 
 def step_histogram_insert(steps: str, meta_join: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -71,6 +72,43 @@ async def stub_app(scope, receive, send):
     await send({"type": "http.response.body", "body": data})
 
 
+def floor_app(upstream: str):
+    """The limit: a bare proxy hop on the same stack (uvicorn + httptools + uvloop, aiohttp's
+    pooled client) with nothing of the gateway's: no FastAPI, no tracing, no admission, no checks.
+    What it adds over a direct request is what any Python proxy costs on this machine."""
+    import aiohttp
+
+    session = None
+    drop = {b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"date", b"server"}
+
+    async def app(scope, receive, send):
+        nonlocal session
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await session.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body, more = b"", True
+        while more:
+            msg = await receive()
+            body += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in drop | {b"host"}]
+        async with session.request(scope["method"], upstream + scope["path"], data=body or None, headers=headers) as r:
+            await send({"type": "http.response.start", "status": r.status,
+                        "headers": [(k, v) for k, v in r.raw_headers if k.lower() not in drop]})
+            async for chunk in r.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return app
+
+
 # ----------------------------------------------------------------------------- load
 
 def _pct(xs, q):
@@ -98,27 +136,31 @@ async def _one(client, url, body, stream):
     return ok, (time.perf_counter() - t0) * 1e3, (ttft * 1e3 if ttft is not None else None)
 
 
-async def open_loop(direct, gateway, rate, duration_s, model, stream):
-    """`rate` req/s per path for `duration_s`, interleaved direct/gateway; returns per-path results."""
+async def open_loop(targets: dict, rate, duration_s, model, stream):
+    """`rate` req/s per target (name -> base URL) for `duration_s`, the targets interleaved
+    request by request (so all see the same machine load); returns per-target results."""
     import httpx
 
     body = json.dumps({"model": model, "prompt": list(range(3, 67)), "max_tokens": 16, "ignore_eos": True,
                        "stream": stream}).encode()
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    out = {"direct": [], "gateway": []}
-    errors = {"direct": 0, "gateway": 0}
-    async with httpx.AsyncClient(limits=limits, timeout=60) as cd, httpx.AsyncClient(limits=limits, timeout=60) as cg:
-        targets = [("direct", cd, direct + "/v1/completions"), ("gateway", cg, gateway + "/v1/completions")]
-        for name, c, u in targets:  # warm the connections and both servers
+    out = {name: [] for name in targets}
+    errors = {name: 0 for name in targets}
+    async with contextlib.AsyncExitStack() as stack:
+        order = []
+        for name, base in targets.items():
+            c = await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=60))
+            order.append((name, c, base + "/v1/completions"))
+        for name, c, u in order:  # warm the connections and the servers
             for _ in range(20):
                 await _one(c, u, body, stream)
         tasks = []
-        interval = 1.0 / (2 * rate)
+        interval = 1.0 / (len(order) * rate)
         t_start = time.perf_counter()
-        n = int(2 * rate * duration_s)
+        n = int(len(order) * rate * duration_s)
 
         async def fire(i):
-            name, c, u = targets[i % 2]
+            name, c, u = order[i % len(order)]
             ok, e2e, ttft = await _one(c, u, body, stream)
             if ok:
                 out[name].append((e2e, ttft))
@@ -165,15 +207,25 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32, help="clients in the max-rate run")
     ap.add_argument("--no-trace", action="store_true", help="run the gateway with --otlp-endpoint none "
                     "(shows what tracing costs)")
+    ap.add_argument("--no-floor", action="store_true", help="leave out the bare proxy (the limit)")
+    ap.add_argument("--also", metavar="KEY=VALUE", action="append", default=[],
+                    help="also run a second gateway with this environment variable set, as one more "
+                    "interleaved target (e.g. TAILTRACE_DIRECT_EXPORT=0, TAILTRACE_GIL_SWITCH_INTERVAL_MS=5)")
     ap.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-floor", nargs=2, metavar=("PORT", "UPSTREAM"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    if args.serve_stub:
+    if args.serve_stub or args.serve_floor:
         import uvicorn
 
-        uvicorn.run(stub_app, host="127.0.0.1", port=args.serve_stub, log_level="warning", access_log=False,
+        app, port = (stub_app, args.serve_stub) if args.serve_stub else (floor_app(args.serve_floor[1]),
+                                                                          int(args.serve_floor[0]))
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
                     loop="uvloop", http="httptools")
         return 0
+    for kv in args.also:
+        if "=" not in kv:
+            ap.error(f"--also takes KEY=VALUE, not {kv!r}")
 
     from tailtrace.procs import free_port, start_process, stop_process, wait_http
 
@@ -201,48 +253,71 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - the bench still runs without the collector part
                 print(f"(no collector: {exc}; spans go to a closed port)")
                 otlp = f"http://127.0.0.1:{free_port()}"
-        gport = free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        procs.append(start_process([py, "-m", "tailtrace", "gateway", "--upstream", upstream, "--port", str(gport),
-                                    "--otlp-endpoint", otlp], tmp / "gateway.log", env=env))
-        gateway = f"http://127.0.0.1:{gport}"
-        wait_http(gateway + "/health", 60, procs[-1], "gateway")
+        targets = {"direct": upstream}
+        gprocs = {}
+        for name, extra in [("gateway", None)] + [(f"gateway[{kv}]", kv) for kv in args.also]:
+            gport = free_port()
+            genv = dict(env, **dict([extra.split("=", 1)])) if extra else env
+            procs.append(start_process([py, "-m", "tailtrace", "gateway", "--upstream", upstream, "--port", str(gport),
+                                        "--otlp-endpoint", otlp], tmp / f"gateway-{len(procs)}.log", env=genv))
+            targets[name] = f"http://127.0.0.1:{gport}"
+            gprocs[name] = procs[-1]
+            wait_http(targets[name] + "/health", 60, procs[-1], name)
+        if not args.no_floor:
+            fport = free_port()
+            procs.append(start_process([py, __file__, "--serve-floor", str(fport), upstream], tmp / "floor.log"))
+            targets["floor"] = f"http://127.0.0.1:{fport}"
+            wait_http(targets["floor"] + "/health", 30, procs[-1], "bare proxy")
+        gateway = targets["gateway"]
+        proxies = [n for n in targets if n != "direct"]
 
         print(f"upstream {upstream} ({'stub' if args.upstream is None else 'real'}), gateway {gateway}, "
-              f"tracing {'off' if args.no_trace else 'on'}, collector {'on' if collector else 'off'}; {args.rate:g} req/s per path for {duration:g} s, interleaved")
-        print(f"{'':22s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
+              f"tracing {'off' if args.no_trace else 'on'}, collector {'on' if collector else 'off'}; "
+              f"{args.rate:g} req/s to each of {', '.join(targets)} for {duration:g} s, interleaved")
+        if "floor" in targets:
+            print("floor = a bare proxy (uvicorn + aiohttp, no FastAPI, no tracing, no admission): the limit of "
+                  "one Python hop on this machine")
+        print(f"{'':34s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
         import psutil
 
-        gproc = psutil.Process(procs[-1].pid)
         rows = {}
         cpu_per_req = {}
         for stream in (False, True):
-            c0 = sum(gproc.cpu_times()[:2])
-            out, errors = asyncio.run(open_loop(upstream, gateway, args.rate, duration, args.model, stream))
-            n_gw = len(out["gateway"]) + errors["gateway"] + 20  # + warm-up requests
-            cpu_per_req["stream" if stream else "json"] = (sum(gproc.cpu_times()[:2]) - c0) * 1e3 / n_gw
             kind = "stream" if stream else "json"
-            for name in ("direct", "gateway"):
+            c0 = {n: sum(psutil.Process(p.pid).cpu_times()[:2]) for n, p in gprocs.items()}
+            out, errors = asyncio.run(open_loop(targets, args.rate, duration, args.model, stream))
+            for n, p in gprocs.items():
+                done = len(out[n]) + errors[n] + 20  # + warm-up requests
+                cpu_per_req[(n, kind)] = (sum(psutil.Process(p.pid).cpu_times()[:2]) - c0[n]) * 1e3 / done
+            for name in targets:
                 e2e = [x[0] for x in out[name]]
                 rows[(kind, name)] = e2e
-                print(f"{kind + ' E2E ' + name:22s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
+                print(f"{kind + ' E2E ' + name:34s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
                       f"{_pct(e2e, .99):10.3f}{statistics.fmean(e2e) if e2e else float('nan'):10.3f}"
                       + (f"  errors {errors[name]}" if errors[name] else ""))
             if stream:
-                for name in ("direct", "gateway"):
+                for name in targets:
                     t = [x[1] for x in out[name] if x[1] is not None]
                     rows[("ttft", name)] = t
-                    print(f"{'stream TTFT ' + name:22s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
+                    print(f"{'stream TTFT ' + name:34s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
                           f"{_pct(t, .99):10.3f}{statistics.fmean(t) if t else float('nan'):10.3f}")
         print()
         for kind in ("json", "stream", "ttft"):
-            d, g = rows[(kind, "direct")], rows[(kind, "gateway")]
-            print(f"added by the gateway ({kind:6s}): P50 {_pct(g, .5) - _pct(d, .5):+.3f} ms   "
-                  f"P99 {_pct(g, .99) - _pct(d, .99):+.3f} ms   (P50 ratio gateway/direct "
-                  f"{_pct(g, .5) / _pct(d, .5):.2f}x)")
-        print("gateway CPU per request (user+sys, incl. span export): "
-              + ", ".join(f"{k} {v:.2f} ms" for k, v in cpu_per_req.items())
-              + f"  [load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs]")
+            d = rows[(kind, "direct")]
+            for name in proxies:
+                g = rows[(kind, name)]
+                print(f"added by {name:26s} ({kind:6s}): P50 {_pct(g, .5) - _pct(d, .5):+.3f} ms   "
+                      f"P99 {_pct(g, .99) - _pct(d, .99):+.3f} ms   (P50 ratio to direct {_pct(g, .5) / _pct(d, .5):.2f}x)")
+        for name in gprocs:
+            print(f"{name} CPU per request (user+sys, incl. span export): "
+                  + ", ".join(f"{k} {v:.2f} ms" for (n, k), v in cpu_per_req.items() if n == name))
+        print(f"[load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs]")
+        if "floor" in targets:
+            gp = _pct(rows[("json", "gateway")], .5) - _pct(rows[("json", "direct")], .5)
+            fp = _pct(rows[("json", "floor")], .5) - _pct(rows[("json", "direct")], .5)
+            print(f"gateway vs the limit (json, added at P50): {gp:.3f} ms vs {fp:.3f} ms for the bare proxy "
+                  f"(ratio {gp / fp:.2f}x; tailtrace's own part {gp - fp:+.3f} ms)")
         direct_rate = asyncio.run(closed_loop(upstream, args.concurrency, max_rate_s, args.model))
         gw_rate = asyncio.run(closed_loop(gateway, args.concurrency, max_rate_s, args.model))
         print(f"\nmax rate, {args.concurrency} clients closed-loop, {max_rate_s:g} s each: direct {direct_rate:.0f} req/s, "

@@ -11,9 +11,9 @@ goes through the SDK.
 The spans are the ones the SDK would have made: same trace, parent (the `llm.decode` span), name,
 kind INTERNAL, attributes and resource; span ids are random. `DecodeStepWriter` collects them under
 a lock from vLLM's frontend thread and a daemon thread posts them to `{endpoint}/v1/traces` every
-`flush_interval_s`. Bounded: past `max_pending_spans` new spans are dropped and counted. An answer
-429/502/503/504 is retried (honouring Retry-After, at most 3 tries); other failures drop the batch
-and count it. Never raises into the host process.
+`flush_interval_s` (instrument.otlp_export.OTLPPoster: 429/502/503/504 retried, honouring
+Retry-After, at most 3 tries). Bounded: past `max_pending_spans` new spans are dropped and counted;
+a batch that fails is dropped and counted. Never raises into the host process.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import atexit
 import logging
 import random
 import threading
-import time
 
 from instrument import semconv as sc
 from instrument.otel import set_any_value
@@ -31,7 +30,6 @@ __all__ = ["DecodeStepWriter"]
 
 log = logging.getLogger("tailtrace.vllm")
 
-_RETRY_STATUS = (429, 502, 503, 504)
 _SPAN_KIND_INTERNAL = 1  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_INTERNAL
 
 
@@ -45,10 +43,12 @@ class DecodeStepWriter:
 
     def __init__(self, endpoint: str, resource: dict, scope: str, *, flush_interval_s: float = 0.5,
                  max_pending_spans: int = 65536, timeout_s: float = 10.0):
-        import requests
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-        self.url = endpoint.rstrip("/") + "/v1/traces"
+        from instrument.otlp_export import OTLPPoster
+
+        self._poster = OTLPPoster(endpoint, timeout_s)
+        self.url = self._poster.url
         self._request_cls = trace_service_pb2.ExportTraceServiceRequest
         self._resource = dict(resource)
         self._scope = scope
@@ -58,7 +58,6 @@ class DecodeStepWriter:
         self.exported = self.dropped = self.failed = 0
         self._lock = threading.Lock()
         self._req, self._spans, self._pending = self._new_request()
-        self._session = requests.Session()
         self._stop = threading.Event()
         self._post_lock = threading.Lock()  # one POST at a time (flush() may run beside the thread)
         self._thread = threading.Thread(target=self._run, name="tailtrace-decode-steps", daemon=True)
@@ -156,30 +155,14 @@ class DecodeStepWriter:
             if req is None:
                 return
             try:
-                self._post(req.SerializeToString(), n)
-            except Exception:
-                self.failed += n
+                ok = self._poster.post(req.SerializeToString())
+            except Exception:  # e.g. out of memory serialising: never raise into vLLM
+                ok = False
                 log.debug("decode-step export failed", exc_info=True)
-
-    def _post(self, body: bytes, n: int) -> None:
-        for attempt in range(3):
-            try:
-                r = self._session.post(self.url, data=body, timeout=self.timeout_s,
-                                       headers={"Content-Type": "application/x-protobuf"})
-            except Exception:  # noqa: BLE001 - collector down or unreachable: drop, count
-                self.failed += n
-                return
-            if r.status_code == 200:
+            if ok:
                 self.exported += n
-                return
-            if r.status_code not in _RETRY_STATUS or attempt == 2 or self._stop.is_set():
-                break
-            try:
-                delay = min(float(r.headers.get("Retry-After", "1")), 5.0)
-            except ValueError:
-                delay = 1.0
-            time.sleep(max(delay, 0.1) * (attempt + 1))
-        self.failed += n
+            else:
+                self.failed += n
 
     def flush(self) -> None:
         """Export what is queued now, in the calling thread (what failed is counted in `failed`)."""
@@ -190,4 +173,5 @@ class DecodeStepWriter:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._poster.stopping.set()
         self._thread.join(timeout_s)

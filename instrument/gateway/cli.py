@@ -43,9 +43,15 @@ def _run(args) -> int:
     config = GatewayConfig.from_args(args).validate()
     check_port_free(config.host, config.port, "gateway")
 
+    import sys
+
     import uvicorn
 
     from instrument.gateway.app import create_app
+
+    # The span exporter's thread would otherwise hold the GIL for up to 5 ms at a time while the
+    # event loop has a request ready (bench/gateway.py --also TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL=5).
+    sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
 
     app = create_app(config)
     print(f"tailtrace gateway on http://{config.host}:{config.port} -> {', '.join(config.upstreams)}", flush=True)

@@ -64,6 +64,9 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between health checks of each upstream"),
     Setting("health_path", "--health-path", "TAILTRACE_GATEWAY_HEALTH_PATH", str, "/health",
             "path probed on each upstream; any answer below 500 counts as healthy"),
+    Setting("gil_switch_interval_ms", "--gil-switch-interval", "TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL", float, 0.5,
+            "milliseconds a thread (the span exporter's) may hold the GIL while the event loop waits "
+            "(sys.setswitchinterval; Python's default is 5)"),
 )
 
 
@@ -94,6 +97,7 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     health_interval_s: float = 2.0
     health_path: str = "/health"
+    gil_switch_interval_ms: float = 0.5
     # Not a flag: a TracerProvider to use instead of building one (tests, in-process demo).
     tracer_provider: object | None = field(default=None, repr=False)
 
@@ -147,6 +151,8 @@ class GatewayConfig:
             raise UserError("--truncate middle needs --max-input-tokens of 2 or more")
         if not 0 < self.port < 65536:
             raise UserError(f"--port {self.port} is not a TCP port")
+        if not 0 < self.gil_switch_interval_ms <= 100:
+            raise UserError("--gil-switch-interval must be more than 0 and at most 100 milliseconds")
         if not self.health_path.startswith("/"):
             raise UserError(f"--health-path {self.health_path!r} must start with '/'")
         return self

@@ -9,6 +9,11 @@ pre-serialized payloads from a separate process with keep-alive connections, cou
 committed in DuckDB (spans + engine_steps) over the timed window, and prints:
   spans/s stored, decode-only spans/s (ExportTraceServiceRequest.FromString, one core),
   and their ratio. Goal (issue 3): >= 100,000 spans/s and >= 50 % of the decode-only limit.
+Beside them, each stage alone on one core: decode + conversion to Arrow (slow and fast paths),
+and the store alone (`DuckDBStore._commit` of batches converted beforehand, 1 and --senders
+batches per transaction: the writer commits what is queued, at most one per sender), so the
+ceiling of each side is printed next to the end-to-end rate. /healthz's store counters give the
+batches per commit of the end-to-end run.
 
 A request mixes the spans of one LLM request through every layer: client.request, the gateway's
 server span, gateway.admission, gateway.upstream, gateway.stream, llm.request (with the compact
@@ -210,6 +215,35 @@ def convert_only(payloads: list[bytes], seconds: float, fast: bool) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def store_only(payloads: list[bytes], seconds: float, group: int) -> float:
+    """Spans/s of the DuckDB store alone: batches converted beforehand (fast path), then committed
+    `group` at a time by the collector's own `DuckDBStore._commit` in this thread (what the writer
+    thread does with `group` requests queued), into a fresh file. The ceiling of the store side."""
+    from concurrent.futures import Future
+
+    from collector.processor.fastpath import fast_traces_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+
+    n_batches = max(group, min(len(payloads), int(seconds * 60)))
+    batches = [fast_traces_to_batch(p) for p in payloads[:n_batches]]
+    with tempfile.TemporaryDirectory() as d:
+        store = DuckDBStore(Path(d) / "store-only.duckdb", max_group_rows=10**9).start()
+        try:
+            con = store._root.cursor()  # the writer thread idles on its own cursor meanwhile
+            t0, done = time.perf_counter(), 0
+            for i in range(0, len(batches), group):
+                chunk = batches[i:i + group]
+                store._commit(con, [("batch", b, Future(), b.accepted) for b in chunk])
+                done += len(chunk)
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            rate = done * BATCH_SPANS / (time.perf_counter() - t0)
+            con.close()
+        finally:
+            store.stop()
+    return rate
+
+
 def _sender(port: int, payloads: list[bytes], stop_at: float, q) -> None:
     import http.client
 
@@ -262,6 +296,13 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool) -> tupl
             ok = sum(r[0] for r in res)
             refused = sum(r[1] for r in res)
             stored = _count(h) - before
+            import json
+            import urllib.request
+
+            with urllib.request.urlopen(f"http://127.0.0.1:{h.otlp_port}/healthz", timeout=10) as r:
+                st = json.loads(r.read())["store"]
+            print(f"  ({'fast' if fast else 'slow'} run: {ok} batches in {st['commits']} commits, "
+                  f"{ok / max(st['commits'], 1):.1f} batches per commit)")
         finally:
             h.stop()
     return stored / elapsed, ok, refused, stored == ok * BATCH_SPANS
@@ -283,6 +324,7 @@ def main() -> int:
     dec = decode_only(payloads, cs)
     slow = convert_only(payloads, cs, fast=False)
     fast = convert_only(payloads, cs, fast=True)
+    stores = {g: store_only(payloads, cs, g) for g in (1, args.senders)}
     e2e_fast, ok, refused, all_ok = ingest(payloads, secs, args.senders, fast=True)
     e2e_slow, ok2, _, all_ok2 = ingest(payloads, min(secs, 4.0), args.senders, fast=False)
     print(f"decode-only limit:        {dec:12,.0f} spans/s  (protobuf FromString, one core)")
@@ -290,6 +332,9 @@ def main() -> int:
           f"{slow / dec:6.1%} of the limit")
     print(f"decode + convert, fast:   {fast:12,.0f} spans/s  (fastpath, one core)                "
           f"{fast / dec:6.1%} of the limit   x{fast / slow:.1f} vs slow")
+    for g, rate in stores.items():
+        print(f"store only, {g} per commit:{rate:10,.0f} spans/s  (DuckDBStore._commit of converted batches, "
+              f"{rate / dec:5.1%} of the limit)")
     print(f"ingest HTTP->DuckDB, fast:{e2e_fast:12,.0f} spans/s  {e2e_fast / dec:6.1%} of the limit   "
           f"x{e2e_fast / e2e_slow:.1f} vs slow  (acked {ok} batches, {refused} retries after 429/503, "
           f"all acked stored: {'yes' if all_ok else 'NO'})")

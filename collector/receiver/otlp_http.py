@@ -177,7 +177,7 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         return await handle(request, "metrics")
 
     async def healthz(request: Request) -> Response:
-        return Response(json.dumps({"ok": True, **stats}), media_type=_JSON)
+        return Response(json.dumps({"ok": True, **stats, "store": dict(store.stats)}), media_type=_JSON)
 
     methods = ["POST", "GET", "PUT", "DELETE", "PATCH"]
     app = Starlette(routes=[Route("/v1/traces", traces, methods=methods),

@@ -147,8 +147,9 @@ class OTLPPoster:
     waiting Retry-After (at most 5 s, 1 s when absent) times the try number, at most 3 tries;
     any other answer or a connection error returns False. Never raises. Headers come from
     OTEL_EXPORTER_OTLP_TRACES_HEADERS / OTEL_EXPORTER_OTLP_HEADERS (`k=v,k2=v2`, URL-encoded);
-    the body is gzipped when OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION is `gzip`. Thread-safe:
-    one POST at a time.
+    the body is gzipped when OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION is `gzip`. Not locked: its
+    users post from one thread at a time (the BatchSpanProcessor's export lock, the step-span
+    writer's post lock), and no lock can be left held across vLLM's fork.
     """
 
     def __init__(self, endpoint: str, timeout_s: float = 10.0):
@@ -164,30 +165,28 @@ class OTLPPoster:
             self.headers["Content-Encoding"] = "gzip"
         self.stopping = threading.Event()  # set: no more waiting between retries
         self._session = requests.Session()
-        self._lock = threading.Lock()
 
     def post(self, body: bytes) -> bool:
         """POST one serialized request; True when it was answered 200 (see the class docstring)."""
         if self.gzip:
             body = gzip.compress(body, compresslevel=1)
-        with self._lock:
-            for attempt in range(3):
-                try:
-                    r = self._session.post(self.url, data=body, timeout=self.timeout_s, headers=self.headers)
-                except Exception:  # collector down or unreachable: the caller counts it
-                    log.debug("OTLP export to %s failed", self.url, exc_info=True)
-                    return False
-                if r.status_code == 200:
-                    return True
-                if r.status_code not in _RETRY_STATUS or attempt == 2 or self.stopping.is_set():
-                    log.debug("OTLP export to %s answered %s", self.url, r.status_code)
-                    return False
-                try:
-                    delay = min(float(r.headers.get("Retry-After", "1")), 5.0)
-                except ValueError:
-                    delay = 1.0
-                if self.stopping.wait(max(delay, 0.1) * (attempt + 1)):
-                    return False
+        for attempt in range(3):
+            try:
+                r = self._session.post(self.url, data=body, timeout=self.timeout_s, headers=self.headers)
+            except Exception:  # collector down or unreachable: the caller counts it
+                log.debug("OTLP export to %s failed", self.url, exc_info=True)
+                return False
+            if r.status_code == 200:
+                return True
+            if r.status_code not in _RETRY_STATUS or attempt == 2 or self.stopping.is_set():
+                log.debug("OTLP export to %s answered %s", self.url, r.status_code)
+                return False
+            try:
+                delay = min(float(r.headers.get("Retry-After", "1")), 5.0)
+            except ValueError:
+                delay = 1.0
+            if self.stopping.wait(max(delay, 0.1) * (attempt + 1)):
+                return False
         return False
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ committed in DuckDB (spans + engine_steps) over the timed window, and prints:
 Beside them, each stage alone on one core: decode + conversion to Arrow (slow and fast paths),
 and the store alone (`DuckDBStore._commit` of batches converted beforehand, 1 and --senders
 batches per transaction: the writer commits what is queued, at most one per sender), so the
-ceiling of each side is printed next to the end-to-end rate. /healthz's store counters give the
+ceiling of each side is printed next to the end-to-end rate. the API's /healthz counters give the
 batches per commit of the end-to-end run.
 
 A request mixes the spans of one LLM request through every layer: client.request, the gateway's
@@ -299,8 +299,8 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool) -> tupl
             import json
             import urllib.request
 
-            with urllib.request.urlopen(f"http://127.0.0.1:{h.otlp_port}/healthz", timeout=10) as r:
-                st = json.loads(r.read())["store"]
+            with urllib.request.urlopen(f"{h.api_url}/healthz", timeout=10) as r:
+                st = json.loads(r.read())
             print(f"  ({'fast' if fast else 'slow'} run: {ok} batches in {st['commits']} commits, "
                   f"{ok / max(st['commits'], 1):.1f} batches per commit)")
         finally:

@@ -182,7 +182,10 @@ def _print(out: dict, fmt: str) -> None:
         t = Table(*cols, show_lines=False)
         for r in rows:
             t.add_row(*["NULL" if v is None else str(v) for v in r])
-        Console().print(t)
+        console = Console()
+        if not console.is_terminal:  # piped or redirected: the table's own width, never cut to 80 columns
+            console = Console(width=100_000)
+        console.print(t)
     if out.get("truncated"):
         print(f"(truncated to {len(rows)} rows)", file=sys.stderr)
 

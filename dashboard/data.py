@@ -727,25 +727,35 @@ def _floor_minute(t: dt.datetime) -> dt.datetime:
 def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
     """Throughput and SLO figures of the filtered requests.
 
-    Keys: requests, good, first_time, last_time, duration_s (last - first arrival; 0 for one request),
-    request_rate_rps, input_tps, output_tps (tokens/s), goodput_rps, slo_attainment (0..1).
-    Goodput = requests that meet every SLO per second of the window, as in vLLM's
-    `benchmark_serving --goodput` (after DistServe, Zhong et al., OSDI 2024); SLO attainment = good /
-    requests. Rates divide by the arrival span, so a window with one request has no rate (None).
+    Keys: requests, good, first_time, last_time (arrivals), arrival_span_s (last - first arrival),
+    serving_s (first arrival -> last completion, completion = arrival + client E2E, else engine
+    E2E), request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps,
+    input_tps, output_tps (tokens/s) and goodput_rps (all per serving_s), slo_attainment (0..1).
+    Throughput and goodput divide by the serving time as vLLM's `benchmark_serving` divides by its
+    benchmark duration (so an overloaded run that drains for minutes after the last arrival is not
+    credited with tokens it had not yet produced). Goodput = requests that meet every SLO per second,
+    as in `benchmark_serving --goodput` (after DistServe, Zhong et al., OSDI 2024); SLO attainment =
+    good / requests. A rate whose span is 0 (one request) is None.
     """
     w, p = f.requests_where()
     cond, cp = slo.condition()
     r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
-               f"max(arrival_time) AS last_time, sum(prompt_tokens) AS input_tokens, "
+               f"max(arrival_time) AS last_time, max(arrival_time + to_microseconds(CAST(round(1000 * "
+               f"coalesce(client_e2e_ms, e2e_ms, 0)) AS BIGINT))) AS last_done, sum(prompt_tokens) AS input_tokens, "
                f"sum(output_tokens) AS output_tokens FROM requests {w}", cp + p).iloc[0]
     n = int(r["n"])
-    first, last = _ts(r["first_time"]), _ts(r["last_time"])
-    dur = (last - first).total_seconds() if first and last else 0.0
-    per_s = (lambda x: (x or 0.0) / dur) if dur > 0 else (lambda x: None)
+    first, last, done = _ts(r["first_time"]), _ts(r["last_time"]), _ts(r["last_done"])
+    arrivals = (last - first).total_seconds() if first and last else 0.0
+    serving = (done - first).total_seconds() if first and done else 0.0
+
+    def per(span):
+        return (lambda x: (x or 0.0) / span) if span > 0 else (lambda x: None)
+
     return {
-        "requests": n, "good": int(r["good"]), "first_time": first, "last_time": last, "duration_s": dur,
-        "request_rate_rps": per_s(n), "input_tps": per_s(_f(r["input_tokens"])),
-        "output_tps": per_s(_f(r["output_tokens"])), "goodput_rps": per_s(int(r["good"])),
+        "requests": n, "good": int(r["good"]), "first_time": first, "last_time": last,
+        "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),
+        "throughput_rps": per(serving)(n), "input_tps": per(serving)(_f(r["input_tokens"])),
+        "output_tps": per(serving)(_f(r["output_tokens"])), "goodput_rps": per(serving)(int(r["good"])),
         "slo_attainment": (int(r["good"]) / n) if n else None,
     }
 

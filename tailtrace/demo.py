@@ -157,9 +157,12 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         report = _report(api, result["run_id"])
         _print_report(console, report, cfg, result, n)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
-        console.print(f"query it:  tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, output_tokens, "
-                      "queue_time_ms, service_time_ms, client_e2e_ms FROM requests ORDER BY client_e2e_ms DESC "
-                      "LIMIT 10\"", soft_wrap=True)
+        console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
+                      "output_tokens, queue_time_ms, service_time_ms, client_e2e_ms FROM requests ORDER BY "
+                      "client_e2e_ms DESC LIMIT 10\"", soft_wrap=True)
+        if not cfg.dashboard:
+            console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db}   (then http://{cfg.host}:"
+                          f"{cfg.dashboard_port})", soft_wrap=True)
     finally:
         stack.stop()
     if cfg.dashboard:

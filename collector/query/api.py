@@ -119,7 +119,7 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
                 return _err(exc.status, f"could not read the body: {exc}")
             try:
                 body = json.loads(raw or b"null")
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):
                 return _err(400, 'body must be JSON: {"sql": "SELECT ...", "params": [...]}')
             if not isinstance(body, dict):
                 return _err(400, 'body must be a JSON object: {"sql": "SELECT ...", "params": [...]}')

@@ -113,14 +113,17 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         is_json = ctype == _JSON
         if request.method != "POST":
+            stats["errors"] += 1
             resp = _error_response(405, "use POST", is_json)
             resp.headers["Allow"] = "POST"
             return resp
         if not is_json and ctype not in _PROTO_TYPES:
             # neither encoding: answer in JSON, the readable one
+            stats["errors"] += 1
             return _error_response(415, f"unsupported Content-Type {ctype!r}; send {_PROTO} or {_JSON}", True)
         enc = request.headers.get("content-encoding", "identity").strip().lower()
         if enc not in ("gzip", "identity", ""):
+            stats["errors"] += 1
             return _error_response(415, f"unsupported Content-Encoding {enc!r}; send gzip or none", is_json)
         try:
             limiter.admit()
@@ -177,7 +180,7 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         return await handle(request, "metrics")
 
     async def healthz(request: Request) -> Response:
-        return Response(json.dumps({"ok": True, **stats, "store": dict(store.stats)}), media_type=_JSON)
+        return Response(json.dumps({"ok": True, **stats}), media_type=_JSON)
 
     methods = ["POST", "GET", "PUT", "DELETE", "PATCH"]
     app = Starlette(routes=[Route("/v1/traces", traces, methods=methods),

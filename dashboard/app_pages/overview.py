@@ -12,11 +12,15 @@ ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the s
 s = data.summary(ctx.src, ctx.filters, ctx.slo)
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that arrived in the window"),
-    ("Request rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""), "requests / (last − first arrival)"),
-    ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), "sum of output tokens / window"),
-    ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), "sum of prompt tokens / window"),
+    ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),
+     "the offered load: requests / (last − first arrival)"),
+    ("Throughput (req/s)", ui.fmt_rate(s["throughput_rps"], ""),
+     (f"requests / serving time ({s['serving_s']:,.1f} s, first arrival → last completion), as vLLM's "
+      "benchmark_serving")),
+    ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), "sum of output tokens / serving time"),
+    ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), "sum of prompt tokens / serving time"),
     ("Goodput (req/s)", ui.fmt_rate(s["goodput_rps"], ""),
-     "requests per second that finished OK and met every SLO (vLLM benchmark_serving --goodput; DistServe)"),
+     "requests that finished OK and met every SLO / serving time (vLLM benchmark_serving --goodput; DistServe)"),
     ("SLO attainment", ui.fmt_pct(s["slo_attainment"]), f"{s['good']:,} of {s['requests']:,} requests met every SLO"),
 ])
 

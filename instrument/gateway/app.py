@@ -478,6 +478,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 parsed = json.loads(body)
             except (ValueError, UnicodeDecodeError):
                 raise LimitError(400, "the request body is not valid JSON", "invalid_json") from None
+            except RecursionError:  # e.g. [[[[...]]]] 100,000 deep: Python's parser gives up
+                raise LimitError(400, "the request body nests JSON too deeply", "invalid_json") from None
             if not isinstance(parsed, dict):
                 raise LimitError(400, "the request body must be a JSON object", "invalid_json")
             check = check_input(parsed, kind, gw.counter, config.max_input_tokens, config.truncate)

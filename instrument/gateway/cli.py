@@ -24,7 +24,8 @@ def register(sub) -> None:
         if s.name == "upstreams":
             kw.update(action="append", metavar="URL")
         else:
-            kw.update(type=s.type, metavar={int: "N", float: "SECONDS"}.get(s.type, s.flag.lstrip("-").split("-")[-1].upper()))
+            kw.update(type=s.type, metavar="MS" if s.name.endswith("_ms") else
+                      {int: "N", float: "SECONDS"}.get(s.type, s.flag.lstrip("-").split("-")[-1].upper()))
             if s.choices:
                 kw.update(choices=s.choices)
                 kw.pop("metavar")

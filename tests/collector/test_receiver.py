@@ -74,6 +74,7 @@ def test_json_encoding_with_hex_ids(coll, client):
 ])
 def test_bad_input_status(coll, client, body, headers, status):
     before = count(coll)
+    errors = client.get(coll.otlp_url + "/healthz").json()["errors"]
     r = post(client, coll, body, headers)
     assert r.status_code == status, r.content
     if headers.get("Content-Type") == "application/x-protobuf":
@@ -81,6 +82,7 @@ def test_bad_input_status(coll, client, body, headers, status):
     else:
         assert r.json()["message"]
     assert count(coll) == before
+    assert client.get(coll.otlp_url + "/healthz").json()["errors"] == errors + 1  # every refusal is counted
 
 
 def test_too_large_bodies_413(coll, client):

@@ -84,6 +84,8 @@ def test_bad_sql_is_400(coll):
     r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT 1", "params": ["x" * 2**21]}, timeout=30)
     assert r.status_code == 413 and "at most" in r.json()["error"]
     assert httpx.post(coll.api_url + "/api/sql", content=b"{broken", timeout=30).status_code == 400
+    r = httpx.post(coll.api_url + "/api/sql", content=b"[" * 200_000 + b"]" * 200_000, timeout=30)  # 400 KB
+    assert r.status_code == 400 and "must be JSON" in r.json()["error"]
 
 
 def test_cli_sql_via_api_and_held_file(coll):

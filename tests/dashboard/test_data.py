@@ -101,12 +101,18 @@ def test_summary_goodput_and_attainment(src, small_store):
     raw = _col(small_store, "SELECT * FROM requests")
     ttft = raw["client_ttft_ms"].fillna(raw["ttft_ms"])
     good = ((ttft <= 300.0) & ((raw["tpot_ms"] <= 25.0) | raw["tpot_ms"].isna())).sum()
-    span_s = (raw["arrival_time"].max() - raw["arrival_time"].min()).total_seconds()
+    arrivals_s = (raw["arrival_time"].max() - raw["arrival_time"].min()).total_seconds()
+    e2e = pd.to_timedelta(raw["client_e2e_ms"].fillna(raw["e2e_ms"]), unit="ms")
+    serving_s = ((raw["arrival_time"] + e2e).max() - raw["arrival_time"].min()).total_seconds()
+    assert serving_s > arrivals_s * 1.001  # the last request finishes after it arrives: the two spans differ
     assert s["requests"] == len(raw) and s["good"] == good
     assert 0 < good < len(raw)  # the objective splits this store, so the check means something
     assert s["slo_attainment"] == pytest.approx(good / len(raw))
-    assert s["goodput_rps"] == pytest.approx(good / span_s)
-    assert s["output_tps"] == pytest.approx(raw["output_tokens"].sum() / span_s)
+    assert s["request_rate_rps"] == pytest.approx(len(raw) / arrivals_s)
+    assert s["serving_s"] == pytest.approx(serving_s, abs=2e-6)
+    assert s["throughput_rps"] == pytest.approx(len(raw) / serving_s)
+    assert s["goodput_rps"] == pytest.approx(good / serving_s)
+    assert s["output_tps"] == pytest.approx(raw["output_tokens"].sum() / serving_s)
 
 
 def test_tail_breakdown_names_the_phase(src, small_store):

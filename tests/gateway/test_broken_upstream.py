@@ -48,3 +48,22 @@ def test_cut_body_reaches_the_client_as_incomplete_never_as_a_clean_200(truncati
         assert up["failures"] == 1 and "1000" in up["last_error"]
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"[" * 200_000 + b"]" * 200_000, "nests JSON too deeply"),  # Python's parser: RecursionError
+    (b'{"model": "m", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nests JSON too deeply"),
+    (b"\xff\xfe not utf-8", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+])
+def test_bodies_that_are_not_a_json_object_get_400_before_any_upstream(body, message):
+    gw = start_gateway_thread(GatewayConfig(upstreams=(f"http://127.0.0.1:{free_port()}",), port=free_port(),
+                                            otlp_endpoint="none"))
+    try:
+        r = httpx.post(gw.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                       timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "invalid_json" and message in err["message"]
+    finally:
+        gw.stop()

@@ -1,18 +1,23 @@
 """Gateway overhead: the same open-loop load sent straight to an upstream and through
-`tailtrace gateway`, interleaved request by request in one run, and the highest proxied rate.
+`tailtrace gateway`, interleaved request by request in one run, beside the limit (a bare proxy),
+and the highest proxied rate.
 
-    .venv/bin/python bench/gateway.py            # 100 req/s per path for 30 s, then a 10 s max-rate run
+    .venv/bin/python bench/gateway.py            # 100 req/s per path for 30 s per pair, then 10 s max-rate runs
     .venv/bin/python bench/gateway.py --quick    # 10 s and 5 s
+    .venv/bin/python bench/gateway.py --quick --no-floor --also TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL=5
     .venv/bin/python bench/gateway.py --upstream http://127.0.0.1:8000 --model tiny   # a real vLLM
 
 By default the upstream is a minimal OpenAI-compatible stub (raw ASGI on uvicorn, answering at once),
 so that what is measured is the gateway and not the engine's noise. The gateway runs as its own
 process (`tailtrace gateway`), with tracing on, exporting to the real collector when it is available
 (else to a port where nothing listens: spans are built and dropped, as in production with the
-collector down). Each scheduled request goes alternately direct and through the gateway, so both
-paths see the same machine load. Latency is client E2E (send -> last byte); streaming requests also
-report client TTFT. Added latency = gateway percentile - direct percentile. Goal (issue 6): <= 1 ms
-added at P50 at 100 req/s.
+collector down). Each proxy in turn (the gateway; a second gateway per `--also KEY=VALUE`
+environment; the floor) is paired with the upstream: each scheduled request of the pair goes
+alternately direct and through the proxy, so both see the same machine load. The floor is a bare
+proxy on the same stack (uvicorn, httptools, uvloop, aiohttp) with nothing of the gateway's: what it
+adds is what one Python hop costs on this machine. Latency is client E2E (send -> last byte);
+streaming requests also report client TTFT. Added latency = proxy percentile - the percentile of
+the direct requests beside it. Goal (issue 6): <= 1 ms added at P50 at 100 req/s.
 """
 
 from __future__ import annotations
@@ -210,7 +215,7 @@ def main() -> int:
     ap.add_argument("--no-floor", action="store_true", help="leave out the bare proxy (the limit)")
     ap.add_argument("--also", metavar="KEY=VALUE", action="append", default=[],
                     help="also run a second gateway with this environment variable set, as one more "
-                    "interleaved target (e.g. TAILTRACE_DIRECT_EXPORT=0, TAILTRACE_GIL_SWITCH_INTERVAL_MS=5)")
+                    "proxy paired with the upstream (e.g. TAILTRACE_DIRECT_EXPORT=0, TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL=5)")
     ap.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor", nargs=2, metavar=("PORT", "UPSTREAM"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -274,56 +279,61 @@ def main() -> int:
 
         print(f"upstream {upstream} ({'stub' if args.upstream is None else 'real'}), gateway {gateway}, "
               f"tracing {'off' if args.no_trace else 'on'}, collector {'on' if collector else 'off'}; "
-              f"{args.rate:g} req/s to each of {', '.join(targets)} for {duration:g} s, interleaved")
+              f"each proxy in turn beside the upstream (direct), {args.rate:g} req/s to each, interleaved, "
+              f"{duration:g} s per pair")
         if "floor" in targets:
             print("floor = a bare proxy (uvicorn + aiohttp, no FastAPI, no tracing, no admission): the limit of "
                   "one Python hop on this machine")
-        print(f"{'':34s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
+        print(f"{'':40s}{'n':>6s}{'P50 ms':>10s}{'P90 ms':>10s}{'P99 ms':>10s}{'mean ms':>10s}")
         import psutil
 
         rows = {}
         cpu_per_req = {}
         for stream in (False, True):
             kind = "stream" if stream else "json"
-            c0 = {n: sum(psutil.Process(p.pid).cpu_times()[:2]) for n, p in gprocs.items()}
-            out, errors = asyncio.run(open_loop(targets, args.rate, duration, args.model, stream))
-            for n, p in gprocs.items():
-                done = len(out[n]) + errors[n] + 20  # + warm-up requests
-                cpu_per_req[(n, kind)] = (sum(psutil.Process(p.pid).cpu_times()[:2]) - c0[n]) * 1e3 / done
-            for name in targets:
-                e2e = [x[0] for x in out[name]]
-                rows[(kind, name)] = e2e
-                print(f"{kind + ' E2E ' + name:34s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
-                      f"{_pct(e2e, .99):10.3f}{statistics.fmean(e2e) if e2e else float('nan'):10.3f}"
-                      + (f"  errors {errors[name]}" if errors[name] else ""))
-            if stream:
-                for name in targets:
-                    t = [x[1] for x in out[name] if x[1] is not None]
-                    rows[("ttft", name)] = t
-                    print(f"{'stream TTFT ' + name:34s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
-                          f"{_pct(t, .99):10.3f}{statistics.fmean(t) if t else float('nan'):10.3f}")
+            for proxy in proxies:  # one pair at a time: the proxy beside its own direct baseline
+                pair = {"direct": upstream, proxy: targets[proxy]}
+                gp = gprocs.get(proxy)
+                c0 = sum(psutil.Process(gp.pid).cpu_times()[:2]) if gp else 0.0
+                out, errors = asyncio.run(open_loop(pair, args.rate, duration, args.model, stream))
+                if gp:
+                    done = len(out[proxy]) + errors[proxy] + 20  # + warm-up requests
+                    cpu_per_req[(proxy, kind)] = (sum(psutil.Process(gp.pid).cpu_times()[:2]) - c0) * 1e3 / done
+                for name, key in (("direct", f"direct (beside {proxy})"), (proxy, proxy)):
+                    rows[(kind, key)] = e2e = [x[0] for x in out[name]]
+                    print(f"{kind + ' E2E ' + key:40s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
+                          f"{_pct(e2e, .99):10.3f}{statistics.fmean(e2e) if e2e else float('nan'):10.3f}"
+                          + (f"  errors {errors[name]}" if errors[name] else ""))
+                    if stream:
+                        rows[("ttft", key)] = t = [x[1] for x in out[name] if x[1] is not None]
+                        print(f"{'stream TTFT ' + key:40s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
+                              f"{_pct(t, .99):10.3f}{statistics.fmean(t) if t else float('nan'):10.3f}")
+
+        def added(kind, proxy, q):
+            return _pct(rows[(kind, proxy)], q) - _pct(rows[(kind, f"direct (beside {proxy})")], q)
+
         print()
         for kind in ("json", "stream", "ttft"):
-            d = rows[(kind, "direct")]
             for name in proxies:
-                g = rows[(kind, name)]
-                print(f"added by {name:26s} ({kind:6s}): P50 {_pct(g, .5) - _pct(d, .5):+.3f} ms   "
-                      f"P99 {_pct(g, .99) - _pct(d, .99):+.3f} ms   (P50 ratio to direct {_pct(g, .5) / _pct(d, .5):.2f}x)")
+                d = rows[(kind, f"direct (beside {name})")]
+                print(f"added by {name:26s} ({kind:6s}): P50 {added(kind, name, .5):+.3f} ms   "
+                      f"P99 {added(kind, name, .99):+.3f} ms   (P50 ratio to direct "
+                      f"{_pct(rows[(kind, name)], .5) / _pct(d, .5):.2f}x)")
         for name in gprocs:
             print(f"{name} CPU per request (user+sys, incl. span export): "
                   + ", ".join(f"{k} {v:.2f} ms" for (n, k), v in cpu_per_req.items() if n == name))
         print(f"[load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs]")
         if "floor" in targets:
-            gp = _pct(rows[("json", "gateway")], .5) - _pct(rows[("json", "direct")], .5)
-            fp = _pct(rows[("json", "floor")], .5) - _pct(rows[("json", "direct")], .5)
+            gp, fp = added("json", "gateway", .5), added("json", "floor", .5)
+            ratio = f"ratio {gp / fp:.2f}x; " if fp > 0.05 else ""  # a floor near 0 gives no meaningful ratio
             print(f"gateway vs the limit (json, added at P50): {gp:.3f} ms vs {fp:.3f} ms for the bare proxy "
-                  f"(ratio {gp / fp:.2f}x; tailtrace's own part {gp - fp:+.3f} ms)")
+                  f"({ratio}tailtrace's own part {gp - fp:+.3f} ms)")
         direct_rate = asyncio.run(closed_loop(upstream, args.concurrency, max_rate_s, args.model))
         gw_rate = asyncio.run(closed_loop(gateway, args.concurrency, max_rate_s, args.model))
         print(f"\nmax rate, {args.concurrency} clients closed-loop, {max_rate_s:g} s each: direct {direct_rate:.0f} req/s, "
               f"through the gateway {gw_rate:.0f} req/s (ratio {gw_rate / direct_rate:.2f}; 2 cores shared by "
               "client, gateway and upstream)")
-        added_p50 = _pct(rows[("json", "gateway")], .5) - _pct(rows[("json", "direct")], .5)
+        added_p50 = added("json", "gateway", .5)
         print(f"goal <= 1 ms added at P50 at {args.rate:g} req/s (json): {'met' if added_p50 <= 1.0 else 'NOT met'} "
               f"({added_p50:.3f} ms)")
         if collector is not None:

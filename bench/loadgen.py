@@ -29,8 +29,12 @@ GOAL_P99_MS = 2.0
 
 def _encoding_provider():
     """A TracerProvider whose BatchSpanProcessor encodes each batch to OTLP protobuf, as the real
-    exporter does, and sends it nowhere: the span cost in the client process without a network."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    exporter does (instrument.otlp_export; the SDK's encoder with TAILTRACE_DIRECT_EXPORT=0), and
+    sends it nowhere: the span cost in the client process without a network."""
+    if os.environ.get("TAILTRACE_DIRECT_EXPORT", "1") == "0":
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    else:
+        from instrument.otlp_export import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 

@@ -727,9 +727,10 @@ def _floor_minute(t: dt.datetime) -> dt.datetime:
 def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
     """Throughput and SLO figures of the filtered requests.
 
-    Keys: requests, good, first_time, last_time (arrivals), arrival_span_s (last - first arrival),
-    serving_s (first arrival -> last completion, completion = arrival + client E2E, else engine
-    E2E), request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps,
+    Keys: requests, completed (status ok), good, first_time, last_time (arrivals), arrival_span_s
+    (last - first arrival), serving_s (first arrival -> last completion; completion = arrival +
+    the outermost E2E: client, else gateway, else engine, which the phase columns add up to),
+    request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps (completed),
     input_tps, output_tps (tokens/s) and goodput_rps (all per serving_s), slo_attainment (0..1).
     Throughput and goodput divide by the serving time as vLLM's `benchmark_serving` divides by its
     benchmark duration (so an overloaded run that drains for minutes after the last arrival is not
@@ -739,9 +740,12 @@ def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
     """
     w, p = f.requests_where()
     cond, cp = slo.condition()
-    r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
+    # unattributed_ms makes the phases add up to the outermost span (collector/store/schema.py)
+    outer = " + ".join(f"coalesce({c}, 0)" for c, _, _ in phase_columns(src.schema())) or "0"
+    r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE coalesce(status, 'ok') = 'ok') AS completed, "
+               f"count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
                f"max(arrival_time) AS last_time, max(arrival_time + to_microseconds(CAST(round(1000 * "
-               f"coalesce(client_e2e_ms, e2e_ms, 0)) AS BIGINT))) AS last_done, sum(prompt_tokens) AS input_tokens, "
+               f"({outer})) AS BIGINT))) AS last_done, sum(prompt_tokens) AS input_tokens, "
                f"sum(output_tokens) AS output_tokens FROM requests {w}", cp + p).iloc[0]
     n = int(r["n"])
     first, last, done = _ts(r["first_time"]), _ts(r["last_time"]), _ts(r["last_done"])
@@ -752,9 +756,9 @@ def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
         return (lambda x: (x or 0.0) / span) if span > 0 else (lambda x: None)
 
     return {
-        "requests": n, "good": int(r["good"]), "first_time": first, "last_time": last,
-        "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),
-        "throughput_rps": per(serving)(n), "input_tps": per(serving)(_f(r["input_tokens"])),
+        "requests": n, "completed": int(r["completed"]), "good": int(r["good"]), "first_time": first,
+        "last_time": last, "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),
+        "throughput_rps": per(serving)(int(r["completed"])), "input_tps": per(serving)(_f(r["input_tokens"])),
         "output_tps": per(serving)(_f(r["output_tokens"])), "goodput_rps": per(serving)(int(r["good"])),
         "slo_attainment": (int(r["good"]) / n) if n else None,
     }

@@ -77,7 +77,7 @@ def make_tracer_provider(
 
 def set_any_value(v, value) -> None:
     """Fill an OTLP `AnyValue` protobuf message `v` from a Python value: bool, int, float, str,
-    bytes, list or tuple (array_value) or dict (kvlist_value), recursively; None leaves it empty.
+    bytes, list or tuple (array_value) or dict (kvlist_value), recursively; None gives an empty (but present) value.
     Used by instrument.otlp_export and instrument.step_spans, and to build test and benchmark
     payloads by hand. Raises TypeError for any other type and ValueError for an int outside
     int64 (protobuf's own check)."""
@@ -101,5 +101,7 @@ def set_any_value(v, value) -> None:
             kv = v.kvlist_value.values.add()
             kv.key = k
             set_any_value(kv.value, x)
-    elif value is not None:  # None: the empty AnyValue, as the SDK encodes it
+    elif value is None:  # the empty AnyValue, present, as the SDK encodes it
+        v.SetInParent()
+    else:
         raise TypeError(f"an OTLP AnyValue cannot hold a {type(value).__name__}")

@@ -5,36 +5,32 @@ constructing one protobuf object per span, per attribute and per value, then cop
 their parents. In a latency-sensitive process (the gateway's event loop, vLLM's frontend) that
 work holds the GIL in the exporter's thread: about 44 us per gateway span against 13 us when the
 same `ExportTraceServiceRequest` is filled in place (`.add()` on the repeated fields), the way
-instrument.step_spans builds decode-step spans (bench/gateway.py and tests/test_otlp_export.py
-compare the two).
+instrument.step_spans builds decode-step spans (measured side by side on the dev VM;
+tests/test_otlp_export.py checks that the messages are equal).
 
 - `encode_spans(spans)` returns the message the SDK's `encode_spans` returns for the same
   `ReadableSpan`s (resource and scope grouping, ids, flags, trace state, events, links, status,
-  dropped counts); tests/test_otlp_export.py checks equality field by field.
-- `OTLPPoster` posts serialized requests to `{endpoint}/v1/traces` with the retry rules of the
-  OTLP/HTTP spec (429/502/503/504, honouring Retry-After, at most 3 tries), the headers of
-  OTEL_EXPORTER_OTLP_(TRACES_)HEADERS and gzip when OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION=gzip.
-- `DirectOTLPSpanExporter` is the SDK `SpanExporter` made of the two; `make_tracer_provider`
-  uses it unless TAILTRACE_DIRECT_EXPORT=0.
+  dropped counts, attributes the SDK leaves out).
+- `DirectOTLPSpanExporter` is the SDK `SpanExporter` made of it and the shared transport
+  `instrument.otlp_http.OtlpHttpSender` (OTLP retry rules within the timeout, the
+  OTEL_EXPORTER_OTLP_* headers, compression and TLS certificate settings). `make_tracer_provider`
+  uses it unless TAILTRACE_DIRECT_EXPORT=0 (the SDK's OTLPSpanExporter).
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
-import os
-import threading
+import time
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from instrument.otel import set_any_value
 
-__all__ = ["DirectOTLPSpanExporter", "OTLPPoster", "encode_spans"]
+__all__ = ["DirectOTLPSpanExporter", "encode_spans"]
 
 log = logging.getLogger("tailtrace.otlp")
 
-_RETRY_STATUS = (429, 502, 503, 504)
 # opentelemetry.proto.trace.v1.SpanFlags: the parent's is-remote bit is known / is set.
 _FLAG_HAS_IS_REMOTE = 0x100
 _FLAG_IS_REMOTE = 0x200
@@ -49,11 +45,11 @@ def _fill_attributes(repeated, attributes) -> None:
         return
     for k, val in attributes.items():
         kv = repeated.add()
-        kv.key = k
         try:
+            kv.key = k
             set_any_value(kv.value, val)
         except (TypeError, ValueError, OverflowError):  # as the SDK: the attribute is left out
-            log.debug("attribute %s not encodable", k, exc_info=True)
+            log.debug("attribute %r not encodable", k, exc_info=True)
             del repeated[-1]
 
 
@@ -73,6 +69,7 @@ def encode_spans(spans: Sequence):
         entry = resources.get(res)
         if entry is None:
             rs = req.resource_spans.add()
+            rs.resource.SetInParent()  # present even without attributes, as the SDK writes it
             _fill_attributes(rs.resource.attributes, res.attributes)
             if res.schema_url:
                 rs.schema_url = res.schema_url
@@ -136,98 +133,53 @@ def encode_spans(spans: Sequence):
     return req
 
 
-def _env(name: str) -> str | None:
-    return os.environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or os.environ.get(f"OTEL_EXPORTER_OTLP_{name}")
-
-
-class OTLPPoster:
-    """Posts serialized `ExportTraceServiceRequest`s to `{endpoint}/v1/traces` (protobuf).
-
-    `post(body)` returns True when the collector answered 200. 429/502/503/504 are retried,
-    waiting Retry-After (at most 5 s, 1 s when absent) times the try number, at most 3 tries;
-    any other answer or a connection error returns False. Never raises. Headers come from
-    OTEL_EXPORTER_OTLP_TRACES_HEADERS / OTEL_EXPORTER_OTLP_HEADERS (`k=v,k2=v2`, URL-encoded);
-    the body is gzipped when OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION is `gzip`. Not locked: its
-    users post from one thread at a time (the BatchSpanProcessor's export lock, the step-span
-    writer's post lock), and no lock can be left held across vLLM's fork.
-    """
-
-    def __init__(self, endpoint: str, timeout_s: float = 10.0):
-        import requests
-        from opentelemetry.util.re import parse_env_headers
-
-        self.url = endpoint.rstrip("/") + "/v1/traces"
-        self.timeout_s = timeout_s
-        self.headers = {"Content-Type": "application/x-protobuf"}
-        self.headers.update(parse_env_headers(_env("HEADERS") or "", liberal=True))
-        self.gzip = (_env("COMPRESSION") or "").strip().lower() == "gzip"
-        if self.gzip:
-            self.headers["Content-Encoding"] = "gzip"
-        self.stopping = threading.Event()  # set: no more waiting between retries
-        self._session = requests.Session()
-
-    def post(self, body: bytes) -> bool:
-        """POST one serialized request; True when it was answered 200 (see the class docstring)."""
-        if self.gzip:
-            body = gzip.compress(body, compresslevel=1)
-        for attempt in range(3):
-            try:
-                r = self._session.post(self.url, data=body, timeout=self.timeout_s, headers=self.headers)
-            except Exception:  # collector down or unreachable: the caller counts it
-                log.debug("OTLP export to %s failed", self.url, exc_info=True)
-                return False
-            if r.status_code == 200:
-                return True
-            if r.status_code not in _RETRY_STATUS or attempt == 2 or self.stopping.is_set():
-                log.debug("OTLP export to %s answered %s", self.url, r.status_code)
-                return False
-            try:
-                delay = min(float(r.headers.get("Retry-After", "1")), 5.0)
-            except ValueError:
-                delay = 1.0
-            if self.stopping.wait(max(delay, 0.1) * (attempt + 1)):
-                return False
-        return False
-
-    def close(self) -> None:
-        """Stop waiting between retries and close the connection pool."""
-        self.stopping.set()
-        self._session.close()
-
-
 class DirectOTLPSpanExporter(SpanExporter):
     """An OpenTelemetry SDK `SpanExporter` posting OTLP/HTTP protobuf to `{endpoint}/v1/traces`:
-    `encode_spans` then `OTLPPoster`. Drop-in for the SDK's OTLPSpanExporter behind a
-    BatchSpanProcessor. `exported` and `failed` count spans."""
+    `encode_spans` then `instrument.otlp_http.OtlpHttpSender` with a `timeout_s` budget per batch, retries
+    included. Drop-in for the SDK's OTLPSpanExporter behind a BatchSpanProcessor. `exported` and
+    `failed` count spans; a failed batch is logged at WARNING (at most one line per 30 s, with
+    the spans dropped since). Raises ValueError for a URL that is not http(s)."""
+
+    LOG_EVERY_S = 30.0
 
     def __init__(self, endpoint: str, timeout_s: float = 10.0):
-        self._poster = OTLPPoster(endpoint, timeout_s)
+        from instrument.otlp_http import OtlpHttpSender
+
+        self._sender = OtlpHttpSender(endpoint.rstrip("/") + "/v1/traces", timeout_s, signal="traces")
+        self.url = self._sender.url
         self.exported = self.failed = 0
+        self._unlogged = 0
+        self._last_log = float("-inf")
         self._shutdown = False
 
     def export(self, spans: Sequence) -> SpanExportResult:
-        """Encode and post one batch; SUCCESS when the collector answered 200."""
-        if self._shutdown or not spans:
-            return SpanExportResult.FAILURE if self._shutdown else SpanExportResult.SUCCESS
-        try:
-            body = encode_spans(spans).SerializeToString()
-        except Exception:  # never raise into the SDK's worker thread
-            log.warning("could not encode %d spans", len(spans), exc_info=True)
-            self.failed += len(spans)
+        """Encode and post one batch; SUCCESS when the collector answered 2xx."""
+        if self._shutdown:
             return SpanExportResult.FAILURE
-        if self._poster.post(body):
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            res = self._sender.send(encode_spans(spans).SerializeToString())
+            detail = res.detail
+        except Exception as exc:  # noqa: BLE001 - never raise into the SDK's worker thread
+            res, detail = None, f"{type(exc).__name__}: {exc}"
+        if res:
             self.exported += len(spans)
             return SpanExportResult.SUCCESS
         self.failed += len(spans)
+        self._unlogged += len(spans)
+        now = time.monotonic()
+        if now - self._last_log >= self.LOG_EVERY_S:
+            log.warning("dropped %d spans that %s did not take (%s)", self._unlogged, self.url, detail)
+            self._unlogged, self._last_log = 0, now
         return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         """Stop: later exports fail at once. Safe twice."""
         if not self._shutdown:
             self._shutdown = True
-            self._poster.close()
+            self._sender.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Nothing is buffered here (the BatchSpanProcessor holds the queue)."""
         return True
-

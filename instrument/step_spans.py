@@ -11,8 +11,8 @@ goes through the SDK.
 The spans are the ones the SDK would have made: same trace, parent (the `llm.decode` span), name,
 kind INTERNAL, attributes and resource; span ids are random. `DecodeStepWriter` collects them under
 a lock from vLLM's frontend thread and a daemon thread posts them to `{endpoint}/v1/traces` every
-`flush_interval_s` (instrument.otlp_export.OTLPPoster: 429/502/503/504 retried, honouring
-Retry-After, at most 3 tries). Bounded: past `max_pending_spans` new spans are dropped and counted;
+`flush_interval_s` (instrument.otlp_http.OtlpHttpSender: 429/502/503/504 and connection errors
+retried, honouring Retry-After, within `timeout_s`). Bounded: past `max_pending_spans` new spans are dropped and counted;
 a batch that fails is dropped and counted. Never raises into the host process.
 """
 
@@ -45,10 +45,10 @@ class DecodeStepWriter:
                  max_pending_spans: int = 65536, timeout_s: float = 10.0):
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-        from instrument.otlp_export import OTLPPoster
+        from instrument.otlp_http import OtlpHttpSender
 
-        self._poster = OTLPPoster(endpoint, timeout_s)
-        self.url = self._poster.url
+        self.url = endpoint.rstrip("/") + "/v1/traces"
+        self._sender = OtlpHttpSender(self.url, timeout_s, signal="traces", user_agent="tailtrace-vllm")
         self._request_cls = trace_service_pb2.ExportTraceServiceRequest
         self._resource = dict(resource)
         self._scope = scope
@@ -155,7 +155,7 @@ class DecodeStepWriter:
             if req is None:
                 return
             try:
-                ok = self._poster.post(req.SerializeToString())
+                ok = bool(self._sender.send(req.SerializeToString()))
             except Exception:  # e.g. out of memory serialising: never raise into vLLM
                 ok = False
                 log.debug("decode-step export failed", exc_info=True)
@@ -173,5 +173,4 @@ class DecodeStepWriter:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._poster.stopping.set()
         self._thread.join(timeout_s)

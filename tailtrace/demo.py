@@ -161,8 +161,8 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
                       "output_tokens, queue_time_ms, service_time_ms, client_e2e_ms FROM requests ORDER BY "
                       "client_e2e_ms DESC LIMIT 10\"", soft_wrap=True)
         if not cfg.dashboard:
-            console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db}   (then http://{cfg.host}:"
-                          f"{cfg.dashboard_port})", soft_wrap=True)
+            console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db} --host {cfg.host} --port "
+                          f"{cfg.dashboard_port}   (then http://{cfg.host}:{cfg.dashboard_port})", soft_wrap=True)
     finally:
         stack.stop()
     if cfg.dashboard:

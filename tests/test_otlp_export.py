@@ -1,12 +1,16 @@
-"""instrument.otlp_export: the direct encoder gives the SDK encoder's message for the same spans,
-the poster retries and honours the OTLP env settings, the exporter lands spans in the real
-collector."""
+"""instrument.otlp_export and instrument.otlp_http: the direct encoder gives the SDK encoder's
+message for the same spans; the shared sender follows the OTLP retry rules and the OTEL_EXPORTER_OTLP_*
+headers, compression and TLS settings; the exporter lands spans in the real collector."""
 
 from __future__ import annotations
 
 import gzip
 import http.server
+import ssl
+import subprocess
 import threading
+import time
+import zlib
 from typing import ClassVar
 
 import pytest
@@ -18,9 +22,9 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from instrument.otlp_export import DirectOTLPSpanExporter, OTLPPoster, encode_spans
+from instrument.otlp_export import DirectOTLPSpanExporter, encode_spans
+from instrument.otlp_http import OtlpHttpSender
 
-pytestmark = pytest.mark.fast
 
 class _Keep(SpanExporter):
     def __init__(self):
@@ -39,12 +43,13 @@ def _varied_spans():
                                 span_limits=SpanLimits(max_span_attributes=12, max_events=2, max_links=1,
                                                        max_event_attributes=2, max_link_attributes=1))
                  for name in ("gateway", "vllm")]
+    providers.append(TracerProvider(resource=Resource({}, schema_url="https://opentelemetry.io/schemas/1.26.0")))
     for p in providers:
         p.add_span_processor(SimpleSpanProcessor(keep))
     tracers = [providers[0].get_tracer("tailtrace.gateway"),
                providers[0].get_tracer("tailtrace.other", "1.2.3", schema_url="https://opentelemetry.io/schemas/1.26.0",
                                        attributes={"scope.attr": "x"}),
-               providers[1].get_tracer("tailtrace.vllm")]
+               providers[1].get_tracer("tailtrace.vllm"), providers[2].get_tracer("")]
     remote = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True,
                          trace_flags=TraceFlags(1), trace_state=TraceState([("vendor", "v1"), ("other", "o2")]))
     link_ctx = SpanContext(0x1234, 0x5678, is_remote=False)
@@ -65,15 +70,19 @@ def _varied_spans():
                     child.set_status(Status(StatusCode.ERROR, "upstream answered 503"))
                 if kind is SpanKind.SERVER:
                     sp.set_status(Status(StatusCode.OK))
+                sp.set_attribute("none", None)  # kept by the SDK: an empty AnyValue
+                sp.set_attribute("map", {"a": None, "b": [1, 2], "c": {"d": "e"}})
+                sp.set_attribute("bad\udcffkey", 1)  # a key UTF-8 cannot hold: left out
     for p in providers:
         p.shutdown()
     return keep.spans
 
 def test_direct_encoding_equals_the_sdk_encoding():
     spans = _varied_spans()
-    assert len(spans) == 3 * len(SpanKind) * 2
+    assert len(spans) == 4 * len(SpanKind) * 2
     ours, sdk = encode_spans(spans), sdk_encode_spans(spans)
-    assert len(ours.resource_spans) == 2 and len(ours.resource_spans[0].scope_spans) == 2
+    assert len(ours.resource_spans) == 3 and len(ours.resource_spans[0].scope_spans) == 2
+    assert ours.resource_spans[2].HasField("resource") and not ours.resource_spans[2].resource.attributes
     # Field by field first, so a failure names what differs.
     for rs_o, rs_s in zip(ours.resource_spans, sdk.resource_spans, strict=True):
         assert rs_o.resource == rs_s.resource
@@ -87,7 +96,10 @@ def test_direct_encoding_equals_the_sdk_encoding():
     sp = next(s for s in ours.resource_spans[0].scope_spans[0].spans if s.kind == 2)
     assert sp.trace_state == "vendor=v1,other=o2" and sp.flags == 0x300 and len(sp.links) == 1
     assert [e.name for e in sp.events] == ["e2", "e3-dropped"] and sp.dropped_events_count == 1 and sp.dropped_links_count == 1 and sp.status.code == 1
-    assert "big" not in {kv.key for kv in sp.attributes} and len(sp.attributes) == 9
+    keys = [kv.key for kv in sp.attributes]
+    assert "big" not in keys and "none" in keys and "map" in keys and len(keys) == 10  # 12 kept by the SDK's limit, 2 unencodable
+    none = next(kv for kv in sp.attributes if kv.key == "none")
+    assert none.HasField("value") and none.value.WhichOneof("value") is None
     child = next(s for s in ours.resource_spans[0].scope_spans[0].spans if s.name == "child")
     assert child.dropped_attributes_count == 3 and child.status.message == "upstream answered 503"
     assert child.flags == 0x100  # a local parent
@@ -119,19 +131,21 @@ def recorder():
     srv.shutdown()
     srv.server_close()
 
-def test_poster_retries_overload_then_gives_up_on_a_client_error(recorder):
-    _Recorder.answers = [(503, "0.1"), (429, "0"), (200, None)]
-    p = OTLPPoster(recorder)
-    assert p.post(b"abc") is True
-    assert [b for _, b in _Recorder.seen] == [b"abc"] * 3
+def test_sender_retries_overload_within_its_budget_and_never_a_client_error(recorder):
+    url = recorder + "/v1/traces"
+    _Recorder.answers = [(503, "0.1"), (429, "0"), (204, None)]
+    res = OtlpHttpSender(url, timeout_s=5).send(b"abc")
+    assert res.ok and [b for _, b in _Recorder.seen] == [b"abc"] * 3  # any 2xx is success
     _Recorder.answers = [(400, None)]
-    assert p.post(b"bad") is False
-    assert len(_Recorder.seen) == 4  # a 400 is not retried
-    _Recorder.answers = [(503, "0"), (503, "0"), (503, "0"), (200, None)]
-    assert p.post(b"x") is False  # three tries at most
-    assert len(_Recorder.seen) == 7
+    res = OtlpHttpSender(url, timeout_s=5).send(b"bad")
+    assert not res.ok and not res.retryable and res.detail == "HTTP 400" and len(_Recorder.seen) == 4
+    _Recorder.answers = [(503, "2")] * 3
+    t0 = time.monotonic()
+    res = OtlpHttpSender(url, timeout_s=0.5).send(b"x")  # Retry-After past the budget: give up now
+    assert not res.ok and res.retryable and time.monotonic() - t0 < 0.5 and len(_Recorder.seen) == 5
 
-def test_poster_uses_the_otlp_headers_and_gzip_settings(recorder, monkeypatch):
+
+def test_sender_takes_the_otlp_header_and_compression_settings(recorder, monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer%20abc,x-tenant=t1")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")
     exporter = DirectOTLPSpanExporter(recorder)
@@ -142,16 +156,50 @@ def test_poster_uses_the_otlp_headers_and_gzip_settings(recorder, monkeypatch):
     assert headers["authorization"] == "Bearer abc" and headers["x-tenant"] == "t1"
     assert headers["Content-Encoding"] == "gzip" and headers["Content-Type"] == "application/x-protobuf"
     assert ExportTraceServiceRequest.FromString(gzip.decompress(body)) == sdk_encode_spans(spans)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "deflate")
+    assert OtlpHttpSender(recorder + "/v1/traces").send(b"payload").ok
+    assert zlib.decompress(_Recorder.seen[-1][1]) == b"payload" and _Recorder.seen[-1][0]["Content-Encoding"] == "deflate"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "x-tenant=metrics-only")  # another signal's
+    assert OtlpHttpSender(recorder + "/v1/traces").send(b"p").ok and _Recorder.seen[-1][0]["x-tenant"] == "t1"
     exporter.shutdown()
     assert exporter.export(spans) is SpanExportResult.FAILURE
 
-def test_exporter_counts_a_collector_that_is_down():
+
+def test_sender_trusts_the_ca_of_otel_exporter_otlp_certificate(tmp_path, monkeypatch):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Recorder.answers, _Recorder.seen = [], []
+    url = f"https://127.0.0.1:{srv.server_address[1]}/v1/traces"
+    try:
+        res = OtlpHttpSender(url, timeout_s=1).send(b"tls")  # a CA nobody told it to trust
+        assert not res.ok and "CERTIFICATE_VERIFY_FAILED" in res.detail
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", str(cert))
+        assert OtlpHttpSender(url, timeout_s=5).send(b"tls").ok
+        assert [b for _, b in _Recorder.seen] == [b"tls"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_exporter_counts_and_logs_a_collector_that_is_down(caplog):
     from tailtrace.procs import free_port
 
-    exporter = DirectOTLPSpanExporter(f"http://127.0.0.1:{free_port()}", timeout_s=2)
+    exporter = DirectOTLPSpanExporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     spans = _varied_spans()[:3]
-    assert exporter.export(spans) is SpanExportResult.FAILURE
-    assert exporter.failed == 3 and exporter.exported == 0
+    with caplog.at_level("WARNING", logger="tailtrace.otlp"):
+        assert exporter.export(spans) is SpanExportResult.FAILURE
+        assert exporter.export(spans) is SpanExportResult.FAILURE
+    assert exporter.failed == 6 and exporter.exported == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tailtrace.otlp"]
+    assert len(warnings) == 1 and "dropped 3 spans" in warnings[0]  # one line per 30 s, not per batch
+
 
 def test_tracer_provider_spans_land_in_the_real_collector(tmp_path):
     from collector.testing import start_collector

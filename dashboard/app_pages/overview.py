@@ -15,8 +15,8 @@ ui.metric_row([
     ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),
      "the offered load: requests / (last − first arrival)"),
     ("Throughput (req/s)", ui.fmt_rate(s["throughput_rps"], ""),
-     (f"requests / serving time ({s['serving_s']:,.1f} s, first arrival → last completion), as vLLM's "
-      "benchmark_serving")),
+     (f"requests completed OK / serving time ({s['serving_s']:,.1f} s, first arrival → last completion), "
+      "as vLLM's benchmark_serving")),
     ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), "sum of output tokens / serving time"),
     ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), "sum of prompt tokens / serving time"),
     ("Goodput (req/s)", ui.fmt_rate(s["goodput_rps"], ""),

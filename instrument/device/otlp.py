@@ -6,29 +6,24 @@ collection time, while every 100 ms sample needs its own; and at 10 Hz the SDK e
 generic encoder plus `requests` cost ~3.4 ms of CPU per export on the 2-core dev VM, over
 half of the 0.5 %-of-a-core budget. So the request (`ExportMetricsServiceRequest`, the same
 wire format) is encoded here (see `encode_samples`) and POSTed over one keep-alive
-`http.client` connection: ~0.4 ms per export.
+`http.client` connection by `instrument.otlp_http.OtlpHttpSender`: ~0.4 ms per export.
 
 Data point attributes (every gauge of one sample has the same set, so a receiver can regroup
 the gauges into one `device_samples` row): host, device_index (int), device_uuid, source
 (nvml | cpu), and throttle_reasons (decoded names joined by ',', only where the source has
 clock-event reasons). A quantity a device does not report has no data point (a NULL column).
 
-The sender follows the OTLP/HTTP spec's retry rules: 429, 502, 503, 504 and connection errors
-are retried with exponential back-off (honouring Retry-After) within the request's timeout;
-any other 4xx/5xx is permanent (the batch is dropped by the caller, and counted).
+The sender (shared with the span exporters) follows the OTLP/HTTP spec's retry rules: 429, 502,
+503, 504 and connection errors are retried with exponential back-off (honouring Retry-After)
+within the request's timeout; any other 4xx/5xx is permanent (the batch is dropped by the
+caller, and counted).
 """
 
 from __future__ import annotations
 
-import gzip
-import http.client
 import logging
-import os
-import random
 import struct
-import time
 from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
@@ -44,7 +39,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from instrument import semconv
 from instrument.device.backends import DeviceSample
 
-__all__ = ["GAUGES", "OtlpHttpSender", "SendResult", "encode_samples", "encode_samples_reference"]
+__all__ = ["GAUGES", "encode_samples", "encode_samples_reference"]
 
 log = logging.getLogger("tailtrace.device")
 
@@ -164,123 +159,3 @@ def encode_samples_reference(samples: Iterable[DeviceSample], resource: dict,
         resource=Resource(attributes=[_kv(k, v) for k, v in resource.items()]),
         scope_metrics=[ScopeMetrics(scope=InstrumentationScope(name=SCOPE_NAME, version="0.1.0"), metrics=metrics)],
     )])
-
-
-class SendResult:
-    """Outcome of one `OtlpHttpSender.send`: ok, retryable (worth sending again later), detail."""
-
-    __slots__ = ("detail", "ok", "retryable")
-
-    def __init__(self, ok: bool, retryable: bool = False, detail: str = "") -> None:
-        self.ok, self.retryable, self.detail = ok, retryable, detail
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-_RETRYABLE = {429, 502, 503, 504}
-
-
-def _env_headers() -> dict[str, str]:
-    raw = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or os.environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
-    out = {}
-    for part in raw.split(","):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[unquote(k.strip())] = unquote(v.strip())
-    return out
-
-
-class OtlpHttpSender:
-    """POST protobuf bodies to an OTLP/HTTP metrics URL over one keep-alive connection.
-
-    url: full URL, e.g. http://127.0.0.1:4318/v1/metrics (http or https). timeout_s: the
-    budget of one `send`, retries included. gzip: compress bodies (Content-Encoding: gzip).
-    Extra headers come from OTEL_EXPORTER_OTLP_METRICS_HEADERS / OTEL_EXPORTER_OTLP_HEADERS
-    (`k=v,k2=v2`, URL-encoded). Not thread-safe: one exporting thread uses it.
-    Raises ValueError for a URL that is not http(s).
-    """
-
-    def __init__(self, url: str, timeout_s: float = 5.0, gzip_body: bool = False) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"OTLP endpoint {url!r} is not an http(s) URL")
-        self.url = url
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._https else 80)
-        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        self.timeout_s = timeout_s
-        self.gzip_body = gzip_body
-        self._headers = {"Content-Type": "application/x-protobuf", "User-Agent": "tailtrace-device-sampler",
-                         **_env_headers()}
-        if gzip_body:
-            self._headers["Content-Encoding"] = "gzip"
-        self._conn: http.client.HTTPConnection | None = None
-
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=timeout)
-        else:
-            self._conn.timeout = timeout
-            if self._conn.sock is not None:
-                self._conn.sock.settimeout(timeout)
-        return self._conn
-
-    def _post_once(self, body: bytes, timeout: float) -> tuple[int, float | None]:
-        conn = self._connection(timeout)
-        try:
-            conn.request("POST", self._path, body, self._headers)
-            resp = conn.getresponse()
-            resp.read()
-            retry_after = resp.getheader("Retry-After")
-            if resp.getheader("Connection", "").lower() == "close":
-                self.close()
-        except Exception:
-            self.close()  # a broken keep-alive connection: reconnect next time
-            raise
-        try:
-            ra = float(retry_after) if retry_after is not None else None
-        except ValueError:
-            ra = None
-        return resp.status, ra
-
-    def send(self, body: bytes) -> SendResult:
-        """POST `body`; retry retryable failures with exponential back-off (1 s doubling,
-        jittered, or the server's Retry-After) until `timeout_s` is spent."""
-        if self.gzip_body:
-            body = gzip.compress(body, compresslevel=1)
-        deadline = time.monotonic() + self.timeout_s
-        delay = 1.0
-        attempt = 0
-        while True:
-            attempt += 1
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return SendResult(False, True, "timed out")
-            reused = self._conn is not None
-            try:
-                status, retry_after = self._post_once(body, left)
-                if 200 <= status < 300:
-                    return SendResult(True)
-                detail = f"HTTP {status}"
-                if status not in _RETRYABLE:
-                    return SendResult(False, False, detail)
-            except (OSError, http.client.HTTPException) as exc:
-                if reused and attempt == 1:
-                    continue  # the server closed an idle keep-alive connection: retry at once, fresh
-                detail, retry_after = f"{type(exc).__name__}: {exc}", None
-            wait = retry_after if retry_after is not None else delay * random.uniform(0.8, 1.2)
-            if time.monotonic() + wait >= deadline:
-                return SendResult(False, True, detail)
-            time.sleep(wait)
-            delay *= 2
-
-    def close(self) -> None:
-        """Close the connection (reopened on the next send). Safe twice."""
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None

@@ -61,8 +61,8 @@ class DeviceSampler:
       OTEL_EXPORTER_OTLP_ENDPOINT, http://127.0.0.1:4318).
     export_interval_s: how often buffered samples are sent, >= interval_s (default 1.0).
     source: 'auto' | 'nvml' | 'cpu' (see `open_backend`). nvml: a module replacing pynvml.
-    sender: anything with send(body: bytes) -> truthy on success (an `otlp.SendResult`) and
-      close(); default `otlp.OtlpHttpSender` to `{endpoint}/v1/metrics`, which retries 429,
+    sender: anything with send(body: bytes) -> truthy on success (an `instrument.otlp_http.SendResult`) and
+      close(); default `instrument.otlp_http.OtlpHttpSender` to `{endpoint}/v1/metrics`, which retries 429,
       502-504 and connection errors with back-off within `export_timeout_s` (default 5 s).
     max_buffered: at most this many samples wait for export (default 100 000; about 2.8 h of
       one device at 10 Hz).
@@ -136,9 +136,10 @@ class DeviceSampler:
         self._backend = open_backend(self.source_requested, self._nvml, self.host)
         self._resource = {"service.name": self._service_name, "host.name": self.host}
         if self._sender is None:
-            from instrument.device.otlp import OtlpHttpSender
+            from instrument.otlp_http import OtlpHttpSender
 
-            self._sender = OtlpHttpSender(f"{self.endpoint}/v1/metrics", timeout_s=self._export_timeout_s)
+            self._sender = OtlpHttpSender(f"{self.endpoint}/v1/metrics", timeout_s=self._export_timeout_s,
+                                          signal="metrics", user_agent="tailtrace-device-sampler")
         self._start_ns = time.time_ns()
         self._started = True
         self._threads = [

@@ -8,7 +8,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 
 from instrument import semconv
 from instrument.device.backends import DeviceSample
-from instrument.device.otlp import OtlpHttpSender, encode_samples, encode_samples_reference
+from instrument.device.otlp import encode_samples, encode_samples_reference
+from instrument.otlp_http import OtlpHttpSender
 
 
 def _samples():

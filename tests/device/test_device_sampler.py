@@ -87,7 +87,7 @@ def test_collector_down_then_up_loses_nothing():
 
 
 def test_buffer_is_bounded_and_drops_oldest():
-    from instrument.device.otlp import SendResult
+    from instrument.otlp_http import SendResult
 
     class DeadSender:  # a collector that answers 503 for ever
         def send(self, body):

@@ -76,7 +76,7 @@ def test_writer_drops_and_counts_past_its_bound_and_when_the_collector_is_down()
     from tailtrace.procs import free_port
 
     w = DecodeStepWriter(f"http://127.0.0.1:{free_port()}", {"service.name": "vllm"}, "t", max_pending_spans=10,
-                         flush_interval_s=60)
+                         flush_interval_s=60, timeout_s=1.0)
     times = [1_000_000_000 + 1000 * i for i in range(9)]
     assert w.add_decode_steps(b"\x01" * 16, b"\x02" * 8, times, [None] * 9) == 8
     assert w.add_decode_steps(b"\x01" * 16, b"\x02" * 8, times, [None] * 9) == 0  # 16 > 10: dropped

@@ -57,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tailtrace` console script. Returns the process exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the sub-command whose flags they are not: `tailtrace sql: error: ...`
+        sub = next((a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)), None)
+        owner = sub.choices.get(getattr(args, "command", None) or "") if sub is not None else None
+        (owner or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

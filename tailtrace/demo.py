@@ -285,7 +285,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
             f"{100 * (tail['service_share'] or 0):.0f}%, network/gateway/frontend {100 * (tail['other_share'] or 0):.0f}%")
     b = report["batch"]
     if b["steps"]:
-        hist = "  ".join(f"{lo}-{hi}: {k}" for lo, hi, k in b["histogram"])
+        hist = "  ".join(f"{lo if lo == hi else f'{lo}-{hi}'}: {k}" for lo, hi, k in b["histogram"])
         console.print(f"Batch size per engine step ({b['steps']} steps): P50 {b['p50']:.0f}, P90 {b['p90']:.0f}, "
                       f"P99 {b['p99']:.0f}, max {b['max']}   [{hist}]")
         console.print(f"Batch size as seen by each output token: P50 {b['per_token_p50']:.0f}, P99 {b['per_token_p99']:.0f}")

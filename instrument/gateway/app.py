@@ -164,6 +164,7 @@ class _Gateway:
 
 
 _LLM_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))
+_HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 def _server_request_hook(span, scope) -> None:
@@ -456,7 +457,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         return _json_error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                           "invalid_request_error", "not_found" if exc.status_code == 404 else None,
+                           "invalid_request_error", _HTTP_ERROR_CODES.get(exc.status_code),
                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(LimitError)

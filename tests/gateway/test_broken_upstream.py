@@ -67,3 +67,16 @@ def test_bodies_that_are_not_a_json_object_get_400_before_any_upstream(body, mes
         assert err["code"] == "invalid_json" and message in err["message"]
     finally:
         gw.stop()
+
+
+def test_wrong_method_and_unknown_path_are_openai_errors_with_a_code():
+    gw = start_gateway_thread(GatewayConfig(upstreams=(f"http://127.0.0.1:{free_port()}",), port=free_port(),
+                                            otlp_endpoint="none"))
+    try:
+        r = httpx.get(gw.url + "/v1/completions", timeout=30)
+        assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+        assert "GET /v1/completions" in r.json()["error"]["message"]
+        r = httpx.post(gw.url + "/v1/nothing", json={}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    finally:
+        gw.stop()

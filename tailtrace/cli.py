@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tailtrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.subcommands = sub.choices  # name -> sub-command parser (main() names it in errors)
     for name in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
@@ -59,9 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # name the sub-command whose flags they are not: `tailtrace sql: error: ...`
-        sub = next((a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction)), None)
-        owner = sub.choices.get(getattr(args, "command", None) or "") if sub is not None else None
-        (owner or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        owner = parser.subcommands.get(getattr(args, "command", None) or "", parser)
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

@@ -77,9 +77,9 @@ def make_tracer_provider(
 
 def set_any_value(v, value) -> None:
     """Fill an OTLP `AnyValue` protobuf message `v` from a Python value: bool, int, float, str,
-    bytes, list or tuple (array_value) or dict (kvlist_value), recursively; None gives an empty (but present) value.
-    Used by instrument.otlp_export and instrument.step_spans, and to build test and benchmark
-    payloads by hand. Raises TypeError for any other type and ValueError for an int outside
+    bytes, list or tuple (array_value) or dict (kvlist_value), recursively; None gives an empty
+    (but present) value. Used by instrument.otlp_export (whose fill_attributes serves
+    instrument.step_spans too) and to build test and benchmark payloads by hand. Raises TypeError for any other type and ValueError for an int outside
     int64 (protobuf's own check)."""
     if isinstance(value, bool):
         v.bool_value = value

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from instrument.otel import set_any_value
 
-__all__ = ["DirectOTLPSpanExporter", "encode_spans"]
+__all__ = ["DirectOTLPSpanExporter", "encode_spans", "fill_attributes"]
 
 log = logging.getLogger("tailtrace.otlp")
 
@@ -40,7 +40,9 @@ def _flags(parent) -> int:
     return _FLAG_HAS_IS_REMOTE | (_FLAG_IS_REMOTE if parent is not None and parent.is_remote else 0)
 
 
-def _fill_attributes(repeated, attributes) -> None:
+def fill_attributes(repeated, attributes) -> None:
+    """Append `attributes` (a mapping, or None) to a repeated OTLP `KeyValue` field, as the SDK's
+    encoder does: a value protobuf cannot hold leaves that attribute out (logged at debug level)."""
     if not attributes:
         return
     for k, val in attributes.items():
@@ -70,7 +72,7 @@ def encode_spans(spans: Sequence):
         if entry is None:
             rs = req.resource_spans.add()
             rs.resource.SetInParent()  # present even without attributes, as the SDK writes it
-            _fill_attributes(rs.resource.attributes, res.attributes)
+            fill_attributes(rs.resource.attributes, res.attributes)
             if res.schema_url:
                 rs.schema_url = res.schema_url
             entry = resources[res] = (rs, {})
@@ -84,7 +86,7 @@ def encode_spans(spans: Sequence):
                 ss.scope.name = scope.name
                 if scope.version:
                     ss.scope.version = scope.version
-                _fill_attributes(ss.scope.attributes, scope.attributes)
+                fill_attributes(ss.scope.attributes, scope.attributes)
                 if scope.schema_url:
                     ss.schema_url = scope.schema_url
         sp = ss.spans.add()
@@ -100,19 +102,19 @@ def encode_spans(spans: Sequence):
         sp.kind = s.kind.value + 1  # SDK SpanKind INTERNAL=0.. -> OTLP SPAN_KIND_INTERNAL=1..
         sp.start_time_unix_nano = s.start_time
         sp.end_time_unix_nano = s.end_time
-        _fill_attributes(sp.attributes, s.attributes)
+        fill_attributes(sp.attributes, s.attributes)
         for ev in s.events:
             e = sp.events.add()
             e.name = ev.name
             e.time_unix_nano = ev.timestamp
-            _fill_attributes(e.attributes, ev.attributes)
+            fill_attributes(e.attributes, ev.attributes)
             if ev.dropped_attributes:
                 e.dropped_attributes_count = ev.dropped_attributes
         for link in s.links:
             lk = sp.links.add()
             lk.trace_id = link.context.trace_id.to_bytes(16, "big")
             lk.span_id = link.context.span_id.to_bytes(8, "big")
-            _fill_attributes(lk.attributes, link.attributes)
+            fill_attributes(lk.attributes, link.attributes)
             if link.dropped_attributes:
                 lk.dropped_attributes_count = link.dropped_attributes
             lk.flags = _flags(link.context)

@@ -24,7 +24,7 @@ import random
 import threading
 
 from instrument import semconv as sc
-from instrument.otel import set_any_value
+from instrument.otlp_export import fill_attributes
 
 __all__ = ["DecodeStepWriter"]
 
@@ -67,10 +67,7 @@ class DecodeStepWriter:
     def _new_request(self):
         req = self._request_cls()
         rs = req.resource_spans.add()
-        for k, val in self._resource.items():
-            kv = rs.resource.attributes.add()
-            kv.key = k
-            set_any_value(kv.value, val)
+        fill_attributes(rs.resource.attributes, self._resource)
         ss = rs.scope_spans.add()
         ss.scope.name = self._scope
         return req, ss.spans, 0

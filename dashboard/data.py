@@ -724,8 +724,8 @@ def _floor_minute(t: dt.datetime) -> dt.datetime:
     return t.replace(second=0, microsecond=0)
 
 
-def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
-    """Throughput and SLO figures of the filtered requests.
+def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] | None = None) -> dict:
+    """Throughput and SLO figures of the filtered requests (`schema`: `src.schema()`, read when None).
 
     Keys: requests, completed (status ok), good, first_time, last_time (arrivals), arrival_span_s
     (last - first arrival), serving_s (first arrival -> last completion; completion = arrival +
@@ -741,7 +741,7 @@ def summary(src: DataSource, f: Filters, slo: Slo) -> dict:
     w, p = f.requests_where()
     cond, cp = slo.condition()
     # unattributed_ms makes the phases add up to the outermost span (collector/store/schema.py)
-    outer = " + ".join(f"coalesce({c}, 0)" for c, _, _ in phase_columns(src.schema())) or "0"
+    outer = " + ".join(f"coalesce({c}, 0)" for c, _, _ in phase_columns(schema or src.schema())) or "0"
     r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE coalesce(status, 'ok') = 'ok') AS completed, "
                f"count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
                f"max(arrival_time) AS last_time, max(arrival_time + to_microseconds(CAST(round(1000 * "
@@ -1110,7 +1110,7 @@ def run_user_sql(src: DataSource, sql: str, max_rows: int = 10_000, timeout_s: f
 def _overview(src: DataSource, f: Filters, schema=None) -> None:
     schema = schema or src.schema()
     slo = Slo()
-    s = summary(src, f, slo)
+    s = summary(src, f, slo, schema)
     percentiles(src, f, schema)
     throughput_timeline(src, f, slo, bucket_ms(s["first_time"], s["last_time"]))
 

@@ -9,7 +9,7 @@ ctx = ui.require()
 ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the sidebar, and exact latency "
           "percentiles (quantile_cont over every request / decode step in DuckDB).")
 
-s = data.summary(ctx.src, ctx.filters, ctx.slo)
+s = data.summary(ctx.src, ctx.filters, ctx.slo, ctx.schema)
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that arrived in the window"),
     ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),

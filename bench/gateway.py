@@ -126,6 +126,11 @@ def _pct(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def _print_row(label: str, xs: list[float], note: str = "") -> None:
+    print(f"{label:40s}{len(xs):6d}{_pct(xs, .5):10.3f}{_pct(xs, .9):10.3f}{_pct(xs, .99):10.3f}"
+          f"{statistics.fmean(xs) if xs else float('nan'):10.3f}{note}")
+
+
 async def _one(client, url, body, stream):
     t0 = time.perf_counter()
     ttft = None
@@ -301,13 +306,10 @@ def main() -> int:
                     cpu_per_req[(proxy, kind)] = (sum(psutil.Process(gp.pid).cpu_times()[:2]) - c0) * 1e3 / done
                 for name, key in (("direct", f"direct (beside {proxy})"), (proxy, proxy)):
                     rows[(kind, key)] = e2e = [x[0] for x in out[name]]
-                    print(f"{kind + ' E2E ' + key:40s}{len(e2e):6d}{_pct(e2e, .5):10.3f}{_pct(e2e, .9):10.3f}"
-                          f"{_pct(e2e, .99):10.3f}{statistics.fmean(e2e) if e2e else float('nan'):10.3f}"
-                          + (f"  errors {errors[name]}" if errors[name] else ""))
+                    _print_row(f"{kind} E2E {key}", e2e, f"  errors {errors[name]}" if errors[name] else "")
                     if stream:
                         rows[("ttft", key)] = t = [x[1] for x in out[name] if x[1] is not None]
-                        print(f"{'stream TTFT ' + key:40s}{len(t):6d}{_pct(t, .5):10.3f}{_pct(t, .9):10.3f}"
-                              f"{_pct(t, .99):10.3f}{statistics.fmean(t) if t else float('nan'):10.3f}")
+                        _print_row(f"stream TTFT {key}", t)
 
         def added(kind, proxy, q):
             return _pct(rows[(kind, proxy)], q) - _pct(rows[(kind, f"direct (beside {proxy})")], q)

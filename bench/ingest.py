@@ -12,7 +12,7 @@ committed in DuckDB (spans + engine_steps) over the timed window, and prints:
 Beside them, each stage alone on one core: decode + conversion to Arrow (slow and fast paths),
 and the store alone (`DuckDBStore._commit` of batches converted beforehand, 1 and --senders
 batches per transaction: the writer commits what is queued, at most one per sender), so the
-ceiling of each side is printed next to the end-to-end rate. the API's /healthz counters give the
+ceiling of each side is printed next to the end-to-end rate. The API's /healthz counters give the
 batches per commit of the end-to-end run.
 
 A request mixes the spans of one LLM request through every layer: client.request, the gateway's

@@ -38,14 +38,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages the tests use for real: Prometheus (alert expressions) and Chromium
-# (dashboard screenshot). Installed once; skipped when already present.
+# (dashboard screenshot). Installed once; skipped when already present. What it changes on the
+# host: it installs the two packages, and when it installed `prometheus` itself it stops the
+# system service that package starts (by its unit: systemd, else the init script; the tests run
+# their own Prometheus on free ports). It never stops a Prometheus it did not install, and never
+# signals a process by name.
 $(SYSSTAMP):
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v chromium >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null; \
+		had_prometheus=$$(dpkg-query -W -f='$${Status}' prometheus 2>/dev/null | grep -c 'install ok installed'); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null || exit 1; \
+		if [ "$$had_prometheus" = 0 ]; then \
+			echo "sysdeps: installed prometheus; stopping the prometheus service its package started"; \
+			if [ -d /run/systemd/system ]; then $$SUDO systemctl stop prometheus.service || true; \
+			elif [ -x /etc/init.d/prometheus ]; then $$SUDO /etc/init.d/prometheus stop >/dev/null || true; fi; \
+		fi; \
 	fi
-	@# Debian's prometheus package starts a system service; the tests start their own.
-	@-systemctl stop prometheus >/dev/null 2>&1; pkill -x prometheus >/dev/null 2>&1; true
 	touch $(SYSSTAMP)
 
 sysdeps: $(SYSSTAMP)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from collector.query.auth import bearer_headers
 from tailtrace.errors import UserError
 from tailtrace.urls import check_http_url
 
@@ -109,11 +110,6 @@ def _collect(args) -> int:
     return run_collector(cfg)
 
 
-def _api_headers() -> dict:
-    tok = os.environ.get("TAILTRACE_API_TOKEN")
-    return {"Authorization": f"Bearer {tok}"} if tok else {}
-
-
 def _sql(args) -> int:
     if not args.query.strip():
         raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
@@ -144,7 +140,7 @@ def _sql(args) -> int:
         url = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
         try:
-            r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=_api_headers(), timeout=120)
+            r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=bearer_headers(), timeout=120)
         except httpx.HTTPError as exc:
             raise UserError(f"cannot reach the collector API at {url} ({exc.__class__.__name__}); "
                             "is `tailtrace collect` running? or use --db PATH") from None
@@ -204,7 +200,7 @@ def _export(args) -> int:
         counts = export_from_db(args.db, args.out, tables)
     else:
         counts = export_from_api(check_http_url(args.api, "--api", DEFAULT_API), args.out, tables,
-                                 headers=_api_headers())
+                                 headers=bearer_headers())
     for t, n in counts.items():
         print(f"{t}: {n} rows")
     return 0

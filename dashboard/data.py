@@ -31,6 +31,8 @@ from typing import Any
 
 import pandas as pd
 
+from collector.query.auth import bearer_headers
+
 __all__ = [
     "HOW_TO_GET_DATA",
     "PAGE_QUERIES",
@@ -302,9 +304,7 @@ class ApiSource(DataSource):
         body = {"sql": sql, "params": [p.isoformat() if isinstance(p, (dt.datetime, dt.date)) else p
                                        for p in params]}
         headers = {"Accept": f"{ARROW_STREAM}, application/json"}
-        token = os.environ.get("TAILTRACE_API_TOKEN")
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers.update(bearer_headers())
         try:
             resp = self._client.post(f"{self.url}/api/sql", json=body, headers=headers, timeout=timeout_s + 5)
         except httpx.TimeoutException:

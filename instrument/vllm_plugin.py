@@ -8,7 +8,8 @@ engine monotonic time) and the scheduler's stats with the step's batch compositi
 (`--enable-logging-iteration-details`, which the plugin switches on). Nothing runs in the
 engine core's busy loop: see docs/vllm-plugin.md for the hook points and their measured cost.
 
-Hooks (vLLM 0.32.x; other versions are refused with a clear message):
+Hooks (vLLM 0.32.x; on another version, or one missing a hook point, the plugin logs one line and
+vLLM serves untraced):
 - `OutputProcessor.add_request`        binds vLLM's request id to the HTTP request's timeline;
 - `OutputProcessor.process_outputs`    per step: token times, events, finish reasons;
 - `OutputProcessor.update_scheduler_stats`  closes the step: batch size, prefill/decode tokens, KV;
@@ -59,18 +60,31 @@ def check_vllm_version(version: str) -> None:
     if not version.startswith(SUPPORTED_VLLM):
         raise RuntimeError(
             f"tailtrace's vLLM plugin supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VLLM)}; "
-            f"found vLLM {version}. Install a supported vLLM or unset TAILTRACE_VLLM."
+            f"found vLLM {version}"
         )
 
 
 def register() -> None:
-    """vLLM general-plugin entry point. Idempotent; a no-op unless TAILTRACE_VLLM=1."""
+    """vLLM general-plugin entry point. Idempotent; a no-op unless TAILTRACE_VLLM=1.
+
+    Never raises: vLLM does not catch a plugin's exception, and an observability plugin must not
+    take the server down. On a vLLM it cannot trace (another version, a hook point missing) it
+    logs one warning line (the version found, those supported, how to switch tailtrace off),
+    installs nothing, and vLLM serves untraced. It then sets TAILTRACE_VLLM=refused in this
+    process's environment, so the processes vLLM starts afterwards do not repeat the line."""
     if os.environ.get("TAILTRACE_VLLM") != "1" or _State.installed:
         return
-    import vllm
+    try:
+        import vllm
 
-    check_vllm_version(vllm.__version__)
-    _install_hooks()
+        check_vllm_version(getattr(vllm, "__version__", "unknown"))
+        points = _hook_points()
+    except Exception as exc:  # noqa: BLE001 - any failure here must leave vLLM serving
+        os.environ["TAILTRACE_VLLM"] = "refused"
+        log.warning("tailtrace is off, vLLM serves untraced: %s. Install a supported vLLM, or unset "
+                    "TAILTRACE_VLLM (`tailtrace serve --no-instrument`) to silence this line.", exc)
+        return
+    _install_hooks(points)
     _State.installed = True
 
 
@@ -195,9 +209,7 @@ def _on_abort(request_ids) -> None:
             tl.finish_reason = "abort"
 
 
-def _install_output_processor_hooks() -> None:
-    from vllm.v1.engine.output_processor import OutputProcessor
-
+def _install_output_processor_hooks(OutputProcessor) -> None:
     orig_add = OutputProcessor.add_request
     orig_process = OutputProcessor.process_outputs
     orig_stats = OutputProcessor.update_scheduler_stats
@@ -298,9 +310,7 @@ def _instrument_app(app, args) -> None:
     del sink
 
 
-def _install_app_hooks() -> None:
-    import vllm.entrypoints.launchers.app as app_module
-
+def _install_app_hooks(app_module) -> None:
     orig = app_module.init_entrypoints_middleware
 
     def init_entrypoints_middleware(args, app, *rest, **kwargs):
@@ -314,11 +324,9 @@ def _install_app_hooks() -> None:
     app_module.init_entrypoints_middleware = init_entrypoints_middleware
 
 
-def _install_config_hooks() -> None:
+def _install_config_hooks(EngineArgs) -> None:
     """Switch on vLLM's per-iteration details (batch composition and step time per step) and
     keep its one-log-line-per-step out of the console unless the user asked for them."""
-    from vllm.engine.arg_utils import EngineArgs
-
     orig = EngineArgs.create_engine_config
 
     def create_engine_config(self, *a, **kw):
@@ -337,7 +345,38 @@ class _DropIterationLines(logging.Filter):
         return "Iteration(" not in str(record.msg)
 
 
-def _install_hooks() -> None:
-    _install_config_hooks()
-    _install_output_processor_hooks()
-    _install_app_hooks()
+# (module, attribute of it, hook points on that attribute): every place the plugin patches.
+_HOOK_POINTS = (
+    ("vllm.engine.arg_utils", "EngineArgs", ("create_engine_config",)),
+    ("vllm.v1.engine.output_processor", "OutputProcessor",
+     ("add_request", "process_outputs", "update_scheduler_stats", "abort_requests")),
+    ("vllm.entrypoints.launchers.app", None, ("init_entrypoints_middleware",)),
+)
+
+
+def _hook_points() -> list:
+    """Import and check every hook point before patching any, so that a vLLM missing one is
+    refused whole instead of half-traced. Returns the owners in `_HOOK_POINTS` order; raises
+    RuntimeError naming the first hook point that is missing or not callable."""
+    import importlib
+
+    owners = []
+    for module, attr, names in _HOOK_POINTS:
+        where = f"{module}.{attr}" if attr else module
+        try:
+            owner = importlib.import_module(module)
+            owner = getattr(owner, attr) if attr else owner
+        except (ImportError, AttributeError) as exc:
+            raise RuntimeError(f"hook point {where} is missing ({exc})") from exc
+        for name in names:
+            if not callable(getattr(owner, name, None)):
+                raise RuntimeError(f"hook point {where}.{name} is missing")  # noqa: TRY004 - not a type error of ours
+        owners.append(owner)
+    return owners
+
+
+def _install_hooks(points: list) -> None:
+    engine_args, output_processor, app_module = points
+    _install_config_hooks(engine_args)
+    _install_output_processor_hooks(output_processor)
+    _install_app_hooks(app_module)

@@ -29,7 +29,7 @@ def print_summary(summary: Summary, console=None, title: str = "replay") -> None
     t.add_column("metric")
     for q in ("p50", "p90", "p99", "p999"):
         t.add_column(q.upper(), justify="right")
-    names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "E2E"}
+    names = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL per SSE chunk", "e2e": "E2E"}
     for m in METRICS:
         t.add_row(names[m], *(_ms(s.latency[m][q]) for q in ("p50", "p90", "p99", "p999")))
     t.add_row("schedule lag", *(_ms(s.schedule_lag_ms[q]) for q in ("p50", "p90", "p99", "p999")))

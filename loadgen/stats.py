@@ -5,7 +5,9 @@ Plain data and pure functions (no I/O); `loadgen.report` renders them. Definitio
 - client queue = wait for a --concurrency-cap slot (ms); 0 without a cap. Send = dispatch + queue.
 - TTFT = first streamed token chunk - send (ms); E2E = last byte - send (ms).
 - TPOT = (E2E - TTFT) / (output tokens - 1) (ms), vLLM's and the OpenAI benchmarks' definition.
-- ITL = gaps between successive token chunks' arrivals (ms), pooled over requests.
+- ITL = gaps between successive token chunks' arrivals (ms), pooled over requests. Per SSE
+  chunk, not per token: vLLM may put several tokens in one chunk (then the gap spans them all and
+  there are fewer gaps than tokens). The per-token ITL is the engine's (`decode_steps.itl_ms`).
 - goodput = requests that succeeded and met every per-request SLO bound, per second of the run
   (DistServe, Zhong et al., OSDI 2024).
 Percentiles are exact over the raw values, linear interpolation between order statistics (the

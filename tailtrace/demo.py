@@ -209,7 +209,10 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict
 def _sql(api: str, query: str, params=None) -> list:
     import httpx
 
-    r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, timeout=60)
+    from collector.query.auth import bearer_headers
+
+    r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, headers=bearer_headers(),
+                   timeout=60)
     if r.status_code != 200:
         raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
     return r.json()["rows"]

@@ -148,8 +148,10 @@ def demo_run(tmp_path_factory) -> DemoRun:
 
     out = tmp_path_factory.mktemp("demo")
     mark = uuid.uuid4().hex
+    # with the SQL API's bearer token set: the demo's report must send it (it got 401 before)
+    env = dict(marked_env(mark), TAILTRACE_API_TOKEN=f"demo-{mark}")
     proc = subprocess.Popen(demo_command(out, 20, 1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, env=marked_env(mark))
+                            start_new_session=True, env=env)
     try:
         text, _ = proc.communicate(timeout=1200)
     finally:

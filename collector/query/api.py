@@ -15,7 +15,6 @@ import decimal
 import hmac
 import json
 import math
-import os
 import uuid
 
 from starlette.applications import Starlette
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from collector.query.auth import api_token
 from collector.query.readonly import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TIMEOUT_S,
@@ -86,7 +86,7 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
     """The API ASGI app over a started `DuckDBStore`. `token` defaults to TAILTRACE_API_TOKEN."""
     import duckdb
 
-    token = token if token is not None else os.environ.get("TAILTRACE_API_TOKEN") or None
+    token = token if token is not None else api_token()
     registry = None
     try:
         from collector.export.prometheus import make_registry  # written by another part

@@ -40,7 +40,7 @@ def test_forced_preemption_yields_preempted_spans_and_counts(small_kv_server, se
                 _stream(c, small_kv_server, 100, 300, f"00-{t}-{uuid.uuid4().hex[:16]}-01") for t in ids])
 
     results = asyncio.run(go())
-    assert all(u["completion_tokens"] == 300 for _, u in results)
+    assert all(u["completion_tokens"] == 300 for _, _, u in results)
     api = session_collector.api_url
     marks = ",".join("?" * len(ids))
     rows = poll_sql(api, f"SELECT trace_id, preemptions, preempted_ms, e2e_ms, frontend_ms + queue_ms + prefill_ms"

@@ -78,9 +78,12 @@ def test_span_tree_tiles_the_request_and_decode_steps_are_complete(vllm_server):
     assert [r[0] for r in steps] == list(range(n))
     times = [r[1] for r in steps]
     assert all(b > a for a, b in itertools.pairwise(times)), "decode step times must strictly increase"
+    # the step spans are written by their own exporter (instrument/step_spans.py) and may reach the
+    # collector after llm.request: wait for both
     spans = {r[0]: r[1:] for r in poll_sql(
         api, "SELECT name, sum(duration_ms), count(*) FROM spans WHERE trace_id = ? GROUP BY name", [trace_id],
-        until=lambda r: any(x[0] == "llm.request" for x in r))}
+        until=lambda r: {x[0]: x[2] for x in r}.get("llm.request") == 1
+        and {x[0]: x[2] for x in r}.get("llm.decode.step", 0) >= n - 1, timeout_s=60)}
     itl_sum = sum(r[2] for r in steps if r[2] is not None)
     assert abs(itl_sum - spans["llm.decode"][0]) < 1.0
     assert spans["llm.decode.step"][1] == n - 1  # full mode: one span per token after the first

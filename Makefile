@@ -62,7 +62,7 @@ model: $(STAMP)
 	$(VENV)/bin/tailtrace model tiny
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tailtrace instrument collector dashboard loadgen bench tests
+	$(VENV)/bin/ruff check tailtrace semantics instrument collector dashboard loadgen bench tests
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

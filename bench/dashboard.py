@@ -115,7 +115,13 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
       network_ms + gateway_ms + gateway_queue_ms + ttft_ms + decode_ms + 0.05 AS client_e2e_ms,
       gateway_queue_ms + queue_ms + preempted_ms AS queue_time_ms,
       prefill_ms + decode_ms AS service_time_ms,
-      0.1 * {_u('r', "'lag'")} AS schedule_lag_ms
+      0.1 * {_u('r', "'lag'")} AS schedule_lag_ms,
+      -- the derived columns, by semantics.catalog.DERIVED: every request has a client span and is ok
+      network_ms + gateway_ms + gateway_queue_ms + ttft_ms + decode_ms + 0.05 AS outer_e2e_ms,
+      network_ms + gateway_ms + gateway_queue_ms + ttft_ms AS outer_ttft_ms,
+      arrival_time + to_microseconds(CAST(round(1000 * (network_ms + gateway_ms + gateway_queue_ms + ttft_ms
+        + decode_ms + 0.05)) AS BIGINT)) AS completion_time,
+      true AS ok
     FROM full_rows ORDER BY r
     """)
     # 8 spans per request: client > gateway > (admission, stream, llm.request > (queue, prefill, decode)).

@@ -11,7 +11,8 @@ Conventions (the store contract is DESIGN.md "The store" and docs/schema.md):
 - durations are milliseconds (DOUBLE), times are UTC TIMESTAMPs (naive datetimes here);
 - every percentile is exact: `quantile_cont` over raw rows (linear interpolation between the two
   closest order statistics, DuckDB's definition, the same as numpy's default), never from buckets;
-- filters apply to `requests.arrival_time` (time range), `requests.model`, `requests.service_name`
+- filters apply to `requests.completion_time` (time range; the store's arrival + outer E2E, by
+  which every time window of tailtrace selects requests), `requests.model`, `requests.service_name`
   and `requests.priority`; decode steps and engine steps are filtered by their own `time`, and decode
   steps by the requests they belong to when a model, service or priority filter is set;
 - a phase column that is NULL (layer not instrumented) counts as absent, never as 0, in percentiles;
@@ -32,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from collector.query.auth import bearer_headers
+from semantics import catalog
 
 __all__ = [
     "HOW_TO_GET_DATA",
@@ -54,24 +56,18 @@ ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
 ENV_API = "TAILTRACE_DASHBOARD_API"
 
-QUANTILES = (0.5, 0.9, 0.99, 0.999)
-QUANTILE_LABELS = ("P50", "P90", "P99", "P999")
+QUANTILES = catalog.QUANTILES
+QUANTILE_LABELS = catalog.QUANTILE_LABELS
 
-# (column in `requests`, label, layer of DESIGN.md's four) in the order a request lives them.
-PHASES: tuple[tuple[str, str, str], ...] = (
-    ("network_ms", "Network", "gateway and infrastructure"),
-    ("gateway_ms", "Gateway", "gateway and infrastructure"),
-    ("gateway_queue_ms", "Gateway queue", "gateway and infrastructure"),
-    ("frontend_ms", "vLLM frontend", "engine scheduling"),
-    ("queue_ms", "Engine queue", "engine scheduling"),
-    ("preempted_ms", "Preempted", "engine scheduling"),
-    ("prefill_ms", "Prefill", "compute and hardware"),
-    ("decode_ms", "Decode", "compute and hardware"),
-    ("unattributed_ms", "Unattributed", "not instrumented"),
-)
+# (column in `requests`, label, layer of DESIGN.md's four) in the order a request lives them: the
+# catalog's phases, then the residual.
+PHASES: tuple[tuple[str, str, str], ...] = tuple(
+    (p.column, p.label, p.layer.label) for p in (*catalog.PHASES, catalog.UNATTRIBUTED))
 
 # Per-request latency columns of `requests` (ms) and their labels. ITL lives in `decode_steps`.
 REQUEST_METRICS: dict[str, str] = {
+    "outer_ttft_ms": "TTFT (outer)",
+    "outer_e2e_ms": "E2E (outer)",
     "ttft_ms": "TTFT (engine)",
     "tpot_ms": "TPOT (engine)",
     "e2e_ms": "E2E (engine)",
@@ -365,8 +361,9 @@ def source_from_env() -> DataSource | None:
 # ------------------------------------------------------------------------------------------ filters
 @dataclass(frozen=True)
 class Filters:
-    """What the sidebar selects. `start`/`end`: naive UTC datetimes bounding `arrival_time` (inclusive
-    start, exclusive end; None = open); empty tuples select everything."""
+    """What the sidebar selects. `start`/`end`: naive UTC datetimes bounding a request's
+    `completion_time` (inclusive start, exclusive end; None = open), as every time window of
+    tailtrace selects requests; steps and samples by their own time. Empty tuples select everything."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -392,7 +389,7 @@ class Filters:
     def requests_where(self, alias: str = "") -> tuple[str, list[Any]]:
         """(`WHERE ...` clause, params) selecting rows of `requests`."""
         a = f"{alias}." if alias else ""
-        terms, params = self._time_terms(f"{a}arrival_time")
+        terms, params = self._time_terms(f"{a}completion_time")
         t2, p2 = self._request_terms(alias)
         return _where(terms + t2), params + p2
 
@@ -442,26 +439,26 @@ def _and(where: str, term: str) -> str:
 @dataclass(frozen=True)
 class Slo:
     """Service-level objectives in ms; None = no objective on that metric. A request is *good* when it
-    finished without error and meets every objective set: TTFT and E2E as the user felt them (client
-    columns when the client was traced, else the engine's), TPOT from the engine (a request with one
-    output token has no TPOT and meets any TPOT objective)."""
+    is `ok` and meets every objective set: TTFT and E2E as the user felt them (the store's outer
+    columns), TPOT from the engine (a request with one output token has no TPOT and meets any TPOT
+    objective). Defaults: semantics.catalog.SLO_DEFAULTS_MS."""
 
-    ttft_ms: float | None = 2000.0
-    tpot_ms: float | None = 100.0
-    e2e_ms: float | None = None
+    ttft_ms: float | None = catalog.SLO_DEFAULTS_MS["ttft"]
+    tpot_ms: float | None = catalog.SLO_DEFAULTS_MS["tpot"]
+    e2e_ms: float | None = catalog.SLO_DEFAULTS_MS["e2e"]
 
     def condition(self) -> tuple[str, list[Any]]:
         """(SQL boolean expression over `requests`, params) true for good requests."""
-        terms = ["coalesce(status, 'ok') = 'ok'"]
+        terms = ["coalesce(ok, false)"]
         params: list[Any] = []
         if self.ttft_ms is not None:
-            terms.append("coalesce(client_ttft_ms, ttft_ms) <= ?")
+            terms.append("outer_ttft_ms <= ?")
             params.append(float(self.ttft_ms))
         if self.tpot_ms is not None:
             terms.append("coalesce(tpot_ms <= ?, true)")
             params.append(float(self.tpot_ms))
         if self.e2e_ms is not None:
-            terms.append("coalesce(client_e2e_ms, e2e_ms) <= ?")
+            terms.append("outer_e2e_ms <= ?")
             params.append(float(self.e2e_ms))
         return "(" + " AND ".join(terms) + ")", params
 
@@ -515,7 +512,7 @@ def _f(v: Any) -> float | None:
 
 
 def _qlist(v: Any) -> list[float | None]:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
         return [None] * len(QUANTILES)
     return [_f(x) for x in list(v)]
 
@@ -531,7 +528,7 @@ def store_info(src: DataSource) -> dict:
                             "models": [], "services": [], "priorities": []}
     if "requests" not in schema:
         return info
-    row = src.df("SELECT count(*) AS n, min(arrival_time) AS first_time, max(arrival_time) AS last_time "
+    row = src.df("SELECT count(*) AS n, min(completion_time) AS first_time, max(completion_time) AS last_time "
                  "FROM requests").iloc[0]
     info.update(requests=int(row["n"]), first_time=_ts(row["first_time"]), last_time=_ts(row["last_time"]))
     for key, col in (("models", "model"), ("services", "service_name"), ("priorities", "priority")):
@@ -548,9 +545,9 @@ def count_requests(src: DataSource, f: Filters) -> int:
 
 
 def bounds(src: DataSource, f: Filters) -> tuple[dt.datetime | None, dt.datetime | None]:
-    """(first, last) arrival time of the filtered requests."""
+    """(first, last) completion time of the filtered requests."""
     w, p = f.requests_where()
-    row = src.df(f"SELECT min(arrival_time) AS first_time, max(arrival_time) AS last_time FROM requests {w}",
+    row = src.df(f"SELECT min(completion_time) AS first_time, max(completion_time) AS last_time FROM requests {w}",
                  p).iloc[0]
     return _ts(row["first_time"]), _ts(row["last_time"])
 
@@ -561,8 +558,8 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
     """Exact P50/P90/P99/P999 of every latency metric.
 
     Returns one row per metric with data: columns metric, label, count, mean, P50, P90, P99, P999, max
-    (ms). Request metrics over `requests`, ITL over `decode_steps.itl_ms` (one value per output token
-    after the first).
+    (ms). Request metrics over the `ok` requests (semantics.catalog.LATENCY_POPULATION), ITL over
+    `decode_steps.itl_ms` (one value per output token after the first, of every request).
     """
     schema = schema or src.schema()
     cols = available(schema, "requests", list(REQUEST_METRICS))
@@ -570,6 +567,7 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
     rows = []
     if cols:
         w, p = f.requests_where()
+        w = _and(w, catalog.LATENCY_POPULATION)
         sel = ", ".join(f"count({c}) AS n_{c}, avg({c}) AS mean_{c}, quantile_cont({c}, {q}) AS q_{c}, "
                         f"max({c}) AS max_{c}" for c in cols)
         r = src.df(f"SELECT {sel} FROM requests {w}", p).iloc[0]
@@ -581,7 +579,8 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
     df = pd.DataFrame(rows, columns=["metric", "label", "count", "mean", *QUANTILE_LABELS, "max"])
     df = df[df["count"] > 0].reset_index(drop=True)
     # Order as the user reads them: TTFT, TPOT, ITL, E2E, then the rest.
-    order = ["ttft_ms", "client_ttft_ms", "tpot_ms", ITL, "e2e_ms", "client_e2e_ms", "queue_time_ms",
+    order = ["ttft_ms", "client_ttft_ms", "tpot_ms", ITL, "e2e_ms", "client_e2e_ms", "outer_ttft_ms", "outer_e2e_ms",
+             "queue_time_ms",
              "service_time_ms"]
     df["_o"] = df["metric"].map({m: i for i, m in enumerate(order)})
     return df.sort_values("_o").drop(columns="_o").reset_index(drop=True)
@@ -727,9 +726,9 @@ def _floor_minute(t: dt.datetime) -> dt.datetime:
 def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] | None = None) -> dict:
     """Throughput and SLO figures of the filtered requests (`schema`: `src.schema()`, read when None).
 
-    Keys: requests, completed (status ok), good, first_time, last_time (arrivals), arrival_span_s
-    (last - first arrival), serving_s (first arrival -> last completion; completion = arrival +
-    the outermost E2E: client, else gateway, else engine, which the phase columns add up to),
+    Keys: requests, completed (`ok`), good, first_time, last_time (arrivals), arrival_span_s
+    (last - first arrival), serving_s (first arrival -> last `completion_time`, the store's arrival +
+    outer E2E),
     request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps (completed),
     input_tps, output_tps (tokens/s) and goodput_rps (all per serving_s), slo_attainment (0..1).
     Throughput and goodput divide by the serving time as vLLM's `benchmark_serving` divides by its
@@ -740,12 +739,9 @@ def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] 
     """
     w, p = f.requests_where()
     cond, cp = slo.condition()
-    # unattributed_ms makes the phases add up to the outermost span (collector/store/schema.py)
-    outer = " + ".join(f"coalesce({c}, 0)" for c, _, _ in phase_columns(schema or src.schema())) or "0"
-    r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE coalesce(status, 'ok') = 'ok') AS completed, "
+    r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS completed, "
                f"count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
-               f"max(arrival_time) AS last_time, max(arrival_time + to_microseconds(CAST(round(1000 * "
-               f"({outer})) AS BIGINT))) AS last_done, sum(prompt_tokens) AS input_tokens, "
+               f"max(arrival_time) AS last_time, max(completion_time) AS last_done, sum(prompt_tokens) AS input_tokens, "
                f"sum(output_tokens) AS output_tokens FROM requests {w}", cp + p).iloc[0]
     n = int(r["n"])
     first, last, done = _ts(r["first_time"]), _ts(r["last_time"]), _ts(r["last_done"])
@@ -765,16 +761,18 @@ def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] 
 
 
 def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) -> pd.DataFrame:
-    """Per time bucket of `width_ms`: bucket, request_rate_rps, goodput_rps, output_tps, input_tps,
-    ttft_p99_ms, e2e_p99_ms (exact, per bucket)."""
+    """Per time bucket of `width_ms` of completion time (tokens count when their request completed,
+    so an overloaded run's throughput shows while it is served, not while it arrives): bucket,
+    request_rate_rps (completions), goodput_rps, output_tps, input_tps, ttft_p99_ms, e2e_p99_ms
+    (exact, outer, per bucket)."""
     w, p = f.requests_where()
     cond, cp = slo.condition()
     s = width_ms / 1000.0
     return src.df(
-        f"SELECT {_bucket_expr('arrival_time', width_ms)} AS bucket, count(*) / {s} AS request_rate_rps, "
+        f"SELECT {_bucket_expr('completion_time', width_ms)} AS bucket, count(*) / {s} AS request_rate_rps, "
         f"count(*) FILTER (WHERE {cond}) / {s} AS goodput_rps, sum(output_tokens) / {s} AS output_tps, "
-        f"sum(prompt_tokens) / {s} AS input_tps, quantile_cont(coalesce(client_ttft_ms, ttft_ms), 0.99) "
-        f"AS ttft_p99_ms, quantile_cont(coalesce(client_e2e_ms, e2e_ms), 0.99) AS e2e_p99_ms "
+        f"sum(prompt_tokens) / {s} AS input_tps, quantile_cont(outer_ttft_ms, 0.99) "
+        f"AS ttft_p99_ms, quantile_cont(outer_e2e_ms, 0.99) AS e2e_p99_ms "
         f"FROM requests {w} GROUP BY 1 ORDER BY 1", cp + p)
 
 
@@ -792,7 +790,7 @@ def phases_timeline(src: DataSource, f: Filters, phases: Sequence[tuple[str, str
     service_time_ms means. Stacked, the phases add up to the mean outermost E2E."""
     w, p = f.requests_where()
     sel = ", ".join(f"sum({c}) / count(*) AS {c}" for c, _, _ in phases)
-    return src.df(f"SELECT {_bucket_expr('arrival_time', width_ms)} AS bucket, count(*) AS requests, {sel}, "
+    return src.df(f"SELECT {_bucket_expr('completion_time', width_ms)} AS bucket, count(*) AS requests, {sel}, "
                   f"avg(queue_time_ms) AS queue_time_ms, avg(service_time_ms) AS service_time_ms "
                   f"FROM requests {w} GROUP BY 1 ORDER BY 1", p)
 
@@ -804,10 +802,10 @@ def tail_breakdown(src: DataSource, f: Filters, phases: Sequence[tuple[str, str,
     Returns {'threshold_ms': exact quantile, 'shares': DataFrame(group, requests, mean_<metric>, then per
     phase the mean ms per request) for group 'all' and 'tail', 'dominant': DataFrame(phase, label,
     requests) counting tail requests by their largest phase, 'slowest': the 50 slowest tail requests
-    with their phases}. Tail = metric strictly above the threshold.
+    with their phases}. Tail = metric strictly above the threshold, over the `ok` requests.
     """
     w, p = f.requests_where()
-    w = _and(w, f"{metric} IS NOT NULL")
+    w = _and(_and(w, catalog.LATENCY_POPULATION), f"{metric} IS NOT NULL")
     cols = [c for c, _, _ in phases]
     sums = ", ".join(f"sum({c}) / count(*) AS {c}" for c in cols)
     thr_row = src.df(f"SELECT quantile_cont({metric}, {q}) AS thr FROM requests {w}", p).iloc[0]
@@ -956,8 +954,9 @@ def latency_by_input_length(src: DataSource, f: Filters) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------ explorer
 EXPLORER_COLUMNS = ("request_id", "trace_id", "arrival_time", "model", "service_name", "priority", "status",
-                    "prompt_tokens", "output_tokens", "preemptions", "ttft_ms", "tpot_ms", "e2e_ms",
-                    "client_e2e_ms", "queue_time_ms", "service_time_ms")
+                    "prompt_tokens", "output_tokens", "preemptions", "outer_ttft_ms", "outer_e2e_ms", "ttft_ms",
+                    "tpot_ms", "e2e_ms", "client_e2e_ms", "queue_time_ms", "service_time_ms", "ok",
+                    "completion_time")
 
 
 def slowest_requests(src: DataSource, f: Filters, metric: str, schema: dict[str, list[str]],
@@ -986,7 +985,7 @@ def request_detail(src: DataSource, request_id: str, schema: dict[str, list[str]
         return {"request": None, "spans": pd.DataFrame(), "steps": pd.DataFrame(), "decode_step_spans": 0}
     row = req.iloc[0].to_dict()
     t0 = _ts(row.get("arrival_time"))
-    e2e = max(_f(row.get("client_e2e_ms")) or 0.0, _f(row.get("e2e_ms")) or 0.0)
+    e2e = _f(row.get("outer_e2e_ms")) or 0.0
     lo = t0 - dt.timedelta(minutes=10) if t0 else dt.datetime(1970, 1, 1)
     hi = (t0 + dt.timedelta(milliseconds=e2e) + dt.timedelta(minutes=10)) if t0 else dt.datetime(9999, 1, 1)
     spans = pd.DataFrame()

@@ -137,10 +137,13 @@ def _auto_refresh(interval_s: int) -> None:
     _tick()
 
 
+_DEFAULT_SLO = Slo()  # semantics.catalog.SLO_DEFAULTS_MS
+
+
 def _time_window(info: dict, live: bool) -> tuple[dt.datetime | None, dt.datetime | None, str]:
     sb = st.sidebar
     choice = sb.selectbox("Time range", list(TIME_RANGES), index=0 if not live else 3, key="tt_range",
-                          help="Filters requests by arrival time (UTC); decode and engine steps by their "
+                          help="Filters requests by completion time (UTC: arrival + outer E2E); decode and engine steps by their "
                                "own time. 'Last …' counts back from now in live mode, from the newest "
                                "request in a store file.")
     secs = TIME_RANGES[choice]
@@ -151,7 +154,7 @@ def _time_window(info: dict, live: bool) -> tuple[dt.datetime | None, dt.datetim
         lo, hi = first.replace(microsecond=0), last.replace(microsecond=0) + dt.timedelta(seconds=1)
         if hi <= lo:
             hi = lo + dt.timedelta(seconds=1)
-        start, end = sb.slider("Arrival time (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
+        start, end = sb.slider("Completion time (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
                                step=dt.timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss", key="tt_custom")
         return start, end, f"{start:%Y-%m-%d %H:%M:%S} – {end:%H:%M:%S} UTC"
     ref = dt.datetime.now(dt.UTC).replace(tzinfo=None) if live else last + dt.timedelta(microseconds=1)
@@ -206,11 +209,12 @@ def build_context() -> Context | None:
                               help="The vLLM server (service.name) that served the request.")
     prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")
     sb.subheader("SLOs")
-    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=2000.0, step=100.0, key="tt_slo_ttft",
-                           help="0 = no TTFT objective. Client TTFT when the client was traced, else the engine's.")
-    tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=100.0, step=5.0, key="tt_slo_tpot",
+    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.ttft_ms or 0.0, step=100.0,
+                           key="tt_slo_ttft",
+                           help="0 = no TTFT objective. Outer TTFT: the client's when it was traced, else the engine's.")
+    tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.tpot_ms or 0.0, step=5.0, key="tt_slo_tpot",
                            help="0 = no TPOT objective.")
-    e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=0.0, step=1000.0, key="tt_slo_e2e",
+    e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.e2e_ms or 0.0, step=1000.0, key="tt_slo_e2e",
                           help="0 = no E2E objective.")
     slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),

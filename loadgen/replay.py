@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 from instrument import semconv as sc
 from loadgen.stats import RequestRecord, Slo, Summary, parse_slo, summarize
+from semantics.catalog import SLO_DEFAULTS_MS
 from tailtrace.errors import UserError
 
 __all__ = ["ReplayConfig", "ReplayResult", "discover_target", "run_replay", "run_replay_async"]
@@ -37,7 +38,8 @@ __all__ = ["ReplayConfig", "ReplayResult", "discover_target", "run_replay", "run
 log = logging.getLogger("tailtrace.loadgen")
 
 DEFAULT_TARGET = "http://127.0.0.1:8080"
-DEFAULT_SLO = "ttft_p99=2s,tpot_p99=100ms"
+# the catalog's SLO bounds, at P99 (semantics.catalog.SLO_DEFAULTS_MS): "ttft_p99=2000ms,tpot_p99=100ms"
+DEFAULT_SLO = ",".join(f"{m}_p99={v:g}ms" for m, v in SLO_DEFAULTS_MS.items() if v is not None)
 ERROR_KINDS = ("connect", "timeout", "http_429", "http_503", "http_4xx", "http_5xx", "disconnect",
                "stream_error", "incomplete", "bad_response", "cancelled", "client")
 

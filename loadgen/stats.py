@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
+from semantics import catalog
 from tailtrace.errors import UserError
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
     "summarize",
 ]
 
-QUANTILES = (0.5, 0.9, 0.99, 0.999)
+QUANTILES = catalog.QUANTILES
 METRICS = ("ttft", "tpot", "itl", "e2e")
 
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from semantics.catalog import QUANTILE_LABELS
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 
@@ -248,7 +249,7 @@ def _report(api: str, run_id: str) -> dict:
         "complete": q("""SELECT count(*), count(*) FILTER (WHERE client_e2e_ms IS NOT NULL AND network_ms IS NOT NULL
                             AND gateway_ms IS NOT NULL AND frontend_ms IS NOT NULL AND queue_ms IS NOT NULL
                             AND prefill_ms IS NOT NULL AND decode_ms IS NOT NULL),
-                            count(*) FILTER (WHERE abs(unattributed_ms) < 5)
+                            count(*) FILTER (WHERE abs(unattributed_ms) < 5), count(*) FILTER (WHERE ok)
                          FROM requests WHERE run_id = ?""", [run_id])[0],
     }
 
@@ -263,10 +264,10 @@ def _fmt(v) -> str:
 def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:
     from rich.table import Table
 
-    total, complete, attributed = report["complete"]
+    total, complete, attributed, ok = report["complete"]
     console.print()
-    console.print(f"[bold]{len(result['requests'])} requests[/] sent ({result['summary']['failed']} failed), "
-                  f"{n} in the store; {complete}/{total} with every layer measured, "
+    console.print(f"[bold]{len(result['requests'])} requests[/] sent ({result['summary']['failed']} failed as the "
+                  f"client saw them), {n} in the store ({ok} ok); {complete}/{total} with every layer measured, "
                   f"{attributed}/{total} with |unattributed| < 5 ms", soft_wrap=True)
     lag = (result["summary"].get("schedule_lag_ms") or {}).get("p99")
     if lag is not None and lag > LAG_WARN_MS:
@@ -274,16 +275,17 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
                       "host is short of CPU, so client, network and gateway times include waiting for a core, "
                       "and the offered load is below the trace's", soft_wrap=True)
     t = Table(title="Latency per phase (exact percentiles over every request)")
-    for col in ("phase", "n", "P50", "P90", "P99", "P999"):
-        t.add_column(col, justify="right" if col != "phase" else "left")
+    t.add_column("phase")
+    for col in ("n", *QUANTILE_LABELS):
+        t.add_column(col, justify="right")
     for p in report["phases"]:
         if p["n"]:
-            t.add_row(p["phase"], str(p["n"]), _fmt(p["p50"]), _fmt(p["p90"]), _fmt(p["p99"]), _fmt(p["p999"]))
+            t.add_row(p["phase"], str(p["n"]), *(_fmt(p[q.lower()]) for q in QUANTILE_LABELS))
     console.print(t)
     tail = report["tail"]
     if tail["n"]:
         console.print(
-            f"Tail (the {tail['n']} requests at or above the P99 of client E2E, {_fmt(tail['threshold_ms'])}): "
+            f"Tail (the {tail['n']} requests above the P99 of outer E2E, {_fmt(tail['threshold_ms'])}): "
             f"[bold]queue time {100 * (tail['queue_share'] or 0):.0f}%[/], service time (prefill + decode) "
             f"{100 * (tail['service_share'] or 0):.0f}%, network/gateway/frontend {100 * (tail['other_share'] or 0):.0f}%")
     b = report["batch"]
@@ -293,11 +295,11 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
                       f"P99 {b['p99']:.0f}, max {b['max']}   [{hist}]")
         console.print(f"Batch size as seen by each output token: P50 {b['per_token_p50']:.0f}, P99 {b['per_token_p99']:.0f}")
     t = Table(title="Slowest requests and the layer that held them")
-    for col in ("trace_id", "prompt", "output", "client E2E", "gateway queue", "engine queue", "prefill", "decode",
+    for col in ("trace_id", "prompt", "output", "E2E (outer)", "gateway queue", "engine queue", "prefill", "decode",
                 "layer (phase)"):
         t.add_column(col, no_wrap=True)
     for r in report["slowest"]:
-        t.add_row(r["trace_id"][:12], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["client_e2e_ms"]),
+        t.add_row(r["trace_id"][:12], str(r["prompt_tokens"]), str(r["output_tokens"]), _fmt(r["outer_e2e_ms"]),
                   _fmt(r["gateway_queue_ms"]), _fmt(r["queue_ms"]), _fmt(r["prefill_ms"]), _fmt(r["decode_ms"]),
                   f"{r['layer']} ({r['holding_phase'].removesuffix('_ms')})")
     console.print(t)

@@ -40,9 +40,11 @@ What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base
 Phases (the `phase` label) and the `requests` column each reads, per DESIGN.md: see `PHASES`. `queue`
 is the full queue time (`queue_time_ms` = gateway admission queue + engine queue + preempted) and
 `service` the service time (`prefill_ms` + `decode_ms`), the two halves of "queue vs service".
-Requests whose status is `error` or `abort` are counted in `tailtrace_requests_total` but left out of
+Requests that are not `ok` (as the outermost layer saw them) are counted in `tailtrace_requests_total` but left out of
 the latency metrics (a fast failure must not hide a slow tail). A request belongs to a window when it
-*completed* in it (arrival_time + e2e_ms); an ITL sample when its token was emitted in it.
+*completed* in it (`completion_time` = arrival + outer E2E, the store's column); an ITL sample when
+its token was emitted in it. `ttft` and `e2e` are the outer ones (client, else gateway, else engine:
+semantics.catalog.DERIVED), the figures the user waited for.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from instrument import semconv
+from semantics import catalog, semconv
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -76,17 +78,12 @@ log = logging.getLogger(__name__)
 QueryFn = Callable[..., list]
 
 # ---------------------------------------------------------------- the four layers (DESIGN.md)
-LAYER_GATEWAY = "gateway_infrastructure"
-LAYER_SCHEDULING = "engine_scheduling"
-LAYER_COMPUTE = "compute_hardware"
-LAYER_SHAPE = "request_shape"
-#: label value -> the name DESIGN.md gives the layer
-LAYERS = {
-    LAYER_GATEWAY: "gateway and infrastructure",
-    LAYER_SCHEDULING: "engine scheduling",
-    LAYER_COMPUTE: "compute and hardware",
-    LAYER_SHAPE: "request shape",
-}
+LAYER_GATEWAY = catalog.LAYER_GATEWAY.key
+LAYER_SCHEDULING = catalog.LAYER_SCHEDULING.key
+LAYER_COMPUTE = catalog.LAYER_COMPUTE.key
+LAYER_SHAPE = catalog.LAYER_SHAPE.key
+#: label value -> the name DESIGN.md gives the layer (semantics.catalog.LAYERS)
+LAYERS = {layer.key: layer.label for layer in catalog.LAYERS}
 
 # ---------------------------------------------------------------- metric names
 METRIC_LATENCY_QUANTILE = "tailtrace_latency_window_quantile_seconds"
@@ -96,7 +93,7 @@ METRIC_TOKENS_QUANTILE = "tailtrace_request_window_quantile_tokens"
 METRIC_TOKENS_SAMPLES = "tailtrace_request_window_samples"
 
 #: quantiles exported as gauges
-QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
+QUANTILES: tuple[float, ...] = catalog.QUANTILES
 #: (label value, seconds): the trailing windows of the quantile gauges
 WINDOWS: tuple[tuple[str, int], ...] = (("1m", 60), ("5m", 300))
 
@@ -116,23 +113,31 @@ class PhaseSpec:
     help: str
 
 
+def _span_phase(name: str, column: str, help: str, label: str | None = None) -> PhaseSpec:
+    """The PhaseSpec of one of the catalog's phases: its column and layer are the catalog's."""
+    p = catalog.phase_by_column(column)
+    assert p.span_phase == name or label is not None, (name, column)
+    return PhaseSpec(label or p.span_phase, p.column, p.layer.key, help)
+
+
 PHASES: tuple[PhaseSpec, ...] = (
-    PhaseSpec("ttft", "ttft_ms", LAYER_SCHEDULING,
-              "time to first token, engine arrival to first token (vLLM's gen_ai.latency.time_to_first_token)"),
+    PhaseSpec("ttft", "outer_ttft_ms", LAYER_SCHEDULING,
+              "time to first token as the outermost layer that measured it saw it (client, else engine)"),
     PhaseSpec("tpot", "tpot_ms", LAYER_COMPUTE, "time per output token after the first: decode_ms / (output_tokens - 1)"),
     PhaseSpec("itl", None, LAYER_COMPUTE, "inter-token latency, one sample per output token after the first"),
-    PhaseSpec("e2e", "e2e_ms", LAYER_SHAPE, "end-to-end latency of the engine request (llm.request)"),
+    PhaseSpec("e2e", "outer_e2e_ms", LAYER_SHAPE,
+              "end-to-end latency as the outermost traced layer saw it (client, else gateway, else engine)"),
     PhaseSpec("queue", "queue_time_ms", LAYER_SCHEDULING,
               "queue time: gateway admission queue + engine queue + preempted"),
     PhaseSpec("service", "service_time_ms", LAYER_COMPUTE, "service time: prefill + decode"),
-    PhaseSpec(semconv.PHASE_PREFILL, "prefill_ms", LAYER_COMPUTE, "prefill, less time preempted inside it"),
-    PhaseSpec(semconv.PHASE_DECODE, "decode_ms", LAYER_COMPUTE, "decode, less time preempted inside it"),
-    PhaseSpec(semconv.PHASE_GATEWAY, "gateway_ms", LAYER_GATEWAY,
-              "gateway work outside its admission queue and the upstream exchange"),
-    PhaseSpec(semconv.PHASE_NETWORK, "network_ms", LAYER_GATEWAY, "network: client<->gateway and gateway<->engine"),
-    PhaseSpec(semconv.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", LAYER_GATEWAY, "gateway admission queue"),
-    PhaseSpec("engine_queue", "queue_ms", LAYER_SCHEDULING, "engine (vLLM scheduler) waiting queue"),
-    PhaseSpec(semconv.PHASE_PREEMPTED, "preempted_ms", LAYER_SCHEDULING, "time preempted (KV-cache pressure)"),
+    _span_phase(semconv.PHASE_PREFILL, "prefill_ms", "prefill, less time preempted inside it"),
+    _span_phase(semconv.PHASE_DECODE, "decode_ms", "decode, less time preempted inside it"),
+    _span_phase(semconv.PHASE_GATEWAY, "gateway_ms", "gateway work outside its admission queue and the upstream exchange"),
+    _span_phase(semconv.PHASE_NETWORK, "network_ms", "network: client<->gateway and gateway<->engine"),
+    _span_phase(semconv.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "gateway admission queue"),
+    # the label `queue` is the full queue time above; the span phase `queue` is this one
+    _span_phase(semconv.PHASE_QUEUE, "queue_ms", "engine (vLLM scheduler) waiting queue", label="engine_queue"),
+    _span_phase(semconv.PHASE_PREEMPTED, "preempted_ms", "time preempted (KV-cache pressure)"),
 )
 _PHASE_BY_NAME = {p.name: p for p in PHASES}
 
@@ -150,8 +155,8 @@ BATCH_SIZE_BUCKETS: tuple[float, ...] = (
     1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
 )
 
-# Latency metrics leave failed requests out.
-_OK = "coalesce(lower(CAST(status AS VARCHAR)), 'ok') NOT IN ('error', 'abort')"
+# Latency metrics leave failed requests out: `ok`, as the outermost layer saw the request (the store's).
+_OK = catalog.LATENCY_POPULATION
 
 
 def make_registry(
@@ -256,7 +261,7 @@ class StoreMetricsCollector:
         on = ", ".join(f'"{p.name}"' for p in req_phases)
         sql = (
             "WITH u AS (UNPIVOT (SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, "
-            f"epoch_ms(arrival_time) + coalesce(e2e_ms, 0) AS end_ms, {sel}, "
+            f"epoch_ms(completion_time) AS end_ms, {sel}, "
             "CAST(prompt_tokens AS DOUBLE) AS \"tokens:prompt\", CAST(output_tokens AS DOUBLE) AS \"tokens:output\" "
             f"FROM requests WHERE {_OK}) ON {on}, \"tokens:prompt\", \"tokens:output\" INTO NAME phase VALUE v) "
             f"SELECT model, phase, quantile_cont(v, {q}) FILTER (WHERE end_ms >= ?), count(v) FILTER (WHERE end_ms >= ?), "
@@ -291,7 +296,7 @@ class StoreMetricsCollector:
             "SELECT model, " + ", ".join(cols) + " FROM ("
             "SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, d.itl_ms, epoch_ms(d.time) AS t_ms "
             "FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.itl_ms IS NOT NULL AND {_OK.replace('status', 'r.status')}"
+            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK}"
             ") WHERE t_ms >= ? GROUP BY model ORDER BY model"
         )
         rows = self._query(sql, [min(cut.values())])
@@ -341,7 +346,7 @@ class StoreMetricsCollector:
             f"FROM requests WHERE {_OK}) ON {on} INTO NAME phase VALUE v), "
             "itl AS (SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, 'itl' AS phase, "
             "d.itl_ms / 1000.0 AS v FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.itl_ms IS NOT NULL AND {_OK.replace('status', 'r.status')}) "
+            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK}) "
             f"SELECT model, phase, {idx} AS k, count(*), sum(v) FROM (SELECT model, phase, v, {est} FROM "
             "(SELECT * FROM u UNION ALL SELECT * FROM itl) WHERE v IS NOT NULL AND NOT isnan(v)) "
             "GROUP BY ALL ORDER BY ALL"

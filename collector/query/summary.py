@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from semantics.catalog import LATENCY_POPULATION, LAYER_SHAPE, QUANTILES, UNATTRIBUTED, quantile_label
+from semantics.catalog import PHASES as CATALOG_PHASES
+
 __all__ = [
     "LAYER_OF_PHASE",
     "PHASES",
@@ -22,66 +25,56 @@ __all__ = [
 
 Query = Callable[[str, Sequence | None], list]
 
-# (label, requests column) in the order a request lives them.
+# (label, requests column): the outer figures, the phases in the order a request lives them
+# (semantics.catalog), then the engine's own figures.
 PHASES: list[tuple[str, str]] = [
-    ("client E2E", "client_e2e_ms"),
-    ("client TTFT", "client_ttft_ms"),
-    ("network", "network_ms"),
-    ("gateway", "gateway_ms"),
-    ("gateway queue", "gateway_queue_ms"),
-    ("frontend", "frontend_ms"),
-    ("engine queue", "queue_ms"),
-    ("preempted", "preempted_ms"),
-    ("prefill", "prefill_ms"),
-    ("decode", "decode_ms"),
-    ("engine E2E", "e2e_ms"),
-    ("engine TTFT", "ttft_ms"),
-    ("TPOT", "tpot_ms"),
-    ("unattributed", "unattributed_ms"),
+    ("E2E (outer)", "outer_e2e_ms"),
+    ("TTFT (outer)", "outer_ttft_ms"),
+    *[(p.label, p.column) for p in CATALOG_PHASES],
+    ("E2E (engine)", "e2e_ms"),
+    ("TTFT (engine)", "ttft_ms"),
+    ("TPOT (engine)", "tpot_ms"),
+    (UNATTRIBUTED.label, UNATTRIBUTED.column),
 ]
 
-# DESIGN.md's four layers; each phase column belongs to one.
-LAYER_OF_PHASE = {
-    "network_ms": "gateway and infrastructure",
-    "gateway_ms": "gateway and infrastructure",
-    "gateway_queue_ms": "gateway and infrastructure",
-    "frontend_ms": "gateway and infrastructure",
-    "queue_ms": "engine scheduling",
-    "preempted_ms": "engine scheduling",
-    "prefill_ms": "compute and hardware",
-    "decode_ms": "compute and hardware",
-}
+# requests column -> the layer its time is spent in (the catalog's)
+LAYER_OF_PHASE = {p.column: p.layer.label for p in CATALOG_PHASES}
 _HOLDING_PHASES = list(LAYER_OF_PHASE)
-_OUTER = "coalesce(client_e2e_ms, e2e_ms)"
+_OUTER = "outer_e2e_ms"
 
 
-def _where(run_id: str | None) -> tuple[str, list]:
-    return ("WHERE run_id = ?", [run_id]) if run_id else ("", [])
+def _where(run_id: str | None, latency: bool = False) -> tuple[str, list]:
+    """WHERE clause of the run's requests; with `latency`, only those latency percentiles count
+    (semantics.catalog.LATENCY_POPULATION)."""
+    terms = (["run_id = ?"] if run_id else []) + ([LATENCY_POPULATION] if latency else [])
+    return ("WHERE " + " AND ".join(terms) if terms else ""), ([run_id] if run_id else [])
 
 
 def phase_percentiles(query: Query, run_id: str | None = None) -> list[dict]:
-    """Per phase: label, column, n (non-NULL rows), p50, p90, p99, p999 (ms, exact)."""
-    where, params = _where(run_id)
+    """Per phase: label, column, n (non-NULL rows), p50, p90, p99, p999 (ms, exact), over the run's
+    `ok` requests."""
+    where, params = _where(run_id, latency=True)
     parts = []
     for _, col in PHASES:
-        parts.append(f"count({col}), quantile_cont({col}, 0.5), quantile_cont({col}, 0.9), "
-                     f"quantile_cont({col}, 0.99), quantile_cont({col}, 0.999)")
+        parts.append(f"count({col}), " + ", ".join(f"quantile_cont({col}, {q})" for q in QUANTILES))
     row = query(f"SELECT {', '.join(parts)} FROM requests {where}", params)[0]
-    out = []
+    out, w = [], 1 + len(QUANTILES)
     for i, (label, col) in enumerate(PHASES):
-        n, p50, p90, p99, p999 = row[5 * i: 5 * i + 5]
-        out.append({"phase": label, "column": col, "n": n, "p50": p50, "p90": p90, "p99": p99, "p999": p999})
+        n, *qs = row[w * i: w * i + w]
+        out.append({"phase": label, "column": col, "n": n,
+                    **{quantile_label(q).lower(): v for q, v in zip(QUANTILES, qs)}})
     return out
 
 
 def tail_share(query: Query, run_id: str | None = None, quantile: float = 0.99) -> dict:
-    """For the requests at or above the `quantile` of outermost E2E: how their time splits into
+    """For the requests above the `quantile` of outer E2E (strictly: the tail set of every surface): how their time splits into
     queue time (gateway queue + engine queue + preempted), service time (prefill + decode) and
     the rest (network, gateway, frontend, unattributed). Shares are fractions of their summed E2E.
-    `threshold_ms` is that quantile itself (exact, quantile_cont), the number the P99 column shows."""
-    where, params = _where(run_id)
+    `threshold_ms` is that quantile itself (exact, quantile_cont), the number the P99 column shows.
+    Over the run's `ok` requests, as the percentiles."""
+    where, params = _where(run_id, latency=True)
     (threshold,) = query(f"SELECT quantile_cont({_OUTER}, ?) FROM requests {where}", [quantile] + params)[0]
-    cond = f"{_OUTER} >= ?"
+    cond = f"{_OUTER} > ?"
     full_where = f"{where} {'AND' if where else 'WHERE'} {cond}"
     row = query(
         f"""SELECT count(*), sum({_OUTER}), sum(coalesce(queue_time_ms, 0)), sum(coalesce(service_time_ms, 0))
@@ -119,16 +112,16 @@ def layer_of(row: dict, long_prompt_tokens: float | None = None,
     best = max(_HOLDING_PHASES, key=lambda c: row.get(c) or 0.0)
     layer = LAYER_OF_PHASE[best]
     if best == "prefill_ms" and long_prompt_tokens and (row.get("prompt_tokens") or 0) > long_prompt_tokens:
-        layer = "request shape"
+        layer = LAYER_SHAPE.label
     if best == "decode_ms" and long_output_tokens and (row.get("output_tokens") or 0) > long_output_tokens:
-        layer = "request shape"
+        layer = LAYER_SHAPE.label
     return best, layer
 
 
 def slowest_requests(query: Query, run_id: str | None = None, limit: int = 5) -> list[dict]:
-    """The `limit` slowest requests by outermost E2E, each with its phases and the layer that held it."""
+    """The `limit` slowest requests by outer E2E, each with its phases and the layer that held it."""
     where, params = _where(run_id)
-    cols = ["trace_id", "request_id", "prompt_tokens", "output_tokens", "client_e2e_ms", "e2e_ms", *_HOLDING_PHASES]
+    cols = ["trace_id", "request_id", "prompt_tokens", "output_tokens", "outer_e2e_ms", "e2e_ms", *_HOLDING_PHASES]
     rows = query(f"SELECT {', '.join(cols)} FROM requests {where} ORDER BY {_OUTER} DESC NULLS LAST LIMIT ?",
                  params + [limit])
     p90_in, p90_out = query(f"SELECT quantile_cont(prompt_tokens, 0.9), quantile_cont(output_tokens, 0.9) "

@@ -33,6 +33,7 @@ import pyarrow as pa
 from collector.store.schema import (
     COMPACT_STEP_HISTOGRAM,
     DDL,
+    DERIVED_COLUMN_TYPES,
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
@@ -162,6 +163,7 @@ class DuckDBStore:
                     con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
             for stmt in DDL:
                 con.execute(stmt)
+            self._add_derived_columns(con)
             if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
                     and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
                 self._rebuild_step_histogram(con)  # a store from before step_histogram, or a failed first try
@@ -176,6 +178,21 @@ class DuckDBStore:
         self._thread = threading.Thread(target=self._run, args=(con,), name="duckdb-writer", daemon=True)
         self._thread.start()
         return self
+
+    @staticmethod
+    def _add_derived_columns(con) -> None:
+        """A store written before `requests` had the catalog's derived columns: add them and mark
+        every trace dirty, so the writer recomputes each row once with the one definition."""
+        have = {r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'").fetchall()}
+        missing = {c: t for c, t in DERIVED_COLUMN_TYPES.items() if c not in have}
+        if not missing:
+            return
+        con.execute("BEGIN TRANSACTION")
+        for col, typ in missing.items():
+            con.execute(f"ALTER TABLE requests ADD COLUMN {col} {typ}")
+        con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _request_spans")
+        con.execute("COMMIT")
 
     @staticmethod
     def _rebuild_step_histogram(con) -> None:

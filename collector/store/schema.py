@@ -5,11 +5,22 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 
 from __future__ import annotations
 
-from instrument import semconv as sc
+from semantics import semconv as sc
+from semantics.catalog import DERIVED
 
-__all__ = ["COMPACT_STEP_HISTOGRAM", "DDL", "ENGINE_META_JOIN", "REBUILD_STEP_HISTOGRAM",
-           "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS", "REFRESH_REQUESTS", "STEP_HISTOGRAM_METRICS",
-           "TIME_COLUMNS", "USER_TABLES", "step_histogram_insert"]
+__all__ = [
+    "COMPACT_STEP_HISTOGRAM",
+    "DDL",
+    "DERIVED_COLUMN_TYPES",
+    "ENGINE_META_JOIN",
+    "REBUILD_STEP_HISTOGRAM",
+    "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
+    "REFRESH_REQUESTS",
+    "STEP_HISTOGRAM_METRICS",
+    "TIME_COLUMNS",
+    "USER_TABLES",
+    "step_histogram_insert",
+]
 
 DDL = [
     """CREATE TABLE IF NOT EXISTS spans (
@@ -52,8 +63,15 @@ DDL = [
         frontend_ms DOUBLE, queue_ms DOUBLE, prefill_ms DOUBLE, preempted_ms DOUBLE, decode_ms DOUBLE,
         unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
         client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE)""",
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, outer_e2e_ms DOUBLE, outer_ttft_ms DOUBLE,
+        completion_time TIMESTAMP, ok BOOLEAN)""",
 ]
+
+# Columns added to `requests` after stores were written without them: the store adds them to an
+# older file and recomputes every row once (DuckDBStore.start).
+DERIVED_COLUMN_TYPES = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
+                        "ok": "BOOLEAN"}
+assert set(DERIVED_COLUMN_TYPES) == {d.column for d in DERIVED}
 
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {
@@ -123,7 +141,8 @@ WITH f AS (
 SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
     make_timestamp(coalesce(c_start, g_start, r_start) // 1000) AS arrival_time,
-    coalesce(r_status, c_status, g_status) AS status, finish_reason, prompt_tokens, output_tokens,
+    -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did)
+    coalesce(c_status, g_status, r_status) AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
     prefill_ms,
     -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
@@ -139,14 +158,15 @@ SELECT
          ELSE coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(preempted_ms, 0) END AS queue_time_ms,
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
-    coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms
+    coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
+    {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b
 """
 
 # Run in one transaction by the writer.
 REFRESH_REQUESTS = [
     "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
-    "INSERT INTO requests " + _AGG,
+    "INSERT INTO requests BY NAME " + _AGG,
     "DELETE FROM _dirty_traces",
 ]
 

@@ -46,6 +46,6 @@ st.dataframe(pct.drop(columns=["metric"]).rename(columns={"label": "metric"}), h
              column_config={c: st.column_config.NumberColumn(format="%.3f") for c in
                             ("mean", "P50", "P90", "P99", "P999", "max")})
 
-tl = data.throughput_timeline(ctx.src, ctx.filters, ctx.slo, data.bucket_ms(s["first_time"], s["last_time"]))
+tl = data.throughput_timeline(ctx.src, ctx.filters, ctx.slo, data.bucket_ms(*data.bounds(ctx.src, ctx.filters)))
 if len(tl) > 1:
     st.plotly_chart(charts.throughput(tl), key="ov_tp")

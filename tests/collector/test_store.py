@@ -261,3 +261,66 @@ def test_a_foreign_duckdb_file_is_refused_untouched(tmp_path):
     assert sorted(r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()) == \
         ["requests", "spans"]  # nothing of ours was added
     con.close()
+
+
+DERIVED = ("status", "outer_e2e_ms", "outer_ttft_ms", "epoch_us(completion_time)", "ok", "finish_reason")
+
+
+def derived(store, tid):
+    r = store.read_query(f"SELECT {', '.join(DERIVED)} FROM requests WHERE trace_id = ?", [tid.hex()])
+    assert len(r) == 1, r
+    return dict(zip(DERIVED, r[0]))
+
+
+def test_derived_columns_come_from_the_outermost_layer(store):
+    """semantics.catalog.DERIVED: outer E2E/TTFT client, else gateway, else engine; completion =
+    arrival + outer E2E; ok as the outermost layer saw it."""
+    b = TraceBuilder()
+    full, engine_only, timed_out, gw_429 = (os.urandom(16) for _ in range(4))
+    full_tree(b, full)
+    full_tree(b, engine_only, client=False, gateway=False)
+    full_tree(b, timed_out)
+    # the client gave up (span status ERROR) although the engine finished its request
+    client = next(sp for rs in b.req.resource_spans for ss in rs.scope_spans for sp in ss.spans
+                  if sp.trace_id == timed_out and sp.name == sc.SPAN_CLIENT)
+    client.status.code = 2
+    # a gateway-only 429: admission refused, no engine span
+    b.span("gateway", "POST /v1/completions", T0 + 5 * MS, T0 + 7 * MS, trace_id=gw_429, status_code=2,
+           attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "error"})
+    put(store, b)
+    us = MS // 1000
+    assert derived(store, full) == {"status": "ok", "outer_e2e_ms": 1000.0, "outer_ttft_ms": 150.0,
+                                    "epoch_us(completion_time)": T0 // 1000 + 1000 * us, "ok": True,
+                                    "finish_reason": "length"}
+    # no client, no gateway: the engine's own figures; it arrived at 40 ms and took 940
+    assert derived(store, engine_only) == {"status": "ok", "outer_e2e_ms": 940.0, "outer_ttft_ms": 125.0,
+                                           "epoch_us(completion_time)": T0 // 1000 + 980 * us, "ok": True,
+                                           "finish_reason": "length"}
+    # the engine said ok, the client saw an error: not ok (the engine's status used to win)
+    t = derived(store, timed_out)
+    assert (t["status"], t["ok"], t["finish_reason"]) == ("error", False, "length")
+    g = derived(store, gw_429)
+    assert g == {"status": "error", "outer_e2e_ms": 2.0, "outer_ttft_ms": None,
+                 "epoch_us(completion_time)": T0 // 1000 + 7 * us, "ok": False, "finish_reason": None}
+
+
+def test_an_older_store_gets_the_derived_columns_recomputed(tmp_path):
+    path = tmp_path / "old.duckdb"
+    s = DuckDBStore(path).start()
+    b = TraceBuilder()
+    tid = os.urandom(16)
+    full_tree(b, tid)
+    put(s, b)
+    s.stop()
+    import duckdb
+
+    con = duckdb.connect(str(path))  # as a store written before the columns existed
+    for col in ("outer_e2e_ms", "outer_ttft_ms", "completion_time", "ok"):
+        con.execute(f"ALTER TABLE requests DROP COLUMN {col}")
+    con.close()
+    s = DuckDBStore(path).start()
+    try:
+        assert s.refresh(30)
+        assert derived(s, tid)["outer_e2e_ms"] == 1000.0 and derived(s, tid)["ok"] is True
+    finally:
+        s.stop()

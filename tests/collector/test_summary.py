@@ -15,11 +15,12 @@ def query():
     rng = np.random.default_rng(7)
     e2e = rng.lognormal(8, 1, 1000)
     queue = e2e * rng.uniform(0, 0.6, 1000)
+    # outer_e2e_ms: the store's one outer E2E (client here, the outermost layer traced)
     con.execute("CREATE TABLE requests(run_id VARCHAR, client_e2e_ms DOUBLE, e2e_ms DOUBLE, queue_time_ms DOUBLE, "
-                "service_time_ms DOUBLE)")
-    con.executemany("INSERT INTO requests VALUES ('r', ?, ?, ?, ?)",
-                    [(float(a), float(a) - 1, float(q), float(a - q) * 0.9) for a, q in zip(e2e, queue)])
-    con.execute("INSERT INTO requests VALUES ('other', 1e9, 1e9, 0, 0)")  # another run: never counted
+                "service_time_ms DOUBLE, outer_e2e_ms DOUBLE, ok BOOLEAN DEFAULT true)")
+    con.executemany("INSERT INTO requests VALUES ('r', ?, ?, ?, ?, ?, true)",
+                    [(float(a), float(a) - 1, float(q), float(a - q) * 0.9, float(a)) for a, q in zip(e2e, queue)])
+    con.execute("INSERT INTO requests VALUES ('other', 1e9, 1e9, 0, 0, 1e9, true)")  # another run: never counted
     yield lambda sql, params=None: con.execute(sql, params or []).fetchall(), e2e, queue
     con.close()
 

@@ -51,11 +51,15 @@ def test_percentiles_are_exact(src, small_store):
 
 
 def test_filters_narrow_every_query(src, small_store):
-    raw = _col(small_store, "SELECT model, priority, service_name, arrival_time, e2e_ms, request_id FROM requests")
+    raw = _col(small_store, "SELECT model, priority, service_name, arrival_time, e2e_ms, request_id, client_e2e_ms, "
+                            "completion_time FROM requests")
+    # the time range selects by completion time: arrival + outer E2E (the client's here)
+    want_done = raw["arrival_time"] + pd.to_timedelta(raw["client_e2e_ms"], unit="ms")
+    assert ((raw["completion_time"] - want_done).abs() <= pd.Timedelta(microseconds=1)).all()
     model = min(raw["model"].unique())
-    mid = raw["arrival_time"].sort_values().iloc[len(raw) // 2].to_pydatetime()
+    mid = raw["completion_time"].sort_values().iloc[len(raw) // 2].to_pydatetime()
     f = Filters(start=mid, models=(model,), priorities=("interactive",))
-    sel = raw[(raw["model"] == model) & (raw["priority"] == "interactive") & (raw["arrival_time"] >= mid)]
+    sel = raw[(raw["model"] == model) & (raw["priority"] == "interactive") & (raw["completion_time"] >= mid)]
     assert data.count_requests(src, f) == len(sel)
     p = data.percentiles(src, f).set_index("metric")
     assert p.loc["e2e_ms", "P99"] == pytest.approx(np.percentile(sel["e2e_ms"], 99), rel=1e-12)

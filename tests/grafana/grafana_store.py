@@ -1,7 +1,9 @@
-"""A DuckDB store with the schema of DESIGN.md, filled with chosen rows, for the exporter's tests.
+"""A DuckDB store with the collector's own tables (collector/store/schema.py's DDL), filled with
+chosen rows, for the exporter's tests.
 
-The real store is built by the collector; these tests need exact control over every value, so they
-write the tables themselves, with the columns DESIGN.md lists (plus the extras the collector adds).
+The real store derives `requests` from spans; these tests need exact control over every value, so
+they write the rows themselves, the derived columns included, by the catalog's definitions
+(`request_row`).
 """
 
 from __future__ import annotations
@@ -10,36 +12,6 @@ import datetime as dt
 import threading
 
 import duckdb
-
-REQUESTS_COLUMNS = (
-    ("request_id", "VARCHAR"), ("trace_id", "VARCHAR"), ("model", "VARCHAR"), ("arrival_time", "TIMESTAMP"),
-    ("status", "VARCHAR"), ("finish_reason", "VARCHAR"), ("prompt_tokens", "BIGINT"), ("output_tokens", "BIGINT"),
-    ("cached_tokens", "BIGINT"), ("preemptions", "BIGINT"), ("network_ms", "DOUBLE"), ("gateway_ms", "DOUBLE"),
-    ("gateway_queue_ms", "DOUBLE"), ("frontend_ms", "DOUBLE"), ("queue_ms", "DOUBLE"), ("prefill_ms", "DOUBLE"),
-    ("preempted_ms", "DOUBLE"), ("decode_ms", "DOUBLE"), ("unattributed_ms", "DOUBLE"), ("ttft_ms", "DOUBLE"),
-    ("tpot_ms", "DOUBLE"), ("e2e_ms", "DOUBLE"), ("client_ttft_ms", "DOUBLE"), ("client_e2e_ms", "DOUBLE"),
-    ("queue_time_ms", "DOUBLE"), ("service_time_ms", "DOUBLE"), ("service_name", "VARCHAR"),
-    ("priority", "VARCHAR"), ("run_id", "VARCHAR"), ("schedule_lag_ms", "DOUBLE"),
-)
-SCHEMA = {
-    "requests": REQUESTS_COLUMNS,
-    "decode_steps": (
-        ("trace_id", "VARCHAR"), ("request_id", "VARCHAR"), ("token_index", "BIGINT"), ("time", "TIMESTAMP"),
-        ("itl_ms", "DOUBLE"), ("batch_size", "BIGINT"), ("batch_prefill_tokens", "BIGINT"),
-        ("batch_decode_tokens", "BIGINT"), ("kv_cache_usage", "DOUBLE"),
-    ),
-    "engine_steps": (
-        ("time", "TIMESTAMP"), ("service_name", "VARCHAR"), ("step_index", "BIGINT"), ("running", "BIGINT"),
-        ("waiting", "BIGINT"), ("batch_size", "BIGINT"), ("prefill_tokens", "BIGINT"), ("decode_tokens", "BIGINT"),
-        ("step_ms", "DOUBLE"), ("kv_cache_usage", "DOUBLE"), ("preemptions", "BIGINT"),
-    ),
-    "device_samples": (
-        ("time", "TIMESTAMP"), ("host", "VARCHAR"), ("device_index", "BIGINT"), ("device_uuid", "VARCHAR"),
-        ("util_pct", "DOUBLE"), ("mem_util_pct", "DOUBLE"), ("mem_used_bytes", "BIGINT"),
-        ("mem_total_bytes", "BIGINT"), ("sm_clock_mhz", "DOUBLE"), ("power_w", "DOUBLE"), ("temp_c", "DOUBLE"),
-        ("throttle_reasons", "VARCHAR"), ("source", "VARCHAR"),
-    ),
-}
 
 
 def utc(ts_s: float) -> dt.datetime:
@@ -54,10 +26,17 @@ class TestStore:
     __test__ = False
 
     def __init__(self, path: str = ":memory:") -> None:
+        from collector.store.schema import DDL
+
         self.con = duckdb.connect(path)
         self._lock = threading.Lock()
-        for table, cols in SCHEMA.items():
-            self.con.execute(f"CREATE TABLE {table} (" + ", ".join(f"{c} {t}" for c, t in cols) + ")")
+        for stmt in DDL:
+            self.con.execute(stmt)
+        self._types = {}
+        for table, col, typ in self.con.execute(
+                "SELECT table_name, column_name, data_type FROM information_schema.columns ORDER BY ordinal_position"
+        ).fetchall():
+            self._types.setdefault(table, []).append((col, typ))
 
     def insert(self, table: str, rows: list[dict]) -> None:
         """Append `rows` (dicts keyed by column; missing columns are NULL)."""
@@ -65,8 +44,9 @@ class TestStore:
             return
         import pyarrow as pa
 
-        types = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "DOUBLE": pa.float64(), "TIMESTAMP": pa.timestamp("us")}
-        schema = pa.schema([(c, types[t]) for c, t in SCHEMA[table]])
+        types = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
+                 "TIMESTAMP": pa.timestamp("us"), "BOOLEAN": pa.bool_(), "JSON": pa.string()}
+        schema = pa.schema([(c, types[t]) for c, t in self._types[table]])
         batch = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
         with self._lock:
             self.con.register("_batch", batch)
@@ -86,10 +66,18 @@ class TestStore:
 def request_row(i: int, model: str, end_s: float, **ms) -> dict:
     """A `requests` row that completed at `end_s` (Unix seconds); phases in ms from `ms`.
 
-    `e2e_ms` defaults to 100; arrival_time = end - e2e.
+    `e2e_ms` defaults to 100; arrival_time = end - e2e. The derived columns follow
+    semantics.catalog.DERIVED (outer = client, else engine; completion = arrival + outer E2E; ok as
+    the status says) unless given.
     """
     e2e = ms.get("e2e_ms", 100.0)
     row = {"request_id": f"{model}-{i}", "trace_id": f"{i:032x}", "model": model, "status": "ok",
            "arrival_time": utc(end_s - e2e / 1000.0), "e2e_ms": e2e, "prompt_tokens": 10, "output_tokens": 5}
     row.update(ms)
+    outer = row.get("client_e2e_ms") if row.get("client_e2e_ms") is not None else row["e2e_ms"]
+    row.setdefault("outer_e2e_ms", outer)
+    row.setdefault("outer_ttft_ms", row.get("client_ttft_ms") if row.get("client_ttft_ms") is not None
+                   else row.get("ttft_ms"))
+    row.setdefault("completion_time", row["arrival_time"] + dt.timedelta(milliseconds=row["outer_e2e_ms"] or 0))
+    row.setdefault("ok", row["status"] == "ok")
     return row

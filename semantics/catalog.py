@@ -1,0 +1,144 @@
+"""The catalog: every quantity tailtrace shows, defined once, as data.
+
+Layers (DESIGN.md's four), the phases of a request (span phase, `requests` column, label, layer),
+the statuses, the quantile list, the SLO defaults and the derived per-request quantities. Every
+part imports these; none re-declares them. The store computes the derived quantities once, as
+columns of `requests` (collector/store/schema.py); readers use those columns. docs/schema.md
+documents each definition with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from semantics import semconv as sc
+
+__all__ = [
+    "DERIVED",
+    "LATENCY_POPULATION",
+    "LAYERS",
+    "LAYER_COMPUTE",
+    "LAYER_GATEWAY",
+    "LAYER_NONE",
+    "LAYER_SCHEDULING",
+    "LAYER_SHAPE",
+    "PHASES",
+    "QUANTILES",
+    "QUANTILE_LABELS",
+    "SLO_DEFAULTS_MS",
+    "STATUSES",
+    "STATUS_ABORT",
+    "STATUS_ERROR",
+    "STATUS_OK",
+    "UNATTRIBUTED",
+    "Derived",
+    "Layer",
+    "Phase",
+    "phase_by_column",
+    "quantile_label",
+]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One of the four layers a slow request is explained by. `key` is the Prometheus/alert label
+    value; `label` the name DESIGN.md gives it."""
+
+    key: str
+    label: str
+
+
+LAYER_GATEWAY = Layer("gateway_infrastructure", "gateway and infrastructure")
+LAYER_SCHEDULING = Layer("engine_scheduling", "engine scheduling")
+LAYER_COMPUTE = Layer("compute_hardware", "compute and hardware")
+LAYER_SHAPE = Layer("request_shape", "request shape")
+LAYER_NONE = Layer("not_instrumented", "not instrumented")  # the residual of no layer
+LAYERS: tuple[Layer, ...] = (LAYER_GATEWAY, LAYER_SCHEDULING, LAYER_COMPUTE, LAYER_SHAPE)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A phase of one request: `span_phase` the `tailtrace.phase` its spans carry, `column` its
+    `requests` column (ms; NULL when its layer was not traced), `label` what every surface calls
+    it, `layer` the layer its time is spent in."""
+
+    span_phase: str
+    column: str
+    label: str
+    layer: Layer
+
+
+# In the order a request lives them. The vLLM frontend (rendering, tokenization, IPC, output
+# processing in vLLM's API server) is the engine's own work outside its scheduler and model: it
+# grows with the engine's load, so it is engine scheduling, not the gateway.
+PHASES: tuple[Phase, ...] = (
+    Phase(sc.PHASE_NETWORK, "network_ms", "Network", LAYER_GATEWAY),
+    Phase(sc.PHASE_GATEWAY, "gateway_ms", "Gateway", LAYER_GATEWAY),
+    Phase(sc.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "Gateway queue", LAYER_GATEWAY),
+    Phase(sc.PHASE_FRONTEND, "frontend_ms", "vLLM frontend", LAYER_SCHEDULING),
+    Phase(sc.PHASE_QUEUE, "queue_ms", "Engine queue", LAYER_SCHEDULING),
+    Phase(sc.PHASE_PREEMPTED, "preempted_ms", "Preempted", LAYER_SCHEDULING),
+    Phase(sc.PHASE_PREFILL, "prefill_ms", "Prefill", LAYER_COMPUTE),
+    Phase(sc.PHASE_DECODE, "decode_ms", "Decode", LAYER_COMPUTE),
+)
+# outer E2E minus every measured phase: shown, never forced to 0
+UNATTRIBUTED = Phase("unattributed", "unattributed_ms", "Unattributed", LAYER_NONE)
+
+
+def phase_by_column(column: str) -> Phase:
+    """The phase whose `requests` column is `column` (UNATTRIBUTED included). KeyError if none."""
+    for p in (*PHASES, UNATTRIBUTED):
+        if p.column == column:
+            return p
+    raise KeyError(column)
+
+
+# Statuses of a request, as the layer that saw it (`tailtrace.status`).
+STATUS_OK, STATUS_ERROR, STATUS_ABORT = "ok", "error", "abort"
+STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT)
+
+# Latency percentiles (and tails) are over the requests that are `ok`, as vLLM's benchmark_serving
+# computes its metrics over successful requests; failures are counted apart (and are misses for
+# goodput). A SQL condition over `requests`.
+LATENCY_POPULATION = "ok"
+
+# Every published tail: exact, linear interpolation between order statistics (DuckDB
+# quantile_cont, ClickHouse quantileExactInclusive, numpy's default).
+QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
+
+
+def quantile_label(q: float) -> str:
+    """0.5 -> "P50", 0.99 -> "P99", 0.999 -> "P999" (digits after the point, as the field writes them)."""
+    return "P" + f"{q:.6f}".split(".")[1].rstrip("0").ljust(2, "0")
+
+
+QUANTILE_LABELS: tuple[str, ...] = tuple(quantile_label(q) for q in QUANTILES)
+
+# Per-request SLO bounds of goodput (ms; None: no bound) by default: TTFT <= 2 s, TPOT <= 100 ms
+# (interactive chat targets as in vLLM's benchmark_serving --goodput examples).
+SLO_DEFAULTS_MS: dict[str, float | None] = {"ttft": 2000.0, "tpot": 100.0, "e2e": None}
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A derived per-request quantity: the `requests` column the store computes once, its
+    definition in words (docs/schema.md), and its SQL over the per-trace aggregate of
+    collector/store/schema.py (letters as in DESIGN.md: c client, g gateway, r engine)."""
+
+    column: str
+    definition: str
+    sql: str
+
+
+DERIVED: tuple[Derived, ...] = (
+    Derived("outer_e2e_ms", "E2E as the outermost traced layer saw it: client, else gateway, else engine",
+            "coalesce(c, g, r)"),
+    Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client, else engine",
+            "coalesce(c_ttft, ttft_s * 1000)"),
+    Derived("completion_time", "arrival_time + outer_e2e_ms: when the outermost layer saw the request end; "
+            "every time window selects by it",
+            "make_timestamp((coalesce(c_start, g_start, r_start) + CAST(round(coalesce(c, g, r) * 1e6) AS BIGINT))"
+            " // 1000)"),
+    Derived("ok", "the request succeeded as the outermost traced layer saw it (status = 'ok')",
+            f"coalesce(c_status, g_status, r_status) = '{STATUS_OK}'"),
+)

@@ -29,8 +29,11 @@ if req is None:
     st.warning(f"No request with id {rid!r} in the store.")
     st.stop()
 ui.metric_row([
-    ("E2E", ui.fmt_ms(ui.safe_float(req.get("client_e2e_ms")) or ui.safe_float(req.get("e2e_ms"))), "outermost measured"),
-    ("TTFT", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), None),
+    # one source: the store's outer figures, with the engine's own beside them
+    ("E2E", ui.fmt_ms(ui.safe_float(req.get("outer_e2e_ms"))), "outer: the client's, else the gateway's, else the engine's"),
+    ("E2E (engine)", ui.fmt_ms(ui.safe_float(req.get("e2e_ms"))), "llm.request: vLLM's own E2E"),
+    ("TTFT", ui.fmt_ms(ui.safe_float(req.get("outer_ttft_ms"))), "outer: the client's, else the engine's"),
+    ("TTFT (engine)", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), "vLLM's gen_ai.latency.time_to_first_token"),
     ("Queue time", ui.fmt_ms(ui.safe_float(req.get("queue_time_ms"))), "gateway queue + engine queue + preempted"),
     ("Service time", ui.fmt_ms(ui.safe_float(req.get("service_time_ms"))), "prefill + decode"),
     ("Tokens in → out", f"{req.get('prompt_tokens')} → {req.get('output_tokens')}", None),

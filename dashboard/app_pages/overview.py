@@ -11,7 +11,7 @@ ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the s
 
 s = data.summary(ctx.src, ctx.filters, ctx.slo, ctx.schema)
 ui.metric_row([
-    ("Requests", f"{s['requests']:,}", "requests that arrived in the window"),
+    ("Requests", f"{s['requests']:,}", "requests that completed in the window (completion time = arrival + outer E2E)"),
     ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),
      "the offered load: requests / (last − first arrival)"),
     ("Throughput (req/s)", ui.fmt_rate(s["throughput_rps"], ""),

@@ -233,7 +233,7 @@ def _mutant(name: str, old: str, new: str) -> types.ModuleType:
 
 # (what is wrong, module or "store", old, new): each must break the agreement.
 MUTATIONS = [
-    ("outer E2E engine first", "store", "coalesce(c, g, r) AS outer_e2e_ms", "coalesce(r, g, c) AS outer_e2e_ms"),
+    ("outer E2E engine first", "store", "coalesce(c, g_crit, r) AS outer_e2e_ms", "coalesce(r, g_crit, c) AS outer_e2e_ms"),
     ("ok judged by the engine", "store", "coalesce(c_status, g_status, r_status) = 'ok' AS ok",
      "coalesce(r_status, c_status, g_status) = 'ok' AS ok"),
     ("report tail >= P99", "collector.query.summary", 'cond = f"{_OUTER} > ?"', 'cond = f"{_OUTER} >= ?"'),

@@ -41,6 +41,17 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
     assert complete >= 0.95 * n
     assert attributed >= 0.95 * n
     assert added_up >= 0.95 * n
+    # the phases lie on the critical path (issue 16): none below -0.05 ms, and they add up to the
+    # outer E2E within 1 ms for >= 99% of requests
+    negative, within = con.execute("""
+        SELECT count(*) FILTER (WHERE least(network_in_ms, network_out_ms, network_ms, gateway_ms, gateway_queue_ms,
+                                            frontend_ms, queue_ms, prefill_ms, preempted_ms, decode_ms) < -0.05),
+               count(*) FILTER (WHERE abs(outer_e2e_ms - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0)
+                                + coalesce(gateway_queue_ms, 0) + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0)
+                                + coalesce(prefill_ms, 0) + coalesce(preempted_ms, 0) + coalesce(decode_ms, 0))) < 1)
+        FROM requests WHERE run_id LIKE 'demo%'""").fetchone()
+    assert negative == 0
+    assert within >= 0.99 * n
     # every output token of every request reached decode_steps
     tokens, steps = con.execute("""SELECT (SELECT sum(output_tokens) FROM requests WHERE run_id LIKE 'demo%'),
         (SELECT count(*) FROM decode_steps d JOIN requests r USING (trace_id) WHERE r.run_id LIKE 'demo%')""").fetchone()

@@ -43,6 +43,7 @@ _STATUS = ("UNSET", "OK", "ERROR")
 FACT_PHASES = frozenset({
     sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_ENGINE,
     sc.PHASE_FRONTEND, sc.PHASE_QUEUE, sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE,
+    sc.PHASE_NETWORK,  # gateway.stream: its end is the gateway's last byte out (critical path)
 })
 _STEP_ARRAYS = (sc.STEPS_TIME, sc.STEPS_BATCH_SIZE, sc.STEPS_PREFILL_TOKENS, sc.STEPS_DECODE_TOKENS,
                 sc.STEPS_KV_USAGE)

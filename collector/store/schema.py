@@ -64,14 +64,15 @@ DDL = [
         unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
         client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
         priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, outer_e2e_ms DOUBLE, outer_ttft_ms DOUBLE,
-        completion_time TIMESTAMP, ok BOOLEAN)""",
+        completion_time TIMESTAMP, ok BOOLEAN, network_in_ms DOUBLE, network_out_ms DOUBLE, gateway_after_ms DOUBLE)""",
 ]
 
 # Columns added to `requests` after stores were written without them: the store adds them to an
 # older file and recomputes every row once (DuckDBStore.start).
 DERIVED_COLUMN_TYPES = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
-                        "ok": "BOOLEAN"}
-assert set(DERIVED_COLUMN_TYPES) == {d.column for d in DERIVED}
+                        "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
+                        "gateway_after_ms": "DOUBLE"}
+assert {d.column for d in DERIVED} <= set(DERIVED_COLUMN_TYPES)
 
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {
@@ -95,6 +96,11 @@ WITH f AS (
     SELECT trace_id,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
         min(start_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_start,
+        max(end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_end,
+        max(end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_end,
+        arg_max(start_ns, end_ns) FILTER (WHERE {_p(sc.PHASE_UPSTREAM)}) AS u_start,
+        max(end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_end,
+        max(end_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS s_end,
         arg_max(client_ttft_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_ttft,
         arg_max(schedule_lag_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS lag,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_status,
@@ -128,15 +134,42 @@ WITH f AS (
         count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}'))
             AS roots
     FROM f GROUP BY trace_id
+), h AS (
+    -- Critical-path hops, each bounded by its own layers' timestamps (DESIGN.md): departures are
+    -- stamped before the write, receipts after the read. s_end, the end of gateway.stream, is when
+    -- the gateway's last chunk left it (and the time it received it from the engine).
+    SELECT *,
+        (g_start - c_start) / 1e6 AS cg_in, (c_end - s_end) / 1e6 AS cg_out,
+        (r_start - u_start) / 1e6 AS gr_in, (s_end - r_end) / 1e6 AS gr_out,
+        -- the gateway's own E2E ends with its last byte out; its span may end later (post-response work)
+        CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE g END AS g_crit
+    FROM a WHERE roots > 0
 ), b AS (
     SELECT *,
+        CASE WHEN g IS NULL THEN (r_start - c_start) / 1e6
+             WHEN s_end IS NULL THEN NULL
+             WHEN cg_in IS NULL AND gr_in IS NULL THEN NULL
+             ELSE coalesce(cg_in, 0) + coalesce(gr_in, 0) END AS network_in_ms,
+        CASE WHEN g IS NULL THEN (c_end - r_end) / 1e6
+             WHEN s_end IS NULL THEN NULL
+             WHEN cg_out IS NULL AND gr_out IS NULL THEN NULL
+             ELSE coalesce(cg_out, 0) + coalesce(gr_out, 0) END AS network_out_ms,
+        CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_start) / 1e6 - coalesce(a, 0)
+             ELSE g - coalesce(a, 0) - coalesce(u, 0) END AS gateway_ms,
+        (g_end - s_end) / 1e6 AS gateway_after_ms
+    FROM h
+), b2 AS (
+    SELECT *,
         CASE
+            WHEN network_in_ms IS NOT NULL OR network_out_ms IS NOT NULL
+                THEN coalesce(network_in_ms, 0) + coalesce(network_out_ms, 0)
+            -- a gateway that stamped no stream (an older one, or a failure before any byte): its span
+            -- bounds the upstream exchange
             WHEN g IS NULL THEN c - r
             WHEN c IS NULL AND (u IS NULL OR r IS NULL) THEN NULL
             ELSE coalesce(c - g, 0) + coalesce(u - r, 0)
-        END AS network_ms,
-        g - coalesce(a, 0) - coalesce(u, 0) AS gateway_ms
-    FROM a WHERE roots > 0
+        END AS network_ms
+    FROM b
 )
 SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
@@ -148,7 +181,7 @@ SELECT
     -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
     CASE WHEN r IS NOT NULL THEN coalesce(preempted_ms, 0) END AS preempted_ms,
     decode_ms,
-    coalesce(c, g, r) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
+    coalesce(c, g_crit, r) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
         + coalesce(preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
@@ -159,8 +192,9 @@ SELECT
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
+    network_in_ms, network_out_ms, gateway_after_ms,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
-FROM b
+FROM b2
 """
 
 # Run in one transaction by the writer.

@@ -268,7 +268,7 @@ class ProxyResponse(Response):
         u_open = s_open = False
         started = False  # response start sent to the client
         chunks = nbytes = 0
-        t_first = t_last = None
+        t_first = t_last = t_depart = None
         try:
             while True:
                 headers = list(self.upstream_headers)
@@ -315,6 +315,7 @@ class ProxyResponse(Response):
                     stream_span = tracer.start_span(sc.SPAN_GATEWAY_STREAM, context=ctx, start_time=now,
                                                     attributes=s_attrs)
                     s_open = True
+                t_depart = now  # receipt after the read = departure before the write: the critical path
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 t_last = time.time_ns()
                 chunks += 1
@@ -328,12 +329,14 @@ class ProxyResponse(Response):
             u_open = False
             resp.release()
             if not s_open:
-                t_first = t_last = t_up_end
+                t_first = t_last = t_depart = t_up_end
                 stream_span = tracer.start_span(sc.SPAN_GATEWAY_STREAM, context=ctx, start_time=t_up_end,
                                                 attributes=s_attrs)
             stream_span.set_attributes({sc.FIRST_CHUNK_TIME: t_first, sc.LAST_CHUNK_TIME: t_last,
                                         sc.STREAM_BYTES: nbytes, sc.STREAM_CHUNKS: chunks, sc.STATUS: _STATUS_OK})
-            stream_span.end(end_time=t_last)
+            # The stream span ends when the last chunk leaves the gateway (stamped before its write):
+            # the gateway's last byte on the user's critical path; what follows is gateway_after_ms.
+            stream_span.end(end_time=t_depart)
             s_open = False
             # The server span ends inside the last send (FastAPI instrumentation): attributes go first.
             sspan.set_attribute(sc.STATUS, _STATUS_OK if resp.status < 400 else _STATUS_ERROR)

@@ -324,3 +324,78 @@ def test_an_older_store_gets_the_derived_columns_recomputed(tmp_path):
         assert derived(s, tid)["outer_e2e_ms"] == 1000.0 and derived(s, tid)["ok"] is True
     finally:
         s.stop()
+
+
+def critical_tree(b: TraceBuilder, tid: bytes, *, client=True, gateway=True, engine=True, engine_children=True):
+    """One request as the real gateway now stamps it, the gateway's server span ending 5 ms after the
+    client had its last byte (post-response work on a loaded box). Times in ms after T0."""
+    at = lambda ms: T0 + int(ms * MS)
+    c = u = b""
+    if client:
+        c = b.span("loadgen", sc.SPAN_CLIENT, at(0), at(1000), trace_id=tid, attrs={sc.PHASE: sc.PHASE_CLIENT}).span_id
+    if gateway:
+        g = b.span("gateway", "POST /v1/completions", at(10), at(1005), trace_id=tid, parent=c,
+                   attrs={sc.PHASE: sc.PHASE_GATEWAY}).span_id
+        b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, at(11), at(31), trace_id=tid, parent=g,
+               attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
+        u = b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, at(35), at(990), trace_id=tid, parent=g,
+                   attrs={sc.PHASE: sc.PHASE_UPSTREAM}).span_id
+        # first chunk out at 200, the last one left the gateway at 985
+        b.span("gateway", sc.SPAN_GATEWAY_STREAM, at(200), at(985), trace_id=tid, parent=g,
+               attrs={sc.PHASE: sc.PHASE_NETWORK})
+    if engine:
+        r = b.span("vllm", sc.SPAN_LLM_REQUEST, at(40), at(980), trace_id=tid, parent=u or c, attrs={
+            sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "cmpl-" + tid.hex()[:6], sc.GEN_AI_USAGE_OUTPUT_TOKENS: 10,
+        }).span_id
+        if engine_children:
+            for s, e, name, phase in ((40, 50, sc.SPAN_LLM_FRONTEND, sc.PHASE_FRONTEND),
+                                      (50, 70, sc.SPAN_LLM_QUEUE, sc.PHASE_QUEUE),
+                                      (70, 170, sc.SPAN_LLM_PREFILL, sc.PHASE_PREFILL),
+                                      (170, 980, sc.SPAN_LLM_DECODE, sc.PHASE_DECODE)):
+                b.span("vllm", name, at(s), at(e), trace_id=tid, parent=r, attrs={sc.PHASE: phase})
+
+
+CP = ("network_in_ms", "network_out_ms", "network_ms", "gateway_ms", "gateway_queue_ms", "gateway_after_ms",
+      "unattributed_ms", "outer_e2e_ms")
+
+
+def test_phases_lie_on_the_critical_path_and_the_residual_is_honest(store):
+    """Each phase is bounded by its own layer's stamps: the gateway's time ends with its last byte out
+    (985), not when its span ends (1005, after the client had everything at 1000). Dropping a layer's
+    spans leaves its time unattributed (the positive control)."""
+    b = TraceBuilder()
+    every, no_children, no_gateway, no_engine, no_client = (os.urandom(16) for _ in range(5))
+    critical_tree(b, every)
+    critical_tree(b, no_children, engine_children=False)
+    critical_tree(b, no_gateway, gateway=False)
+    critical_tree(b, no_engine, engine=False)
+    critical_tree(b, no_client, client=False)
+    put(store, b)
+
+    def cp(tid):
+        r = store.read_query(f"SELECT {', '.join(CP)} FROM requests WHERE trace_id = ?", [tid.hex()])
+        return {k: (None if v is None else round(v, 6)) for k, v in zip(CP, r[0])}
+
+    assert cp(every) == {
+        "network_in_ms": 15.0,     # client -> gateway 10 (10 - 0) + gateway -> vLLM 5 (40 - 35)
+        "network_out_ms": 20.0,    # vLLM -> gateway 5 (985 - 980) + gateway -> client 15 (1000 - 985)
+        "network_ms": 35.0,
+        "gateway_ms": 5.0,         # (35 - 10) less the admission queue 20; the relay is the gateway's own
+        "gateway_queue_ms": 20.0,
+        "gateway_after_ms": 20.0,  # 1005 - 985: after its last byte, not part of the E2E
+        "unattributed_ms": 0.0,    # 1000 - (35 + 5 + 20 + 10 + 20 + 100 + 810)
+        "outer_e2e_ms": 1000.0,
+    }
+    # the engine's inner spans missing: its 940 ms are unattributed, not spread over other phases
+    assert cp(no_children)["unattributed_ms"] == 940.0
+    # the engine missing: the upstream exchange 35 -> 985 (950 ms) is unattributed
+    e = cp(no_engine)
+    assert e["unattributed_ms"] == 950.0 and e["network_in_ms"] == 10.0 and e["network_out_ms"] == 15.0
+    # no gateway: the network is the client's and the engine's stamps, in 40 and out 20
+    g = cp(no_gateway)
+    assert (g["network_in_ms"], g["network_out_ms"], g["gateway_ms"], g["unattributed_ms"]) == (40.0, 20.0, None, 0.0)
+    # no client: the gateway is the outer layer, and its E2E ends with its last byte out (985 - 10)
+    c = cp(no_client)
+    assert (c["outer_e2e_ms"], c["network_in_ms"], c["network_out_ms"], c["unattributed_ms"]) == (975.0, 5.0, 5.0, 0.0)
+    for tid in (every, no_children, no_gateway, no_engine, no_client):
+        assert all(v is None or v >= -0.05 for k, v in cp(tid).items()), cp(tid)

@@ -275,7 +275,8 @@ _FACT_SCHEMA = pa.schema([
     ("model", pa.string()), ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()),
     ("cached_tokens", pa.int64()), ("preemptions", pa.int64()), ("finish_reason", pa.string()),
     ("ttft_s", pa.float64()), ("priority", pa.string()), ("run_id", pa.string()),
-    ("schedule_lag_ms", pa.float64()), ("client_ttft_ms", pa.float64()), ("_src", pa.int32()),
+    ("schedule_lag_ms", pa.float64()), ("client_ttft_ms", pa.float64()), ("upstream", pa.string()),
+    ("_src", pa.int32()),
 ])
 
 
@@ -292,7 +293,8 @@ def _fact(th, sh, phase, start, end, dur, svc, a, status_code):
     return (th, sh, phase, start, end, dur, svc, _num(g(sc.PREEMPTED_MS)), status, _str(g(sc.REQUEST_ID)),
             _str(model), _int(g(sc.GEN_AI_USAGE_INPUT_TOKENS)), _int(g(sc.GEN_AI_USAGE_OUTPUT_TOKENS)),
             _int(g(sc.CACHED_TOKENS)), _int(g(sc.PREEMPTIONS)), _str(fr), _num(g(sc.GEN_AI_LATENCY_TTFT)),
-            _str(g(sc.PRIORITY)), _str(g(sc.RUN_ID)), _num(g(sc.SCHEDULE_LAG_MS)), _num(g(sc.CLIENT_TTFT_MS)))
+            _str(g(sc.PRIORITY)), _str(g(sc.RUN_ID)), _num(g(sc.SCHEDULE_LAG_MS)), _num(g(sc.CLIENT_TTFT_MS)),
+            _str(g(sc.UPSTREAM)))
 
 
 def _facts_table(facts) -> pa.Table:

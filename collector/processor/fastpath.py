@@ -105,7 +105,8 @@ S_PRE, S_STATUS, S_RID, S_MREQ, S_MRESP, S_PROMPT, S_OUT, S_CACHED, S_PREEMPT, S
 S_STEP, S_RUNNING, S_WAITING, S_BS, S_PF, S_DC, S_STEPMS, S_KV = range(16, 24)
 # step arrays (the std AnyValue)
 S_AT, S_ABS, S_APF, S_ADC, S_AKV = range(24, 29)
-N_SLOTS = 29
+S_UPSTREAM = 29  # _request_spans.upstream
+N_SLOTS = 30
 _EMPTY_STATE = [None] * N_SLOTS
 
 
@@ -138,6 +139,7 @@ _KEY_OPS: dict[str, tuple] = {
     sc.RUN_ID: ((S_RUN, E._str),),
     sc.SCHEDULE_LAG_MS: ((S_LAG, E._num),),
     sc.CLIENT_TTFT_MS: ((S_CTTFT, E._num),),
+    sc.UPSTREAM: ((S_UPSTREAM, E._str),),
     sc.STEP_INDEX: ((S_STEP, E._int),),
     sc.RUNNING: ((S_RUNNING, E._int),),
     sc.WAITING: ((S_WAITING, E._int),),
@@ -371,7 +373,8 @@ def _convert(body: bytes):
                     facts.append((th, sh, phase, start, end, dur, svc, state[S_PRE], status, state[S_RID],
                                   E._str(state[S_MREQ] or state[S_MRESP]), state[S_PROMPT], state[S_OUT],
                                   state[S_CACHED], state[S_PREEMPT], state[S_FINISH], state[S_TTFT],
-                                  state[S_PRIO], state[S_RUN], state[S_LAG], state[S_CTTFT], idx))
+                                  state[S_PRIO], state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM],
+                                  idx))
                     if phase == ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                             or state[S_APF] is not None or state[S_ADC] is not None
                                             or state[S_AKV] is not None):

@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from collector.store.schema import (
+    ADDED_FACT_COLUMNS,
     COMPACT_STEP_HISTOGRAM,
     DDL,
     DERIVED_COLUMN_TYPES,
@@ -183,14 +184,17 @@ class DuckDBStore:
     def _add_derived_columns(con) -> None:
         """A store written before `requests` had the catalog's derived columns: add them and mark
         every trace dirty, so the writer recomputes each row once with the one definition."""
-        have = {r[0] for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'").fetchall()}
-        missing = {c: t for c, t in DERIVED_COLUMN_TYPES.items() if c not in have}
-        if not missing:
+        def missing(table, wanted):
+            have = {r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
+            return [(table, c, t) for c, t in wanted.items() if c not in have]
+
+        todo = missing("_request_spans", ADDED_FACT_COLUMNS) + missing("requests", DERIVED_COLUMN_TYPES)
+        if not todo:
             return
         con.execute("BEGIN TRANSACTION")
-        for col, typ in missing.items():
-            con.execute(f"ALTER TABLE requests ADD COLUMN {col} {typ}")
+        for table, col, typ in todo:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
         con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _request_spans")
         con.execute("COMMIT")
 
@@ -423,7 +427,7 @@ class DuckDBStore:
                 continue
             con.register("_batch", t)
             try:
-                con.execute(f"INSERT INTO {name} SELECT * FROM _batch")
+                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _batch")
                 if name == "_request_spans":
                     con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
             finally:

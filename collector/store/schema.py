@@ -9,6 +9,7 @@ from semantics import semconv as sc
 from semantics.catalog import DERIVED
 
 __all__ = [
+    "ADDED_FACT_COLUMNS",
     "COMPACT_STEP_HISTOGRAM",
     "DDL",
     "DERIVED_COLUMN_TYPES",
@@ -49,7 +50,7 @@ DDL = [
         duration_ms DOUBLE, service_name VARCHAR, preempted_ms DOUBLE, status VARCHAR,
         request_id VARCHAR, model VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT,
         cached_tokens BIGINT, preemptions BIGINT, finish_reason VARCHAR, ttft_s DOUBLE,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE)""",
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE, upstream VARCHAR)""",
     # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
     # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
     """CREATE TABLE IF NOT EXISTS step_histogram (
@@ -64,14 +65,17 @@ DDL = [
         unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
         client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
         priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, outer_e2e_ms DOUBLE, outer_ttft_ms DOUBLE,
-        completion_time TIMESTAMP, ok BOOLEAN, network_in_ms DOUBLE, network_out_ms DOUBLE, gateway_after_ms DOUBLE)""",
+        completion_time TIMESTAMP, ok BOOLEAN, network_in_ms DOUBLE, network_out_ms DOUBLE, gateway_after_ms DOUBLE,
+        upstream VARCHAR)""",
 ]
 
 # Columns added to `requests` after stores were written without them: the store adds them to an
 # older file and recomputes every row once (DuckDBStore.start).
 DERIVED_COLUMN_TYPES = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
                         "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
-                        "gateway_after_ms": "DOUBLE"}
+                        "gateway_after_ms": "DOUBLE", "upstream": "VARCHAR"}
+# and to the fact table `_request_spans`
+ADDED_FACT_COLUMNS = {"upstream": "VARCHAR"}
 assert {d.column for d in DERIVED} <= set(DERIVED_COLUMN_TYPES)
 
 # The column that retention (and Parquet partitioning) uses, per table.
@@ -108,6 +112,7 @@ WITH f AS (
         min(start_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_start,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_status,
         arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_svc,
+        arg_max(upstream, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)} OR {_p(sc.PHASE_UPSTREAM)}) AS upstream,
         sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_GATEWAY_QUEUE)}) AS a,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_UPSTREAM)}) AS u,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r,
@@ -192,7 +197,7 @@ SELECT
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
-    network_in_ms, network_out_ms, gateway_after_ms,
+    network_in_ms, network_out_ms, gateway_after_ms, upstream,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

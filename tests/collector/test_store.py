@@ -335,11 +335,11 @@ def critical_tree(b: TraceBuilder, tid: bytes, *, client=True, gateway=True, eng
         c = b.span("loadgen", sc.SPAN_CLIENT, at(0), at(1000), trace_id=tid, attrs={sc.PHASE: sc.PHASE_CLIENT}).span_id
     if gateway:
         g = b.span("gateway", "POST /v1/completions", at(10), at(1005), trace_id=tid, parent=c,
-                   attrs={sc.PHASE: sc.PHASE_GATEWAY}).span_id
+                   attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.UPSTREAM: "http://127.0.0.1:8001"}).span_id
         b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, at(11), at(31), trace_id=tid, parent=g,
                attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
         u = b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, at(35), at(990), trace_id=tid, parent=g,
-                   attrs={sc.PHASE: sc.PHASE_UPSTREAM}).span_id
+                   attrs={sc.PHASE: sc.PHASE_UPSTREAM, sc.UPSTREAM: "http://127.0.0.1:8001"}).span_id
         # first chunk out at 200, the last one left the gateway at 985
         b.span("gateway", sc.SPAN_GATEWAY_STREAM, at(200), at(985), trace_id=tid, parent=g,
                attrs={sc.PHASE: sc.PHASE_NETWORK})
@@ -399,3 +399,6 @@ def test_phases_lie_on_the_critical_path_and_the_residual_is_honest(store):
     assert (c["outer_e2e_ms"], c["network_in_ms"], c["network_out_ms"], c["unattributed_ms"]) == (975.0, 5.0, 5.0, 0.0)
     for tid in (every, no_children, no_gateway, no_engine, no_client):
         assert all(v is None or v >= -0.05 for k, v in cp(tid).items()), cp(tid)
+    # the replica that served it (the gateway's upstream attribute); NULL without a gateway
+    ups = dict(store.read_query("SELECT trace_id, upstream FROM requests"))
+    assert ups[every.hex()] == "http://127.0.0.1:8001" and ups[no_gateway.hex()] is None

@@ -113,7 +113,9 @@ def cdf(c: pd.DataFrame, quantiles: dict, label: str) -> go.Figure:
     t = c[c["prob"] < 1.0]
     fig.add_trace(go.Scatter(x=t["value_ms"], y=1 - t["prob"], mode="lines+markers", name="1 − CDF"),
                   row=1, col=2)
-    fig.update_yaxes(type="log", row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=2, tickvals=[1, 0.1, 0.01, 0.001, 0.0001, 0.00001],
+                     ticktext=["100%", "10% (P90)", "1% (P99)", "0.1% (P999)", "0.01%", "0.001%"],
+                     title_text="share of requests above")
     fig.update_xaxes(title_text=f"{label} (ms)")
     for lab, dash in (("P99", "dash"), ("P999", "dot")):
         v = quantiles.get(lab)
@@ -200,8 +202,15 @@ def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go
     """Latency, scheduler state, step time, KV usage and the device on one shared time axis."""
     rows = [("Latency P99 (ms)", "lat"), ("Running / waiting", "eng"), ("Batch size", "eng"),
             ("Step time (ms)", "eng"), ("KV-cache usage", "eng")]
-    if len(dev):
-        rows += [("Device util (%)", "dev"), ("SM clock (MHz)", "dev"), ("Throttled (share)", "dev")]
+    def has(col):
+        return bool(len(dev)) and col in dev and bool(dev[col].notna().any())
+
+    # a CPU host (the CPU sampler) has no SM clock and no throttle reasons: no rows for them
+    gpu = has("sm_clock_mhz")
+    dev_rows = [(title, col) for title, col, shown in (("Device util (%)", "util_pct", has("util_pct")),
+                                                        ("SM clock (MHz)", "sm_clock_mhz", gpu),
+                                                        ("Throttled (share)", "throttle_reasons", gpu)) if shown]
+    rows += [(title, "dev") for title, _ in dev_rows]
     fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.02,
                         subplot_titles=[r[0] for r in rows])
     r = 1
@@ -222,16 +231,19 @@ def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go
         if "kv_cache_usage" in g:
             fig.add_trace(go.Scatter(x=g["bucket"], y=g["kv_cache_usage"], name=f"{svc} KV", mode="lines"),
                           row=5, col=1)
-    if len(dev):
-        for d, g in dev.groupby("device"):
-            if "util_pct" in g:
-                fig.add_trace(go.Scatter(x=g["bucket"], y=g["util_pct"], name=f"{d} util", mode="lines"), row=6, col=1)
-            if "sm_clock_mhz" in g:
-                fig.add_trace(go.Scatter(x=g["bucket"], y=g["sm_clock_mhz"], name=f"{d} SM clock", mode="lines"),
-                              row=7, col=1)
+    row_of = {col: 6 + i for i, (_, col) in enumerate(dev_rows)}
+    for d, g in (dev.groupby("device") if dev_rows else []):
+        if "util_pct" in row_of:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["util_pct"], name=f"{d} util", mode="lines"),
+                          row=row_of["util_pct"], col=1)
+        if "sm_clock_mhz" in row_of:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["sm_clock_mhz"], name=f"{d} SM clock", mode="lines"),
+                          row=row_of["sm_clock_mhz"], col=1)
+        if "throttle_reasons" in row_of:
             fig.add_trace(go.Scatter(x=g["bucket"], y=g["throttled"], name=f"{d} throttled", mode="lines",
                                      customdata=g["throttle_reasons"],
-                                     hovertemplate="%{y:.0%} throttled: %{customdata}<extra></extra>"), row=8, col=1)
+                                     hovertemplate="%{y:.0%} throttled: %{customdata}<extra></extra>"),
+                          row=row_of["throttle_reasons"], col=1)
     fig.update_layout(height=190 * len(rows), title="Engine and device on the latency time axis (UTC)",
                       margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=True)
     return fig

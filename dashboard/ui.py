@@ -19,6 +19,7 @@ import streamlit as st
 
 from dashboard import data
 from dashboard.data import DataError, DataSource, Filters, QueryResult, Slo
+from semantics import catalog
 
 __all__ = [
     "LIVE_REFRESH_CHOICES",
@@ -56,14 +57,8 @@ class Context:
 
 # ------------------------------------------------------------------------------------------ formatting
 def fmt_ms(x: float | None) -> str:
-    """A duration in ms for display: 'n/a' for None; 3 significant decimals under 10 ms."""
-    if x is None:
-        return "n/a"
-    if abs(x) < 10:
-        return f"{x:.3f} ms"
-    if abs(x) < 1000:
-        return f"{x:.1f} ms"
-    return f"{x:,.0f} ms"
+    """A duration in ms for display, by the catalog's one rule (semantics.catalog.format_ms)."""
+    return catalog.format_ms(x)
 
 
 def fmt_rate(x: float | None, unit: str) -> str:
@@ -258,10 +253,13 @@ def header(title: str, layer: str, what: str) -> None:
 
 
 def metric_row(items: Sequence[tuple[str, str, str | None]]) -> None:
-    """st.metric cards in one row: (label, value, help)."""
-    cols = st.columns(len(items))
-    for c, (label, value, hlp) in zip(cols, items):
-        c.metric(label, value, help=hlp)
+    """st.metric cards, (label, value, help), at most 4 to a row: with more, Streamlit cuts their
+    labels ("Arrival rate (req/s)" read "Arrival rat…")."""
+    items = list(items)
+    for i in range(0, len(items), 4):
+        row = items[i:i + 4]
+        for c, (label, value, hlp) in zip(st.columns(4), row):
+            c.metric(label, value, help=hlp)
 
 
 def safe_float(x: Any) -> float | None:

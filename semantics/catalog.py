@@ -34,6 +34,7 @@ __all__ = [
     "Derived",
     "Layer",
     "Phase",
+    "format_ms",
     "phase_by_column",
     "quantile_label",
 ]
@@ -143,3 +144,17 @@ DERIVED: tuple[Derived, ...] = (
     Derived("ok", "the request succeeded as the outermost traced layer saw it (status = 'ok')",
             f"coalesce(c_status, g_status, r_status) = '{STATUS_OK}'"),
 )
+
+
+def format_ms(x: float | None) -> str:
+    """A duration (ms) as every surface shows it: 'n/a' for None; '3.142 ms' under 10 ms, '42.5 ms'
+    under 1 s, '1,234 ms' under 10 s, then seconds ('550.1 s', not '550,095 ms')."""
+    if x is None:
+        return "n/a"
+    if abs(x) < 10:
+        return f"{x:.3f} ms"
+    if abs(x) < 1000:
+        return f"{x:.1f} ms"
+    if abs(x) < 10_000:
+        return f"{x:,.0f} ms"
+    return f"{x / 1000:,.1f} s"

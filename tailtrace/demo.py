@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from semantics.catalog import QUANTILE_LABELS
+from semantics.catalog import QUANTILE_LABELS, format_ms
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 
@@ -255,10 +255,8 @@ def _report(api: str, run_id: str) -> dict:
 
 
 def _fmt(v) -> str:
-    """A duration in ms, shown in ms below 10 s and in s above."""
-    if v is None:
-        return "—"
-    return f"{v / 1000:.2f} s" if abs(v) >= 10_000 else f"{v:.1f} ms"
+    """A duration in ms, by the catalog's one display rule."""
+    return format_ms(v)
 
 
 def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:

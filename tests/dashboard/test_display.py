@@ -1,0 +1,43 @@
+"""What the dashboard shows a person: readable durations, and no device rows a host cannot measure."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from dashboard import charts
+from semantics.catalog import format_ms
+
+
+def test_durations_read_in_the_unit_a_person_would_use():
+    assert format_ms(None) == "n/a"
+    assert format_ms(3.14159) == "3.142 ms"
+    assert format_ms(42.46) == "42.5 ms"
+    assert format_ms(1234.4) == "1,234 ms"
+    assert format_ms(550_095.0) == "550.1 s"  # was "550,095 ms"
+
+
+def _frames(device_cols: dict):
+    t = pd.to_datetime(["2026-01-01 00:00:00", "2026-01-01 00:00:10"])
+    lat = pd.DataFrame({"bucket": t, "ttft_p99_ms": [1.0, 2.0], "e2e_p99_ms": [3.0, 4.0]})
+    eng = pd.DataFrame({"bucket": t, "service_name": ["v", "v"], "running": [1, 2], "waiting": [0, 1],
+                        "batch_size": [1, 2], "step_ms": [5.0, 6.0], "step_p99_ms": [7.0, 8.0],
+                        "kv_cache_usage": [0.1, 0.2]})
+    dev = pd.DataFrame({"bucket": t, "device": ["h:0", "h:0"], "throttled": [0.0, 0.0], **device_cols})
+    return lat, eng, dev
+
+
+def _titles(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations]
+
+
+def test_a_cpu_host_gets_no_sm_clock_or_throttle_rows():
+    cpu = charts.engine_device(*_frames({"util_pct": [50.0, 60.0], "sm_clock_mhz": [None, None],
+                                         "throttle_reasons": [None, None]}))
+    assert "Device util (%)" in _titles(cpu)
+    assert "SM clock (MHz)" not in _titles(cpu) and "Throttled (share)" not in _titles(cpu)
+    gpu = charts.engine_device(*_frames({"util_pct": [50.0, 60.0], "sm_clock_mhz": [1980.0, 1410.0],
+                                         "throttle_reasons": [None, "hw_slowdown"]}))
+    assert {"Device util (%)", "SM clock (MHz)", "Throttled (share)"} <= set(_titles(gpu))
+    # every trace sits on a row that exists
+    rows = len([t for t in _titles(gpu) if t])
+    assert all((tr.yaxis or "y") in {f"y{i}" if i > 1 else "y" for i in range(1, rows + 1)} for tr in gpu.data)

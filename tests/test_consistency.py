@@ -237,12 +237,12 @@ MUTATIONS = [
     ("ok judged by the engine", "store", "coalesce(c_status, g_status, r_status) = 'ok' AS ok",
      "coalesce(r_status, c_status, g_status) = 'ok' AS ok"),
     ("report tail >= P99", "collector.query.summary", 'cond = f"{_OUTER} > ?"', 'cond = f"{_OUTER} >= ?"'),
-    ("dashboard tail >= P99", "dashboard.data", "f'{metric} > ?'", "f'{metric} >= ?'"),
+    ("dashboard tail >= P99", "dashboard.queries.queue_service", "f'{metric} > ?'", "f'{metric} >= ?'"),
     ("report latency over failed requests too", "collector.query.summary", "_where(run_id, latency=True)",
      "_where(run_id)"),
     ("/metrics windows by arrival", "collector.export.prometheus", "epoch_ms(completion_time) AS end_ms",
      "epoch_ms(arrival_time) AS end_ms"),
-    ("dashboard windows by arrival", "dashboard.data", 'self._time_terms(f"{a}completion_time")',
+    ("dashboard windows by arrival", "dashboard.queries.common", 'self._time_terms(f"{a}completion_time")',
      'self._time_terms(f"{a}arrival_time")'),
 ]
 
@@ -279,6 +279,10 @@ def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch
         monkeypatch.setattr(duckdb_store, "REFRESH_REQUESTS", [stmt.replace(old, new) for stmt in refresh])
         path = tmp_path / "mutant.duckdb"
         truth = _build(path)
+    elif where.startswith("dashboard."):  # the pages' `data` with the mutant's functions in it
+        mutant = _mutant(where, old, new)
+        mods["dashboard.data"] = types.SimpleNamespace(**{
+            **vars(mods["dashboard.data"]), **{k: v for k, v in vars(mutant).items() if not k.startswith("__")}})
     else:
         mods[where] = _mutant(where, old, new)
     errors = _disagreements(path, truth, mods["collector.query.summary"], mods["dashboard.data"],

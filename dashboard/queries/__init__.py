@@ -1,0 +1,1 @@
+"""One query module per dashboard page, over `dashboard.source.DataSource` and the catalog."""

@@ -1,0 +1,232 @@
+"""What every page's queries share: the metric and phase tables (from the catalog), the sidebar's
+`Filters` and `Slo`, SQL helpers, and the store's extent."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from dashboard.source import DataSource
+from semantics import catalog
+
+QUANTILES = catalog.QUANTILES
+QUANTILE_LABELS = catalog.QUANTILE_LABELS
+
+# (column in `requests`, label, layer of DESIGN.md's four) in the order a request lives them: the
+# catalog's phases, then the residual.
+PHASES: tuple[tuple[str, str, str], ...] = tuple(
+    (p.column, p.label, p.layer.label) for p in (*catalog.PHASES, catalog.UNATTRIBUTED))
+
+# Per-request latency columns of `requests` (ms) and their labels. ITL lives in `decode_steps`.
+REQUEST_METRICS: dict[str, str] = {
+    "outer_ttft_ms": "TTFT (outer)",
+    "outer_e2e_ms": "E2E (outer)",
+    "ttft_ms": "TTFT (engine)",
+    "tpot_ms": "TPOT (engine)",
+    "e2e_ms": "E2E (engine)",
+    "client_ttft_ms": "TTFT (client)",
+    "client_e2e_ms": "E2E (client)",
+    "queue_time_ms": "Queue time",
+    "service_time_ms": "Service time",
+}
+ITL = "itl_ms"
+ALL_METRICS: dict[str, str] = {**REQUEST_METRICS, ITL: "ITL (per decode step)"}
+
+
+# ------------------------------------------------------------------------------------------ filters
+@dataclass(frozen=True)
+class Filters:
+    """What the sidebar selects. `start`/`end`: naive UTC datetimes bounding a request's
+    `completion_time` (inclusive start, exclusive end; None = open), as every time window of
+    tailtrace selects requests; steps and samples by their own time. Empty tuples select everything."""
+
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    models: tuple[str, ...] = ()
+    services: tuple[str, ...] = ()
+    priorities: tuple[str, ...] = ()
+
+    def _request_terms(self, alias: str = "") -> tuple[list[str], list[Any]]:
+        a = f"{alias}." if alias else ""
+        terms: list[str] = []
+        params: list[Any] = []
+        for col, values in (("model", self.models), ("service_name", self.services),
+                            ("priority", self.priorities)):
+            if values:
+                terms.append(f"{a}{col} IN ({', '.join('?' for _ in values)})")
+                params.extend(values)
+        return terms, params
+
+    def has_request_attrs(self) -> bool:
+        """True when a model, service or priority filter is set."""
+        return bool(self.models or self.services or self.priorities)
+
+    def requests_where(self, alias: str = "") -> tuple[str, list[Any]]:
+        """(`WHERE ...` clause, params) selecting rows of `requests`."""
+        a = f"{alias}." if alias else ""
+        terms, params = self._time_terms(f"{a}completion_time")
+        t2, p2 = self._request_terms(alias)
+        return _where(terms + t2), params + p2
+
+    def steps_where(self, table_alias: str = "") -> tuple[str, list[Any]]:
+        """(`WHERE ...`, params) selecting rows of `decode_steps` (its own `time`, and the filtered
+        requests' ids when a model/service/priority filter is set)."""
+        a = f"{table_alias}." if table_alias else ""
+        terms, params = self._time_terms(f"{a}time")
+        if self.has_request_attrs():
+            t2, p2 = self._request_terms()
+            terms.append(f"{a}request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
+            params += p2
+        return _where(terms), params
+
+    def engine_where(self, has_service: bool = True) -> tuple[str, list[Any]]:
+        """(`WHERE ...`, params) selecting rows of `engine_steps` (time, and service when set)."""
+        terms, params = self._time_terms("time")
+        if self.services and has_service:
+            terms.append(f"service_name IN ({', '.join('?' for _ in self.services)})")
+            params += list(self.services)
+        return _where(terms), params
+
+    def time_where(self, col: str = "time") -> tuple[str, list[Any]]:
+        """(`WHERE ...`, params) on the time range only."""
+        terms, params = self._time_terms(col)
+        return _where(terms), params
+
+    def _time_terms(self, col: str) -> tuple[list[str], list[Any]]:
+        terms, params = [], []
+        if self.start is not None:
+            terms.append(f"{col} >= CAST(? AS TIMESTAMP)")
+            params.append(self.start)
+        if self.end is not None:
+            terms.append(f"{col} < CAST(? AS TIMESTAMP)")
+            params.append(self.end)
+        return terms, params
+
+
+def _where(terms: list[str]) -> str:
+    return ("WHERE " + " AND ".join(terms)) if terms else ""
+
+
+def _and(where: str, term: str) -> str:
+    return f"{where} AND {term}" if where else f"WHERE {term}"
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objectives in ms; None = no objective on that metric. A request is *good* when it
+    is `ok` and meets every objective set: TTFT and E2E as the user felt them (the store's outer
+    columns), TPOT from the engine (a request with one output token has no TPOT and meets any TPOT
+    objective). Defaults: semantics.catalog.SLO_DEFAULTS_MS."""
+
+    ttft_ms: float | None = catalog.SLO_DEFAULTS_MS["ttft"]
+    tpot_ms: float | None = catalog.SLO_DEFAULTS_MS["tpot"]
+    e2e_ms: float | None = catalog.SLO_DEFAULTS_MS["e2e"]
+
+    def condition(self) -> tuple[str, list[Any]]:
+        """(SQL boolean expression over `requests`, params) true for good requests."""
+        terms = ["coalesce(ok, false)"]
+        params: list[Any] = []
+        if self.ttft_ms is not None:
+            terms.append("outer_ttft_ms <= ?")
+            params.append(float(self.ttft_ms))
+        if self.tpot_ms is not None:
+            terms.append("coalesce(tpot_ms <= ?, true)")
+            params.append(float(self.tpot_ms))
+        if self.e2e_ms is not None:
+            terms.append("outer_e2e_ms <= ?")
+            params.append(float(self.e2e_ms))
+        return "(" + " AND ".join(terms) + ")", params
+
+
+# ------------------------------------------------------------------------------------------ helpers
+_BUCKETS_MS = (100, 250, 500, 1000, 2000, 5000, 10_000, 15_000, 30_000, 60_000, 120_000, 300_000, 600_000,
+               900_000, 1_800_000, 3_600_000, 7_200_000, 21_600_000, 43_200_000, 86_400_000)
+
+
+def bucket_ms(start: dt.datetime | None, end: dt.datetime | None, target: int = 120) -> int:
+    """A round time-bucket width (ms) giving at most about `target` buckets between start and end."""
+    if start is None or end is None:
+        return 60_000
+    span = max((end - start).total_seconds() * 1000.0, 1.0)
+    for b in _BUCKETS_MS:
+        if span / b <= target:
+            return b
+    return _BUCKETS_MS[-1]
+
+
+def _bucket_expr(col: str, width_ms: int) -> str:
+    return f"time_bucket(INTERVAL {int(width_ms)} MILLISECOND, {col})"
+
+
+def available(schema: dict[str, list[str]], table: str, cols: Sequence[str]) -> list[str]:
+    """The columns of `cols` that `table` has, in order."""
+    have = set(schema.get(table, ()))
+    return [c for c in cols if c in have]
+
+
+def _ts(v: Any) -> dt.datetime | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NaT:
+        return None
+    if isinstance(v, str):
+        v = pd.to_datetime(v, utc=True).tz_localize(None)
+    if isinstance(v, pd.Timestamp):
+        if v.tzinfo is not None:
+            v = v.tz_convert("UTC").tz_localize(None)
+        return v.to_pydatetime()
+    return v
+
+
+def _f(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _qlist(v: Any) -> list[float | None]:
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return [None] * len(QUANTILES)
+    return [_f(x) for x in list(v)]
+
+
+# ------------------------------------------------------------------------------------------ store info
+def store_info(src: DataSource) -> dict:
+    """{'schema', 'requests', 'first_time', 'last_time', 'models', 'services', 'priorities'} of the store.
+
+    `requests` is 0 and the lists are empty when the store has no `requests` table yet.
+    """
+    schema = src.schema()
+    info: dict[str, Any] = {"schema": schema, "requests": 0, "first_time": None, "last_time": None,
+                            "models": [], "services": [], "priorities": []}
+    if "requests" not in schema:
+        return info
+    row = src.df("SELECT count(*) AS n, min(completion_time) AS first_time, max(completion_time) AS last_time "
+                 "FROM requests").iloc[0]
+    info.update(requests=int(row["n"]), first_time=_ts(row["first_time"]), last_time=_ts(row["last_time"]))
+    for key, col in (("models", "model"), ("services", "service_name"), ("priorities", "priority")):
+        if col in schema["requests"]:
+            vals = src.df(f"SELECT DISTINCT {col} AS v FROM requests WHERE {col} IS NOT NULL ORDER BY 1")["v"]
+            info[key] = [str(v) for v in vals]
+    return info
+
+
+def count_requests(src: DataSource, f: Filters) -> int:
+    """Requests selected by the filters."""
+    w, p = f.requests_where()
+    return int(src.df(f"SELECT count(*) AS n FROM requests {w}", p)["n"].iloc[0])
+
+
+def bounds(src: DataSource, f: Filters) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """(first, last) completion time of the filtered requests."""
+    w, p = f.requests_where()
+    row = src.df(f"SELECT min(completion_time) AS first_time, max(completion_time) AS last_time FROM requests {w}",
+                 p).iloc[0]
+    return _ts(row["first_time"]), _ts(row["last_time"])

@@ -1,0 +1,253 @@
+"""The one class that runs the dashboard's SQL (`DataSource`): on a DuckDB store file (read-only,
+`enable_external_access=false`, configuration locked, statement timeout, row cap) or through the
+collector's query API. Pages never build SQL: the query modules in `dashboard/queries/` do."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from collector.query.auth import bearer_headers
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+ENV_DB = "TAILTRACE_DASHBOARD_DB"
+ENV_API = "TAILTRACE_DASHBOARD_API"
+
+
+# ------------------------------------------------------------------------------------------ errors
+class DataError(RuntimeError):
+    """A query or a data source failed in a way the user can act on; `str()` is the message to show."""
+
+
+class QueryTimeout(DataError, TimeoutError):
+    """A statement ran past its time budget. Carries `sql` and `timeout_s`."""
+
+    def __init__(self, sql: str, timeout_s: float):
+        super().__init__(f"query interrupted after {timeout_s:g} s (time budget); narrow the time range "
+                         f"or add a LIMIT")
+        self.sql = sql
+        self.timeout_s = timeout_s
+
+
+@dataclass
+class QueryResult:
+    """Rows of one statement. `df`: the rows; `truncated`: True when the row cap cut the result."""
+
+    df: pd.DataFrame
+    truncated: bool = False
+
+
+# ------------------------------------------------------------------------------------------ sources
+def _is_time_column(name: str) -> bool:
+    n = name.lower()
+    return n in ("time", "bucket", "first_time", "last_time") or n.endswith("_time")
+
+
+class DataSource:
+    """Runs read-only SQL against a tailtrace store. Thread-safe: Streamlit calls it from many sessions.
+
+    Subclasses implement `_run(sql, params, max_rows, timeout_s) -> QueryResult`. `params` are
+    positional `?` parameters: str, int, float, None or naive UTC `datetime` (write `CAST(? AS TIMESTAMP)`
+    in SQL so that both backends accept them). Raises `DataError` (or `QueryTimeout`) with a message
+    for the user.
+    """
+
+    kind = "none"
+    label = ""
+
+    def query(self, sql: str, params: Sequence[Any] = (), *, max_rows: int | None = None,
+              timeout_s: float = 60.0) -> QueryResult:
+        """Run one statement; at most `max_rows` rows (None: all) within `timeout_s` seconds."""
+        return self._run(sql, list(params), max_rows, timeout_s)
+
+    def df(self, sql: str, params: Sequence[Any] = ()) -> pd.DataFrame:
+        """Run one statement and return all its rows."""
+        return self.query(sql, params).df
+
+    def schema(self) -> dict[str, list[str]]:
+        """{table or view name: [column names]} of the store's `main` schema."""
+        rows = self.df("SELECT table_name, column_name FROM information_schema.columns "
+                       "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position")
+        out: dict[str, list[str]] = {}
+        for t, c in zip(rows["table_name"], rows["column_name"]):
+            out.setdefault(str(t), []).append(str(c))
+        return out
+
+    def close(self) -> None:
+        """Release the connection. Safe twice."""
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        raise NotImplementedError
+
+
+class DuckDBSource(DataSource):
+    """A DuckDB store file opened read-only, with external access disabled and configuration locked,
+    so that no statement (not even `SELECT * FROM read_csv('/etc/passwd')`, `ATTACH` or `COPY`) can
+    touch the file system. Each query runs on its own cursor and is interrupted after `timeout_s`.
+
+    Raises `DataError` when the file is missing, is not a DuckDB file, or is locked by a writer
+    (a running collector: use `--api` for live data then).
+    """
+
+    kind = "db"
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None):
+        import duckdb
+
+        self.path = Path(path)
+        self.label = f"store file {self.path}"
+        if not self.path.is_file():
+            raise DataError(f"store file {self.path} does not exist; give the path of a DuckDB file written "
+                            f"by `tailtrace collect --db PATH`")
+        config: dict[str, Any] = {"enable_external_access": False}
+        if threads:
+            config["threads"] = int(threads)
+        if memory_limit:
+            config["memory_limit"] = memory_limit
+        config["lock_configuration"] = True
+        try:
+            self._con = duckdb.connect(str(self.path), read_only=True, config=config)
+        except duckdb.IOException as exc:
+            msg = str(exc)
+            if "lock" in msg.lower():
+                raise DataError(f"store file {self.path} is open for writing by another process (a running "
+                                f"collector?); for live data use `tailtrace dashboard --api "
+                                f"http://127.0.0.1:9464`, or copy the file") from None
+            raise DataError(f"cannot open store file {self.path}: {msg.splitlines()[0]}") from None
+        except duckdb.Error as exc:
+            raise DataError(f"cannot open store file {self.path}: {str(exc).splitlines()[0]}") from None
+        self._lock = threading.Lock()
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        import duckdb
+
+        with self._lock:
+            if self._con is None:
+                raise DataError("the store connection is closed")
+            cur = self._con.cursor()
+        timed_out = threading.Event()
+
+        def _interrupt() -> None:
+            timed_out.set()
+            cur.interrupt()
+
+        timer = threading.Timer(timeout_s, _interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            cur.execute(sql, params)
+            if cur.description is None:
+                return QueryResult(pd.DataFrame())
+            if max_rows is None:
+                return QueryResult(cur.df())
+            rows = cur.fetchmany(max_rows + 1)
+            cols = [d[0] for d in cur.description]
+            truncated = len(rows) > max_rows
+            return QueryResult(pd.DataFrame(rows[:max_rows], columns=cols), truncated)
+        except duckdb.InterruptException:
+            raise QueryTimeout(sql, timeout_s) from None
+        except duckdb.Error as exc:
+            if timed_out.is_set():
+                raise QueryTimeout(sql, timeout_s) from None
+            raise DataError(f"{type(exc).__name__}: {str(exc).strip()}") from None
+        finally:
+            timer.cancel()
+            cur.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+class ApiSource(DataSource):
+    """The collector's read-only SQL API: `POST {url}/api/sql` with `{"sql", "params"}`.
+
+    Results are asked for as Arrow IPC (exact types); a JSON answer is accepted too, its TIMESTAMP
+    columns parsed from ISO strings. Sends `Authorization: Bearer $TAILTRACE_API_TOKEN` when that is
+    set. Raises `DataError` when the collector cannot be reached or answers an error
+    (its JSON message is shown).
+    """
+
+    kind = "api"
+
+    def __init__(self, url: str, *, timeout_s: float = 60.0):
+        import httpx
+
+        url = url.rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise DataError(f"collector API URL {url!r} must start with http:// or https://")
+        self.url = url
+        self.label = f"collector API {url}"
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        import httpx
+
+        body = {"sql": sql, "params": [p.isoformat() if isinstance(p, (dt.datetime, dt.date)) else p
+                                       for p in params]}
+        headers = {"Accept": f"{ARROW_STREAM}, application/json"}
+        headers.update(bearer_headers())
+        try:
+            resp = self._client.post(f"{self.url}/api/sql", json=body, headers=headers, timeout=timeout_s + 5)
+        except httpx.TimeoutException:
+            raise QueryTimeout(sql, timeout_s) from None
+        except httpx.HTTPError as exc:
+            raise DataError(f"cannot reach the collector at {self.url} ({type(exc).__name__}); is "
+                            f"`tailtrace collect` running there?") from None
+        if resp.status_code == 408:
+            raise QueryTimeout(sql, timeout_s)
+        ctype = resp.headers.get("content-type", "")
+        if resp.status_code < 400 and ctype.startswith(ARROW_STREAM):
+            import pyarrow as pa
+
+            table = pa.ipc.open_stream(resp.content).read_all()
+            df = table.to_pandas(types_mapper=None)
+            truncated = resp.headers.get("x-truncated", "false").lower() == "true"
+        else:
+            try:
+                payload = resp.json()
+            except ValueError:
+                payload = None
+            if resp.status_code >= 400 or not isinstance(payload, dict):
+                msg = None
+                if isinstance(payload, dict):
+                    msg = payload.get("error") or payload.get("message") or payload.get("detail")
+                raise DataError(f"collector API answered {resp.status_code}: {msg or resp.text[:300]}")
+            cols = [c["name"] if isinstance(c, dict) else str(c) for c in (payload.get("columns") or [])]
+            df = pd.DataFrame(payload.get("rows") or [], columns=cols)
+            truncated = bool(payload.get("truncated"))
+            types = payload.get("types") or []
+            for i, c in enumerate(cols):
+                is_ts = (types[i].upper().startswith("TIMESTAMP") if i < len(types) else _is_time_column(c))
+                if is_ts and df[c].dtype == object:
+                    df[c] = pd.to_datetime(df[c], errors="coerce", utc=True).dt.tz_localize(None)
+        if max_rows is not None and len(df) > max_rows:
+            df, truncated = df.iloc[:max_rows], True
+        return QueryResult(df, truncated)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def source_from_env() -> DataSource | None:
+    """The source named by TAILTRACE_DASHBOARD_API (preferred) or TAILTRACE_DASHBOARD_DB; None if neither.
+
+    `tailtrace dashboard` sets these for the Streamlit process. Raises `DataError` when the named
+    source cannot be opened.
+    """
+    api = os.environ.get(ENV_API)
+    if api:
+        return ApiSource(api)
+    db = os.environ.get(ENV_DB)
+    if db:
+        return DuckDBSource(db)
+    return None

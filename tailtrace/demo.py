@@ -159,8 +159,8 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         _print_report(console, report, cfg, result, n)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
-                      "output_tokens, queue_time_ms, service_time_ms, client_e2e_ms FROM requests ORDER BY "
-                      "client_e2e_ms DESC LIMIT 10\"", soft_wrap=True)
+                      "output_tokens, queue_time_ms, service_time_ms, outer_e2e_ms FROM requests ORDER BY "
+                      "outer_e2e_ms DESC LIMIT 10\"", soft_wrap=True)
         if not cfg.dashboard:
             console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db} --host {cfg.host} --port "
                           f"{cfg.dashboard_port}   (then http://{cfg.host}:{cfg.dashboard_port})", soft_wrap=True)

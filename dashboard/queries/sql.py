@@ -5,14 +5,14 @@ from __future__ import annotations
 from dashboard.source import DataError, DataSource, QueryResult
 
 SQL_EXAMPLES: dict[str, str] = {
-    "Exact P50/P99/P999 TTFT and E2E per model": (
+    "Exact P50/P99/P999 TTFT and E2E per model (outer, ok requests)": (
         "SELECT model, count(*) AS requests,\n"
-        "  quantile_cont(ttft_ms, [0.5, 0.99, 0.999]) AS ttft_p50_p99_p999,\n"
-        "  quantile_cont(e2e_ms, [0.5, 0.99, 0.999]) AS e2e_p50_p99_p999\n"
-        "FROM requests GROUP BY model ORDER BY requests DESC"),
+        "  quantile_cont(outer_ttft_ms, [0.5, 0.99, 0.999]) AS ttft_p50_p99_p999,\n"
+        "  quantile_cont(outer_e2e_ms, [0.5, 0.99, 0.999]) AS e2e_p50_p99_p999\n"
+        "FROM requests WHERE ok GROUP BY model ORDER BY requests DESC"),
     "Queue vs service time of the 20 slowest requests": (
-        "SELECT request_id, e2e_ms, queue_time_ms, service_time_ms, queue_ms, prefill_ms, decode_ms,\n"
-        "  prompt_tokens, output_tokens\nFROM requests ORDER BY e2e_ms DESC NULLS LAST LIMIT 20"),
+        "SELECT request_id, outer_e2e_ms, queue_time_ms, service_time_ms, queue_ms, prefill_ms, decode_ms,\n"
+        "  prompt_tokens, output_tokens\nFROM requests ORDER BY outer_e2e_ms DESC NULLS LAST LIMIT 20"),
     "ITL P99 by batch size seen at the decode step": (
         "SELECT batch_size, count(*) AS steps, quantile_cont(itl_ms, 0.99) AS itl_p99_ms\n"
         "FROM decode_steps WHERE itl_ms IS NOT NULL GROUP BY batch_size ORDER BY batch_size"),
@@ -26,7 +26,7 @@ SQL_EXAMPLES: dict[str, str] = {
         "FROM engine_steps GROUP BY ALL ORDER BY minute"),
     "Spans of one trace": (
         "SELECT name, phase, service_name, start_time, duration_ms FROM spans\n"
-        "WHERE trace_id = (SELECT trace_id FROM requests ORDER BY e2e_ms DESC NULLS LAST LIMIT 1)\n"
+        "WHERE trace_id = (SELECT trace_id FROM requests ORDER BY outer_e2e_ms DESC NULLS LAST LIMIT 1)\n"
         "ORDER BY start_time"),
     "Tables and columns": (
         "SELECT table_name, column_name, data_type FROM information_schema.columns\n"

@@ -22,7 +22,9 @@ What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base
 - `tailtrace_request_window_quantile_tokens{model, kind, window, quantile}` and
   `..._window_samples`: input (`prompt`) and output lengths, the request-shape layer.
 - `tailtrace_requests_total{model, status}`, `tailtrace_prompt_tokens_total{model}`,
-  `tailtrace_output_tokens_total{model}`.
+  `tailtrace_output_tokens_total{model}`: the rows in the store plus what retention removed
+  (`_retired_totals`, kept by the writer in the same transaction), so retention never lowers them
+  and they survive a restart.
 - Engine scheduling, per `service_name` (the vLLM process): `tailtrace_engine_waiting_requests`
   (queue depth), `tailtrace_engine_running_requests`, `tailtrace_engine_batch_size_requests`,
   `tailtrace_engine_kv_cache_usage_ratio`, `tailtrace_engine_step_duration_last_seconds` from the latest
@@ -312,16 +314,20 @@ class StoreMetricsCollector:
     def _request_totals(self, now_s: float):
         from prometheus_client.core import CounterMetricFamily
 
+        # the rows in the store plus those retention removed (_retired_totals): never decreasing
         rows = self._query(
             "SELECT coalesce(CAST(model AS VARCHAR), 'unknown'), coalesce(CAST(status AS VARCHAR), 'unknown'), "
-            "count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0) "
-            "FROM requests GROUP BY ALL ORDER BY ALL"
+            "sum(n), sum(p), sum(o) FROM ("
+            "SELECT model, status, count(*) AS n, coalesce(sum(prompt_tokens), 0) AS p, "
+            "coalesce(sum(output_tokens), 0) AS o FROM requests GROUP BY ALL "
+            "UNION ALL SELECT model, status, requests, prompt_tokens, output_tokens FROM _retired_totals"
+            ") GROUP BY ALL ORDER BY ALL"
         )
-        reqs = CounterMetricFamily("tailtrace_requests", "LLM requests in the store, by final status",
-                                   labels=["model", "status"])
-        ptok = CounterMetricFamily("tailtrace_prompt_tokens", "input (prompt) tokens of the requests in the store",
+        reqs = CounterMetricFamily("tailtrace_requests", "LLM requests ingested, by status (retention does not "
+                                   "lower it)", labels=["model", "status"])
+        ptok = CounterMetricFamily("tailtrace_prompt_tokens", "input (prompt) tokens of the requests ingested",
                                    labels=["model"])
-        otok = CounterMetricFamily("tailtrace_output_tokens", "output tokens of the requests in the store",
+        otok = CounterMetricFamily("tailtrace_output_tokens", "output tokens of the requests ingested",
                                    labels=["model"])
         per_model: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for model, status, n, p, o in rows:

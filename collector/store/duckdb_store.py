@@ -38,6 +38,7 @@ from collector.store.schema import (
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
+    RETIRE_REQUESTS,
     TIME_COLUMNS,
     step_histogram_insert,
 )
@@ -506,6 +507,7 @@ class DuckDBStore:
         cutoff = (time.time() - self.retention_s) // 60 * 60  # whole minutes, as step_histogram keeps them
         try:
             con.execute("BEGIN TRANSACTION")
+            con.execute(RETIRE_REQUESTS, [cutoff])
             for table, col in TIME_COLUMNS.items():
                 con.execute(f"DELETE FROM {table} WHERE {col} < make_timestamp(CAST(? * 1e6 AS BIGINT))",
                             [cutoff])

@@ -17,6 +17,7 @@ __all__ = [
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
     "REFRESH_REQUESTS",
+    "RETIRE_REQUESTS",
     "STEP_HISTOGRAM_METRICS",
     "TIME_COLUMNS",
     "USER_TABLES",
@@ -55,6 +56,10 @@ DDL = [
     # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
     """CREATE TABLE IF NOT EXISTS step_histogram (
         minute TIMESTAMP, service_name VARCHAR, model VARCHAR, metric VARCHAR, value BIGINT, steps BIGINT)""",
+    # What retention removed from `requests`, per model and status: the exporter's `*_total` counters
+    # add it to the rows still there, so they never decrease when old rows go (and survive a restart).
+    """CREATE TABLE IF NOT EXISTS _retired_totals (
+        model VARCHAR, status VARCHAR, requests BIGINT, prompt_tokens BIGINT, output_tokens BIGINT)""",
     # Traces whose `requests` row is stale; written in the same transaction as their spans.
     "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
     """CREATE TABLE IF NOT EXISTS requests (
@@ -77,6 +82,11 @@ DERIVED_COLUMN_TYPES = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "co
 # and to the fact table `_request_spans`
 ADDED_FACT_COLUMNS = {"upstream": "VARCHAR"}
 assert {d.column for d in DERIVED} <= set(DERIVED_COLUMN_TYPES)
+
+# Run by retention before it deletes `requests` rows older than ? (Unix seconds), in its transaction.
+RETIRE_REQUESTS = """INSERT INTO _retired_totals
+    SELECT model, status, count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)
+    FROM requests WHERE arrival_time < make_timestamp(CAST(? * 1e6 AS BIGINT)) GROUP BY ALL"""
 
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {

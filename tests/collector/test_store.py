@@ -240,6 +240,14 @@ def test_retention_drops_old_rows(tmp_path):
         assert s.read_query("SELECT count(*) FROM decode_steps")[0][0] == 10
         assert s.read_query("SELECT CAST(sum(steps) AS BIGINT) FROM step_histogram WHERE metric = 'batch_size'"
                             )[0][0] == 10
+        # /metrics' counters keep what retention removed: they never decrease
+        from prometheus_client import generate_latest
+
+        from collector.export.prometheus import make_registry
+
+        text = generate_latest(make_registry(s.read_query)).decode()
+        assert 'tailtrace_requests_total{model="tiny",status="ok"} 2.0' in text
+        assert 'tailtrace_output_tokens_total{model="tiny"} 20.0' in text
     finally:
         s.stop()
 

@@ -265,11 +265,13 @@ class StoreMetricsCollector:
             "WITH u AS (UNPIVOT (SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, "
             f"epoch_ms(completion_time) AS end_ms, {sel}, "
             "CAST(prompt_tokens AS DOUBLE) AS \"tokens:prompt\", CAST(output_tokens AS DOUBLE) AS \"tokens:output\" "
-            f"FROM requests WHERE {_OK}) ON {on}, \"tokens:prompt\", \"tokens:output\" INTO NAME phase VALUE v) "
+            # the window's rows only (zone maps on completion_time skip the rest of the store)
+            f"FROM requests WHERE {_OK} AND completion_time >= make_timestamp(CAST(? AS BIGINT) * 1000)) "
+            f"ON {on}, \"tokens:prompt\", \"tokens:output\" INTO NAME phase VALUE v) "
             f"SELECT model, phase, quantile_cont(v, {q}) FILTER (WHERE end_ms >= ?), count(v) FILTER (WHERE end_ms >= ?), "
             f"quantile_cont(v, {q}), count(v) FROM u WHERE end_ms >= ? GROUP BY ALL ORDER BY ALL"
         )
-        rows = self._query(sql, [cut1, cut1, cut5])
+        rows = self._query(sql, [cut5, cut1, cut1, cut5])
         lat_q, lat_n, tok_q, tok_n = _families_windows()
         seen = {(row[0], row[1]) for row in rows}
         for model in sorted({m for m, _ in seen}):  # a phase with no sample reads 0, not absent
@@ -298,8 +300,8 @@ class StoreMetricsCollector:
             "SELECT model, " + ", ".join(cols) + " FROM ("
             "SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, d.itl_ms, epoch_ms(d.time) AS t_ms "
             "FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK}"
-            ") WHERE t_ms >= ? GROUP BY model ORDER BY model"
+            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK} AND d.time >= make_timestamp(CAST(? AS BIGINT) * 1000)"
+            ") GROUP BY model ORDER BY model"
         )
         rows = self._query(sql, [min(cut.values())])
         lat_q, lat_n, _, _ = _families_windows()

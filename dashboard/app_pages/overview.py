@@ -7,7 +7,7 @@ from dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the sidebar, and exact latency "
-          "percentiles (quantile_cont over every request / decode step in DuckDB).")
+          "percentiles (quantile_cont over every ok request / every decode step in DuckDB).")
 
 s = data.summary(ctx.src, ctx.filters, ctx.slo, ctx.schema)
 ui.metric_row([

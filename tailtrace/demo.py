@@ -272,7 +272,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
         console.print(f"[yellow]note:[/] the load generator sent requests late (schedule lag P99 {_fmt(lag)}): this "
                       "host is short of CPU, so client, network and gateway times include waiting for a core, "
                       "and the offered load is below the trace's", soft_wrap=True)
-    t = Table(title="Latency per phase (exact percentiles over every request)")
+    t = Table(title="Latency per phase (exact percentiles over every ok request)")
     t.add_column("phase")
     for col in ("n", *QUANTILE_LABELS):
         t.add_column(col, justify="right")

@@ -29,6 +29,7 @@ from collector.processor.enrich import traces_to_batch
 from collector.store import duckdb_store
 from collector.store.duckdb_store import DuckDBStore
 from semantics import semconv as sc
+from semantics.catalog import quantile_label
 from tests.collector.otlp_payloads import MS, TraceBuilder
 
 NOW_S = 1_800_000_000.0
@@ -167,7 +168,7 @@ def _disagreements(path, truth, summary, data, exp, monkeypatch) -> list[str]:
         for m, col in cols.items():
             _close(by_col[col]["n"], run[m]["n"], f"report {m} n", errors)
             for q in (0.5, 0.99, 0.999):
-                _close(by_col[col][f"p{str(q)[2:].ljust(2, '0')}"], run[m][q], f"report {m} q{q}", errors)
+                _close(by_col[col][quantile_label(q).lower()], run[m][q], f"report {m} q{q}", errors)
         _close(report["complete"][0], run["requests"], "report requests", errors)
         _close(report["complete"][3], run["ok"], "report ok", errors)
         _close(report["tail"]["n"], run["tail"], "report tail n", errors)

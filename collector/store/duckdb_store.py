@@ -32,9 +32,9 @@ import pyarrow as pa
 
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
+    ADDED_REQUEST_COLUMNS,
     COMPACT_STEP_HISTOGRAM,
     DDL,
-    DERIVED_COLUMN_TYPES,
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
@@ -190,7 +190,7 @@ class DuckDBStore:
                 "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
             return [(table, c, t) for c, t in wanted.items() if c not in have]
 
-        todo = missing("_request_spans", ADDED_FACT_COLUMNS) + missing("requests", DERIVED_COLUMN_TYPES)
+        todo = missing("_request_spans", ADDED_FACT_COLUMNS) + missing("requests", ADDED_REQUEST_COLUMNS)
         if not todo:
             return
         con.execute("BEGIN TRANSACTION")

@@ -10,9 +10,9 @@ from semantics.catalog import DERIVED
 
 __all__ = [
     "ADDED_FACT_COLUMNS",
+    "ADDED_REQUEST_COLUMNS",
     "COMPACT_STEP_HISTOGRAM",
     "DDL",
-    "DERIVED_COLUMN_TYPES",
     "ENGINE_META_JOIN",
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
@@ -23,6 +23,19 @@ __all__ = [
     "USER_TABLES",
     "step_histogram_insert",
 ]
+
+# Columns added to `requests` after stores were written without them (declared once: the DDL
+# below appends them; the store adds them to an older file and recomputes every row once,
+# DuckDBStore.start), and likewise to the fact table `_request_spans`.
+ADDED_REQUEST_COLUMNS = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
+                         "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
+                         "gateway_after_ms": "DOUBLE", "upstream": "VARCHAR"}
+ADDED_FACT_COLUMNS = {"upstream": "VARCHAR"}
+
+
+def _cols(added: dict[str, str]) -> str:
+    return "".join(f", {c} {t}" for c, t in added.items())
+
 
 DDL = [
     """CREATE TABLE IF NOT EXISTS spans (
@@ -51,7 +64,8 @@ DDL = [
         duration_ms DOUBLE, service_name VARCHAR, preempted_ms DOUBLE, status VARCHAR,
         request_id VARCHAR, model VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT,
         cached_tokens BIGINT, preemptions BIGINT, finish_reason VARCHAR, ttft_s DOUBLE,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE, upstream VARCHAR)""",
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE"""
+        + _cols(ADDED_FACT_COLUMNS) + ")",
     # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
     # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
     """CREATE TABLE IF NOT EXISTS step_histogram (
@@ -69,19 +83,10 @@ DDL = [
         frontend_ms DOUBLE, queue_ms DOUBLE, prefill_ms DOUBLE, preempted_ms DOUBLE, decode_ms DOUBLE,
         unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
         client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, outer_e2e_ms DOUBLE, outer_ttft_ms DOUBLE,
-        completion_time TIMESTAMP, ok BOOLEAN, network_in_ms DOUBLE, network_out_ms DOUBLE, gateway_after_ms DOUBLE,
-        upstream VARCHAR)""",
+        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE""" + _cols(ADDED_REQUEST_COLUMNS) + ")",
 ]
 
-# Columns added to `requests` after stores were written without them: the store adds them to an
-# older file and recomputes every row once (DuckDBStore.start).
-DERIVED_COLUMN_TYPES = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
-                        "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
-                        "gateway_after_ms": "DOUBLE", "upstream": "VARCHAR"}
-# and to the fact table `_request_spans`
-ADDED_FACT_COLUMNS = {"upstream": "VARCHAR"}
-assert {d.column for d in DERIVED} <= set(DERIVED_COLUMN_TYPES)
+assert {d.column for d in DERIVED} <= set(ADDED_REQUEST_COLUMNS)
 
 # Run by retention before it deletes `requests` rows older than ? (Unix seconds), in its transaction.
 RETIRE_REQUESTS = """INSERT INTO _retired_totals

@@ -15,6 +15,9 @@ from semantics import semconv as sc
 
 __all__ = [
     "DERIVED",
+    "HISTOGRAM_BUCKETS_PER_DECADE",
+    "ITL_POPULATION",
+    "LATENCY_BUCKETS_SECONDS",
     "LATENCY_POPULATION",
     "LAYERS",
     "LAYER_COMPUTE",
@@ -22,6 +25,7 @@ __all__ = [
     "LAYER_NONE",
     "LAYER_SCHEDULING",
     "LAYER_SHAPE",
+    "METRIC_PHASES",
     "PHASES",
     "QUANTILES",
     "QUANTILE_LABELS",
@@ -33,6 +37,7 @@ __all__ = [
     "UNATTRIBUTED",
     "Derived",
     "Layer",
+    "MetricPhase",
     "Phase",
     "format_ms",
     "phase_by_column",
@@ -103,6 +108,12 @@ STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT)
 # goodput). A SQL condition over `requests`.
 LATENCY_POPULATION = "ok"
 
+# The inter-token latency is over every decode step, whatever became of its request afterwards: a
+# token streamed before a failure was still waited for. vLLM's own
+# `vllm:inter_token_latency_seconds` counts the same population (observed per engine iteration,
+# vllm/v1/metrics/stats.py IterationStats). A SQL condition over `decode_steps`.
+ITL_POPULATION = "itl_ms IS NOT NULL"
+
 # Every published tail: exact, linear interpolation between order statistics (DuckDB
 # quantile_cont, ClickHouse quantileExactInclusive, numpy's default).
 QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
@@ -143,6 +154,57 @@ DERIVED: tuple[Derived, ...] = (
             " // 1000)"),
     Derived("ok", "the request succeeded as the outermost traced layer saw it (status = 'ok')",
             f"coalesce(c_status, g_status, r_status) = '{STATUS_OK}'"),
+)
+
+
+@dataclass(frozen=True)
+class MetricPhase:
+    """One value of the `phase` label of tailtrace's Prometheus metrics (`/metrics`, the Grafana
+    dashboard and alerts): `column` is the `requests` column (ms) its samples come from, None for
+    `itl` (from `decode_steps.itl_ms`); `layer` is the key of the layer its time is spent in first,
+    which the alert on it is labelled with; `help` says what it measures."""
+
+    name: str
+    column: str | None
+    layer: str
+    help: str
+
+
+def _span_metric_phase(column: str, help: str, name: str | None = None) -> MetricPhase:
+    p = phase_by_column(column)
+    return MetricPhase(name or p.span_phase, p.column, p.layer.key, help)
+
+
+METRIC_PHASES: tuple[MetricPhase, ...] = (
+    MetricPhase("ttft", "outer_ttft_ms", LAYER_SCHEDULING.key,
+                "time to first token as the outermost layer that measured it saw it (client, else engine)"),
+    MetricPhase("tpot", "tpot_ms", LAYER_COMPUTE.key,
+                "time per output token after the first: decode_ms / (output_tokens - 1)"),
+    MetricPhase("itl", None, LAYER_COMPUTE.key,
+                "inter-token latency, one sample per decode step (every request's, as vLLM counts it)"),
+    MetricPhase("e2e", "outer_e2e_ms", LAYER_SHAPE.key,
+                "end-to-end latency as the outermost traced layer saw it (client, else gateway, else engine)"),
+    MetricPhase("queue", "queue_time_ms", LAYER_SCHEDULING.key,
+                "queue time: gateway admission queue + engine queue + preempted"),
+    MetricPhase("service", "service_time_ms", LAYER_COMPUTE.key, "service time: prefill + decode"),
+    _span_metric_phase("prefill_ms", "prefill, less time preempted inside it"),
+    _span_metric_phase("decode_ms", "decode, less time preempted inside it"),
+    _span_metric_phase("gateway_ms", "gateway work outside its admission queue and the upstream exchange"),
+    _span_metric_phase("network_ms", "network: client<->gateway and gateway<->engine"),
+    _span_metric_phase("gateway_queue_ms", "gateway admission queue"),
+    # the label `queue` is the full queue time above; the span phase `queue` is this one
+    _span_metric_phase("queue_ms", "engine (vLLM scheduler) waiting queue", name="engine_queue"),
+    _span_metric_phase("preempted_ms", "time preempted (KV-cache pressure)"),
+)
+
+# Latency histograms (`/metrics`, and the rollup the store keeps for them): upper bounds
+# 10**(k / HISTOGRAM_BUCKETS_PER_DECADE) seconds from 0.1 ms to 1000 s, +Inf implied. The ratio
+# between bounds is 10**0.1 (~1.26), so PromQL's `histogram_quantile` is within ~13 % of the truth;
+# the exact tails are the windowed quantile gauges.
+HISTOGRAM_BUCKETS_PER_DECADE = 10
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = tuple(
+    float(f"{10 ** (k / HISTOGRAM_BUCKETS_PER_DECADE):.6g}")
+    for k in range(-4 * HISTOGRAM_BUCKETS_PER_DECADE, 3 * HISTOGRAM_BUCKETS_PER_DECADE + 1)
 )
 
 

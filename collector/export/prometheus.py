@@ -15,10 +15,12 @@ What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base
   window holds no sample.
 - `tailtrace_latency_window_samples{model, phase, window}`: how many samples those quantiles are
   computed from (alerts require a minimum, so that a quiet minute pages nobody).
-- `tailtrace_latency_seconds{model, phase}`: a histogram over every request in the store, with fine
+- `tailtrace_latency_seconds{model, phase}`: a histogram over every request ingested, with fine
   log-spaced buckets (`BUCKETS_PER_DECADE` per decade from 0.1 ms to 1000 s) for PromQL aggregation
   across collectors (`histogram_quantile` over `rate(...[5m])`); its quantiles are interpolated and so
-  approximate, the gauges above are exact.
+  approximate, the gauges above are exact. It reads the rollup the writer keeps
+  (collector/store/latency_histogram.py), so a scrape does not scan the store, and retention does
+  not lower it.
 - `tailtrace_request_window_quantile_tokens{model, kind, window, quantile}` and
   `..._window_samples`: input (`prompt`) and output lengths, the request-shape layer.
 - `tailtrace_requests_total{model, status}`, `tailtrace_prompt_tokens_total{model}`,
@@ -43,7 +45,8 @@ Phases (the `phase` label) and the `requests` column each reads, per DESIGN.md: 
 is the full queue time (`queue_time_ms` = gateway admission queue + engine queue + preempted) and
 `service` the service time (`prefill_ms` + `decode_ms`), the two halves of "queue vs service".
 Requests that are not `ok` (as the outermost layer saw them) are counted in `tailtrace_requests_total` but left out of
-the latency metrics (a fast failure must not hide a slow tail). A request belongs to a window when it
+the latency metrics (a fast failure must not hide a slow tail). `itl` is over every decode step,
+whatever became of its request (catalog.ITL_POPULATION, as vLLM counts it). A request belongs to a window when it
 *completed* in it (`completion_time` = arrival + outer E2E, the store's column); an ITL sample when
 its token was emitted in it. `ttft` and `e2e` are the outer ones (client, else gateway, else engine:
 semantics.catalog.DERIVED), the figures the user waited for.
@@ -56,9 +59,9 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
-from semantics import catalog, semconv
+from collector.store import latency_histogram
+from semantics import catalog
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -100,58 +103,14 @@ QUANTILES: tuple[float, ...] = catalog.QUANTILES
 WINDOWS: tuple[tuple[str, int], ...] = (("1m", 60), ("5m", 300))
 
 
-@dataclass(frozen=True)
-class PhaseSpec:
-    """One value of the `phase` label: where its samples come from and which layer it speaks of.
-
-    `column` is a `requests` column in milliseconds (None for `itl`, read from
-    `decode_steps.itl_ms`); `layer` is a key of `LAYERS`: the layer this phase's time is spent in
-    first, which the alert on it is labelled with.
-    """
-
-    name: str
-    column: str | None
-    layer: str
-    help: str
-
-
-def _span_phase(name: str, column: str, help: str, label: str | None = None) -> PhaseSpec:
-    """The PhaseSpec of one of the catalog's phases: its column and layer are the catalog's."""
-    p = catalog.phase_by_column(column)
-    assert p.span_phase == name or label is not None, (name, column)
-    return PhaseSpec(label or p.span_phase, p.column, p.layer.key, help)
-
-
-PHASES: tuple[PhaseSpec, ...] = (
-    PhaseSpec("ttft", "outer_ttft_ms", LAYER_SCHEDULING,
-              "time to first token as the outermost layer that measured it saw it (client, else engine)"),
-    PhaseSpec("tpot", "tpot_ms", LAYER_COMPUTE, "time per output token after the first: decode_ms / (output_tokens - 1)"),
-    PhaseSpec("itl", None, LAYER_COMPUTE, "inter-token latency, one sample per output token after the first"),
-    PhaseSpec("e2e", "outer_e2e_ms", LAYER_SHAPE,
-              "end-to-end latency as the outermost traced layer saw it (client, else gateway, else engine)"),
-    PhaseSpec("queue", "queue_time_ms", LAYER_SCHEDULING,
-              "queue time: gateway admission queue + engine queue + preempted"),
-    PhaseSpec("service", "service_time_ms", LAYER_COMPUTE, "service time: prefill + decode"),
-    _span_phase(semconv.PHASE_PREFILL, "prefill_ms", "prefill, less time preempted inside it"),
-    _span_phase(semconv.PHASE_DECODE, "decode_ms", "decode, less time preempted inside it"),
-    _span_phase(semconv.PHASE_GATEWAY, "gateway_ms", "gateway work outside its admission queue and the upstream exchange"),
-    _span_phase(semconv.PHASE_NETWORK, "network_ms", "network: client<->gateway and gateway<->engine"),
-    _span_phase(semconv.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "gateway admission queue"),
-    # the label `queue` is the full queue time above; the span phase `queue` is this one
-    _span_phase(semconv.PHASE_QUEUE, "queue_ms", "engine (vLLM scheduler) waiting queue", label="engine_queue"),
-    _span_phase(semconv.PHASE_PREEMPTED, "preempted_ms", "time preempted (KV-cache pressure)"),
-)
+#: one value of the `phase` label (the catalog's)
+PhaseSpec = catalog.MetricPhase
+PHASES: tuple[PhaseSpec, ...] = catalog.METRIC_PHASES
 _PHASE_BY_NAME = {p.name: p for p in PHASES}
 
-#: histogram resolution: bucket bounds 10**(k / BUCKETS_PER_DECADE) seconds
-BUCKETS_PER_DECADE = 10
-_LOG_MIN, _LOG_MAX = -4, 3  # 0.1 ms .. 1000 s
-_K_MIN, _K_MAX = _LOG_MIN * BUCKETS_PER_DECADE, _LOG_MAX * BUCKETS_PER_DECADE
-#: upper bounds (seconds) of the latency histograms, +Inf implied; ratio 10**0.1 (~1.26) between bounds,
-#: so `histogram_quantile` is within ~13 % of the truth
-LATENCY_BUCKETS_SECONDS: tuple[float, ...] = tuple(
-    float(f"{10 ** (k / BUCKETS_PER_DECADE):.6g}") for k in range(_K_MIN, _K_MAX + 1)
-)
+#: histogram resolution and upper bounds (seconds, +Inf implied): the catalog's
+BUCKETS_PER_DECADE = catalog.HISTOGRAM_BUCKETS_PER_DECADE
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = catalog.LATENCY_BUCKETS_SECONDS
 #: upper bounds of the engine step batch-size histogram (requests), +Inf implied
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (
     1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
@@ -300,7 +259,7 @@ class StoreMetricsCollector:
             "SELECT model, " + ", ".join(cols) + " FROM ("
             "SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, d.itl_ms, epoch_ms(d.time) AS t_ms "
             "FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK} AND d.time >= make_timestamp(CAST(? AS BIGINT) * 1000)"
+            f"WHERE d.{catalog.ITL_POPULATION} AND d.time >= make_timestamp(CAST(? AS BIGINT) * 1000)"
             ") GROUP BY model ORDER BY model"
         )
         rows = self._query(sql, [min(cut.values())])
@@ -345,23 +304,12 @@ class StoreMetricsCollector:
     def _latency_histograms(self, now_s: float):
         from prometheus_client.core import HistogramMetricFamily
 
-        req_phases = [p for p in PHASES if p.column]
-        sel = ", ".join(f"{p.column} / 1000.0 AS \"{p.name}\"" for p in req_phases)
-        on = ", ".join(f'"{p.name}"' for p in req_phases)
-        est, idx = _log_bucket_sql("v")
-        sql = (
-            f"WITH u AS (UNPIVOT (SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, {sel} "
-            f"FROM requests WHERE {_OK}) ON {on} INTO NAME phase VALUE v), "
-            "itl AS (SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, 'itl' AS phase, "
-            "d.itl_ms / 1000.0 AS v FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.itl_ms IS NOT NULL AND {'r.' + _OK}) "
-            f"SELECT model, phase, {idx} AS k, count(*), sum(v) FROM (SELECT model, phase, v, {est} FROM "
-            "(SELECT * FROM u UNION ALL SELECT * FROM itl) WHERE v IS NOT NULL AND NOT isnan(v)) "
-            "GROUP BY ALL ORDER BY ALL"
-        )
-        rows = self._query(sql, [list(LATENCY_BUCKETS_SECONDS)])
+        # the rollup the writer keeps (collector/store/latency_histogram.py): a few thousand rows
+        # whatever the size of the store
+        rows = self._query(latency_histogram.READ)
         fam = HistogramMetricFamily(METRIC_LATENCY_HISTOGRAM,
-                                    "latency per phase over every request in the store (log-spaced buckets)",
+                                    "latency per phase over every request ingested (ok ones; itl: every decode "
+                                    "step), log-spaced buckets; retention does not lower it",
                                     labels=["model", "phase"])
         _add_histograms(fam, rows, LATENCY_BUCKETS_SECONDS)
         return [fam]
@@ -386,13 +334,10 @@ class StoreMetricsCollector:
                 total += size * n
             batch.add_metric([svc], _cumulative(BATCH_SIZE_BUCKETS, counts), total)
 
-        est, idx = _log_bucket_sql("v")
         rows = self._query(
-            f"SELECT svc, {idx} AS k, count(*), sum(v) FROM (SELECT svc, v, {est} FROM ("
-            "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS svc, step_ms / 1000.0 AS v "
-            "FROM engine_steps) WHERE v IS NOT NULL AND NOT isnan(v)) GROUP BY ALL ORDER BY ALL",
-            [list(LATENCY_BUCKETS_SECONDS)],
-        )
+            "SELECT model, k, n, sum_s FROM (" + latency_histogram.bucketed_sql(
+                "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS model, 'step' AS phase, "
+                "step_ms / 1000.0 AS v FROM engine_steps") + ") ORDER BY ALL")
         step = HistogramMetricFamily("tailtrace_engine_step_duration_seconds",
                                      "engine step time (one forward pass of the whole batch)",
                                      labels=["service_name"])
@@ -559,21 +504,6 @@ def _num(x) -> float:
 
 def _sql_list(values: Sequence[float]) -> str:
     return "[" + ", ".join(repr(float(v)) for v in values) + "]"
-
-
-def _log_bucket_sql(v: str) -> tuple[str, str]:
-    """SQL for the 0-based index of the first latency bound >= `v` (len(bounds) for +Inf), with
-    the bound list passed as parameter $1. Returns (estimate, index): `estimate` (alias `e`) goes in
-    an inner SELECT, from log10(v); `index` in the outer one corrects it against the bounds
-    themselves, so a value equal to a bound lands in that bound's bucket (`le` is inclusive) and
-    rounding in log10 never moves a sample."""
-    n = len(LATENCY_BUCKETS_SECONDS)
-    est = (f"least(greatest(CAST(ceil(log10(greatest({v}, 1e-300)) * {BUCKETS_PER_DECADE}) AS BIGINT) "
-           f"- ({_K_MIN}), 0), {n}) AS e")
-    b = "($1::DOUBLE[])"
-    idx = (f"CASE WHEN {v} <= {b}[1] THEN 0 WHEN {v} > {b}[{n}] THEN {n} "
-           f"WHEN e < {n} AND {v} > {b}[e + 1] THEN e + 1 WHEN e > 0 AND {v} <= {b}[e] THEN e - 1 ELSE e END")
-    return est, idx
 
 
 def _index_le(bounds: Sequence[float], x: float) -> int:

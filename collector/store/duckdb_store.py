@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from collector.store import latency_histogram
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
     ADDED_REQUEST_COLUMNS,
@@ -130,6 +131,7 @@ class DuckDBStore:
         self._pending = 0
         self._dirty = False
         self._hist_from = None  # oldest step_histogram minute written since the last merge
+        self._lh_deltas = False  # latency_histogram holds partial counts not merged yet
         self._root = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -166,9 +168,12 @@ class DuckDBStore:
             for stmt in DDL:
                 con.execute(stmt)
             self._add_derived_columns(con)
+            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM latency_histogram LIMIT 1)").fetchone()[0]
+                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)").fetchone()[0]):
+                self._rebuild(con, latency_histogram.REBUILD)  # a store from before the rollup
             if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
                     and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
-                self._rebuild_step_histogram(con)  # a store from before step_histogram, or a failed first try
+                self._rebuild(con, REBUILD_STEP_HISTOGRAM)  # a store from before step_histogram, or a failed first try
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
             self._preload_keys(con)
@@ -200,9 +205,9 @@ class DuckDBStore:
         con.execute("COMMIT")
 
     @staticmethod
-    def _rebuild_step_histogram(con) -> None:
+    def _rebuild(con, statements) -> None:
         con.execute("BEGIN TRANSACTION")
-        for stmt in REBUILD_STEP_HISTOGRAM:
+        for stmt in statements:
             con.execute(stmt)
         con.execute("COMMIT")
 
@@ -319,8 +324,8 @@ class DuckDBStore:
                 if self._dirty and now - last_refresh >= self.refresh_interval_s:
                     self._refresh(con)
                     last_refresh = now
-                if self._hist_from is not None and now - last_compact >= COMPACT_EVERY_S:
-                    self._compact_step_histogram(con)
+                if self._rollups_dirty and now - last_compact >= COMPACT_EVERY_S:
+                    self._compact_rollups(con)
                     last_compact = now
                 if self.retention_s and now - last_retention >= 60:
                     self._retention(con)
@@ -341,8 +346,8 @@ class DuckDBStore:
                     break
             if group:
                 self._commit_group(con, group)
-                if self._hist_from is not None and time.monotonic() - last_compact >= COMPACT_EVERY_S:
-                    self._compact_step_histogram(con)  # under steady load the queue is never idle
+                if self._rollups_dirty and time.monotonic() - last_compact >= COMPACT_EVERY_S:
+                    self._compact_rollups(con)  # under steady load the queue is never idle
                     last_compact = time.monotonic()
             if self._dirty and (time.monotonic() - last_refresh >= self.refresh_interval_s
                                 or controls):
@@ -351,7 +356,7 @@ class DuckDBStore:
             for c in controls:
                 if c is _STOP:
                     self._drain_after_stop(con)
-                    self._compact_step_histogram(con)
+                    self._compact_rollups(con)
                     try:
                         con.execute("CHECKPOINT")
                     except Exception:
@@ -468,6 +473,7 @@ class DuckDBStore:
             meta = "LEFT JOIN (SELECT NULL AS service_name, NULL AS model) m ON true"
         try:
             con.execute(step_histogram_insert("_steps", meta))
+            con.execute(latency_histogram.steps_insert("_steps", meta))
         finally:
             if facts is not None:
                 con.unregister("_facts")
@@ -476,16 +482,25 @@ class DuckDBStore:
             self._hist_from = first
         con.execute("DROP TABLE _steps")
 
-    def _compact_step_histogram(self, con) -> None:
-        """Merge step_histogram's partial counts from the oldest minute written since the last merge."""
-        if self._hist_from is None:
+    @property
+    def _rollups_dirty(self) -> bool:
+        return self._hist_from is not None or self._lh_deltas
+
+    def _compact_rollups(self, con) -> None:
+        """Merge the partial counts of step_histogram (from the oldest minute written since the last
+        merge) and of latency_histogram."""
+        if not self._rollups_dirty:
             return
         try:
             con.execute("BEGIN TRANSACTION")
-            for stmt in COMPACT_STEP_HISTOGRAM:
-                con.execute(stmt, [self._hist_from] if "?" in stmt else [])
+            if self._hist_from is not None:
+                for stmt in COMPACT_STEP_HISTOGRAM:
+                    con.execute(stmt, [self._hist_from] if "?" in stmt else [])
+            for stmt in latency_histogram.COMPACT:
+                con.execute(stmt)
             con.execute("COMMIT")
             self._hist_from = None
+            self._lh_deltas = False
         except Exception:
             _rollback(con)
             log.exception("merging step_histogram")
@@ -497,6 +512,7 @@ class DuckDBStore:
                 con.execute(stmt)
             con.execute("COMMIT")
             self._dirty = False
+            self._lh_deltas = True
         except Exception:
             _rollback(con)
             log.exception("refreshing requests")

@@ -5,6 +5,7 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 
 from __future__ import annotations
 
+from collector.store import latency_histogram
 from semantics import semconv as sc
 from semantics.catalog import DERIVED
 
@@ -76,6 +77,7 @@ DDL = [
         model VARCHAR, status VARCHAR, requests BIGINT, prompt_tokens BIGINT, output_tokens BIGINT)""",
     # Traces whose `requests` row is stale; written in the same transaction as their spans.
     "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
+    *latency_histogram.DDL,
     """CREATE TABLE IF NOT EXISTS requests (
         request_id VARCHAR, trace_id VARCHAR, model VARCHAR, arrival_time TIMESTAMP, status VARCHAR,
         finish_reason VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT,
@@ -217,10 +219,13 @@ SELECT
 FROM b2
 """
 
-# Run in one transaction by the writer.
+# Run in one transaction by the writer; latency_histogram moves the old rows' samples out and the
+# new ones' in.
 REFRESH_REQUESTS = [
+    latency_histogram.REFRESH_DELTAS[0],
     "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
     "INSERT INTO requests BY NAME " + _AGG,
+    latency_histogram.REFRESH_DELTAS[1],
     "DELETE FROM _dirty_traces",
 ]
 

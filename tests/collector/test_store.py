@@ -410,3 +410,75 @@ def test_phases_lie_on_the_critical_path_and_the_residual_is_honest(store):
     # the replica that served it (the gateway's upstream attribute); NULL without a gateway
     ups = dict(store.read_query("SELECT trace_id, upstream FROM requests"))
     assert ups[every.hex()] == "http://127.0.0.1:8001" and ups[no_gateway.hex()] is None
+
+
+def _histogram_from_rows(store) -> dict:
+    """{(model, phase, k): count} computed here, in Python, from the rows: the request phases of
+    the ok requests and the ITL of every decode step, k the first bound >= the value in seconds."""
+    import bisect
+
+    from semantics.catalog import LATENCY_BUCKETS_SECONDS, METRIC_PHASES
+
+    out: dict = {}
+    cols = [p for p in METRIC_PHASES if p.column]
+    for row in store.read_query(f"SELECT model, {', '.join(p.column for p in cols)} FROM requests WHERE ok"):
+        for p, v in zip(cols, row[1:]):
+            if v is not None:
+                key = (row[0], p.name, bisect.bisect_left(LATENCY_BUCKETS_SECONDS, v / 1000.0))
+                out[key] = out.get(key, 0) + 1
+    for model, itl in store.read_query("SELECT r.model, d.itl_ms FROM decode_steps d JOIN requests r "
+                                       "USING (request_id) WHERE d.itl_ms IS NOT NULL"):
+        key = (model, "itl", bisect.bisect_left(LATENCY_BUCKETS_SECONDS, itl / 1000.0))
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _rollup(store) -> dict:
+    from collector.store.latency_histogram import READ
+
+    return {(m, p, k): n for m, p, k, n, _ in store.read_query(READ)}
+
+
+def test_latency_histogram_rollup_follows_the_rows_and_outlives_retention(tmp_path):
+    """The rollup /metrics' histograms read equals the histogram of the rows after every refresh,
+    including when a late span changes a request (a client timeout after the engine's success,
+    a client span that lengthens the outer E2E), and retention does not lower it."""
+    import time
+
+    path = tmp_path / "lh.duckdb"
+    s = DuckDBStore(path, retention_s=3600).start()
+    now = time.time_ns()
+    timed_out, later, old = os.urandom(16), os.urandom(16), os.urandom(16)
+    try:
+        b = TraceBuilder()  # first the engines' spans alone: both requests ok, engine figures
+        full_tree(b, timed_out, client=False, gateway=False, t0=now - 60 * 10**9)
+        full_tree(b, later, client=False, gateway=False, t0=now - 50 * 10**9)
+        full_tree(b, old, t0=now - 2 * 3600 * 10**9)
+        put(s, b)
+        assert s.refresh(30)
+        first = _rollup(s)
+        assert first == _histogram_from_rows(s) and first[("tiny", "itl", 30)] == 27  # 90 ms: (0.0794 s, 0.1 s]
+        assert sum(n for (_, p, _), n in first.items() if p == "e2e") == 3
+        # then the clients' spans: one timed out (not ok: its samples leave), one waited 1.2 s
+        b = TraceBuilder()
+        b.span("loadgen", sc.SPAN_CLIENT, now - 60 * 10**9, now - 59 * 10**9, trace_id=timed_out, status_code=2,
+               attrs={sc.PHASE: sc.PHASE_CLIENT, sc.STATUS: "error"})
+        b.span("loadgen", sc.SPAN_CLIENT, now - 50 * 10**9 - 100 * MS, now - 50 * 10**9 + 1100 * MS,
+               trace_id=later, attrs={sc.PHASE: sc.PHASE_CLIENT, sc.CLIENT_TTFT_MS: 300.0})
+        put(s, b)
+        assert s.refresh(30)
+        second = _rollup(s)
+        assert second == _histogram_from_rows(s)
+        assert sum(n for (_, p, _), n in second.items() if p == "e2e") == 2
+        assert second.get(("tiny", "e2e", 41)) == 1  # 1.2 s: (1 s, 1.259 s]
+        assert s.run_retention_now()
+        assert s.read_query("SELECT count(*) FROM requests")[0][0] == 2
+        assert _rollup(s) == second  # what retention removed stays counted
+    finally:
+        s.stop()
+    s = DuckDBStore(path).start()  # the clean stop merged the partial counts: one row per key
+    try:
+        assert _rollup(s) == second
+        assert s.read_query("SELECT count(*) FROM latency_histogram")[0][0] == len(second)
+    finally:
+        s.stop()

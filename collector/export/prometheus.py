@@ -24,8 +24,8 @@ What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base
 - `tailtrace_request_window_quantile_tokens{model, kind, window, quantile}` and
   `..._window_samples`: input (`prompt`) and output lengths, the request-shape layer.
 - `tailtrace_requests_total{model, status}`, `tailtrace_prompt_tokens_total{model}`,
-  `tailtrace_output_tokens_total{model}`: the rows in the store plus what retention removed
-  (`_retired_totals`, kept by the writer in the same transaction), so retention never lowers them
+  `tailtrace_output_tokens_total{model}`: ingest totals the writer keeps in the transaction that
+  writes the rows (`request_totals`, collector/store/totals.py), so retention never lowers them
   and they survive a restart.
 - Engine scheduling, per `service_name` (the vLLM process): `tailtrace_engine_waiting_requests`
   (queue depth), `tailtrace_engine_running_requests`, `tailtrace_engine_batch_size_requests`,
@@ -60,7 +60,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from collector.store import latency_histogram
+from collector.store import latency_histogram, totals
 from semantics import catalog
 
 __all__ = [
@@ -275,15 +275,8 @@ class StoreMetricsCollector:
     def _request_totals(self, now_s: float):
         from prometheus_client.core import CounterMetricFamily
 
-        # the rows in the store plus those retention removed (_retired_totals): never decreasing
-        rows = self._query(
-            "SELECT coalesce(CAST(model AS VARCHAR), 'unknown'), coalesce(CAST(status AS VARCHAR), 'unknown'), "
-            "sum(n), sum(p), sum(o) FROM ("
-            "SELECT model, status, count(*) AS n, coalesce(sum(prompt_tokens), 0) AS p, "
-            "coalesce(sum(output_tokens), 0) AS o FROM requests GROUP BY ALL "
-            "UNION ALL SELECT model, status, requests, prompt_tokens, output_tokens FROM _retired_totals"
-            ") GROUP BY ALL ORDER BY ALL"
-        )
+        # ingest totals the writer keeps (collector/store/totals.py): retention does not lower them
+        rows = self._query(totals.READ_REQUESTS)
         reqs = CounterMetricFamily("tailtrace_requests", "LLM requests ingested, by status (retention does not "
                                    "lower it)", labels=["model", "status"])
         ptok = CounterMetricFamily("tailtrace_prompt_tokens", "input (prompt) tokens of the requests ingested",
@@ -317,15 +310,13 @@ class StoreMetricsCollector:
     def _engine_histograms(self, now_s: float):
         from prometheus_client.core import HistogramMetricFamily
 
-        rows = self._query(
-            "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown'), batch_size, count(*) "
-            "FROM engine_steps WHERE batch_size IS NOT NULL GROUP BY ALL ORDER BY ALL"
-        )
+        rows = self._query(totals.READ_ENGINE_HISTOGRAM)  # the writer's rollup
         batch = HistogramMetricFamily("tailtrace_engine_step_batch_size_requests",
                                       "requests scheduled per engine step", labels=["service_name"])
         grouped: dict[str, list[tuple[float, int]]] = defaultdict(list)
-        for svc, size, n in rows:
-            grouped[svc].append((float(size), int(n)))
+        for svc, metric, size, n, _ in rows:
+            if metric == "batch_size":
+                grouped[svc].append((float(size), int(n)))
         for svc, vals in grouped.items():
             counts = [0] * (len(BATCH_SIZE_BUCKETS) + 1)
             total = 0.0
@@ -334,10 +325,7 @@ class StoreMetricsCollector:
                 total += size * n
             batch.add_metric([svc], _cumulative(BATCH_SIZE_BUCKETS, counts), total)
 
-        rows = self._query(
-            "SELECT model, k, n, sum_s FROM (" + latency_histogram.bucketed_sql(
-                "SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS model, 'step' AS phase, "
-                "step_ms / 1000.0 AS v FROM engine_steps") + ") ORDER BY ALL")
+        rows = [(svc, k, n, sum_s) for svc, metric, k, n, sum_s in rows if metric == "step"]
         step = HistogramMetricFamily("tailtrace_engine_step_duration_seconds",
                                      "engine step time (one forward pass of the whole batch)",
                                      labels=["service_name"])
@@ -355,15 +343,16 @@ class StoreMetricsCollector:
             flt = f"FILTER (WHERE t_ms >= {cut[w]})"
             win_cols.append(f"quantile_cont(batch_size, {q}) {flt}, avg(batch_size) {flt}, "
                             f"max(waiting) {flt}, count(*) {flt}")
-        rows = self._query(
-            "SELECT svc, max(t_ms), arg_max(waiting, t_ms), arg_max(running, t_ms), arg_max(batch_size, t_ms), "
-            "arg_max(kv_cache_usage, t_ms), arg_max(step_ms, t_ms), count(*), coalesce(sum(preemptions), 0), "
-            "coalesce(sum(prefill_tokens), 0), coalesce(sum(decode_tokens), 0), "
-            + ", ".join(win_cols)
+        # totals and the latest step from the writer's rollup; the windows from the window's rows
+        # (zone maps on `time` skip the rest of engine_steps)
+        last = self._query(totals.READ_ENGINE)
+        win = {row[0]: row[1:] for row in self._query(
+            "SELECT svc, " + ", ".join(win_cols)
             + " FROM (SELECT coalesce(CAST(service_name AS VARCHAR), 'unknown') AS svc, epoch_ms(time) AS t_ms, "
-            "waiting, running, batch_size, kv_cache_usage, step_ms, preemptions, prefill_tokens, decode_tokens "
-            "FROM engine_steps) GROUP BY svc ORDER BY svc"
-        )
+            "waiting, batch_size FROM engine_steps WHERE time >= make_timestamp(CAST(? AS BIGINT) * 1000)) "
+            "GROUP BY svc ORDER BY svc", [min(cut.values())])}
+        empty = [None, None, None, 0] * len(WINDOWS)
+        rows = [tuple(row) + tuple(win.get(row[0], empty)) for row in last]
         lab = ["service_name"]
         waiting = GaugeMetricFamily("tailtrace_engine_waiting_requests",
                                     "engine queue depth: requests waiting at the latest engine step", labels=lab)
@@ -377,8 +366,8 @@ class StoreMetricsCollector:
                                       "duration of the latest engine step", labels=lab)
         last_ts = GaugeMetricFamily("tailtrace_engine_last_step_timestamp_seconds",
                                     "wall-clock end of the latest engine step (Unix seconds)", labels=lab)
-        steps = CounterMetricFamily("tailtrace_engine_steps", "engine steps in the store", labels=lab)
-        preempt = CounterMetricFamily("tailtrace_engine_preemptions", "preemptions in the store", labels=lab)
+        steps = CounterMetricFamily("tailtrace_engine_steps", "engine steps ingested (retention does not lower it)", labels=lab)
+        preempt = CounterMetricFamily("tailtrace_engine_preemptions", "preemptions ingested", labels=lab)
         ptoks = CounterMetricFamily("tailtrace_engine_prefill_tokens", "prefill tokens scheduled", labels=lab)
         dtoks = CounterMetricFamily("tailtrace_engine_decode_tokens", "decode tokens scheduled", labels=lab)
         bq = GaugeMetricFamily("tailtrace_engine_batch_size_window_quantile_requests",

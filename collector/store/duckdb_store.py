@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from collector.store import latency_histogram
+from collector.store import latency_histogram, totals
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
     ADDED_REQUEST_COLUMNS,
@@ -39,7 +39,6 @@ from collector.store.schema import (
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
-    RETIRE_REQUESTS,
     TIME_COLUMNS,
     step_histogram_insert,
 )
@@ -131,7 +130,8 @@ class DuckDBStore:
         self._pending = 0
         self._dirty = False
         self._hist_from = None  # oldest step_histogram minute written since the last merge
-        self._lh_deltas = False  # latency_histogram holds partial counts not merged yet
+        self._lh_deltas = False  # latency_histogram and request_totals hold partial counts not merged yet
+        self._engine_deltas = False  # engine_totals and engine_histogram likewise
         self._root = None
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -168,9 +168,7 @@ class DuckDBStore:
             for stmt in DDL:
                 con.execute(stmt)
             self._add_derived_columns(con)
-            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM latency_histogram LIMIT 1)").fetchone()[0]
-                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM requests LIMIT 1)").fetchone()[0]):
-                self._rebuild(con, latency_histogram.REBUILD)  # a store from before the rollup
+            self._rebuild_rollups(con, existing)
             if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
                     and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
                 self._rebuild(con, REBUILD_STEP_HISTOGRAM)  # a store from before step_histogram, or a failed first try
@@ -203,6 +201,20 @@ class DuckDBStore:
             con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
         con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _request_spans")
         con.execute("COMMIT")
+
+    def _rebuild_rollups(self, con, existing: set[str]) -> None:
+        """A store from before a rollup (latency_histogram, request_totals, engine_totals and
+        engine_histogram): count its rows into it once."""
+        def empty(table):
+            return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 1)").fetchone()[0]
+
+        if empty("latency_histogram") and not empty("requests"):
+            self._rebuild(con, latency_histogram.REBUILD)
+        retired = "_retired_totals" in existing
+        if retired or (empty("request_totals") and not empty("requests")):
+            self._rebuild(con, totals.rebuild_requests(retired))
+        if empty("engine_totals") and not empty("engine_steps"):
+            self._rebuild(con, totals.REBUILD_ENGINE)
 
     @staticmethod
     def _rebuild(con, statements) -> None:
@@ -436,6 +448,10 @@ class DuckDBStore:
                 con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _batch")
                 if name == "_request_spans":
                     con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
+                elif name == "engine_steps":
+                    for stmt in totals.ENGINE_INSERT:
+                        con.execute(stmt)
+                    self._engine_deltas = True
             finally:
                 con.unregister("_batch")
             stored += t.num_rows
@@ -484,11 +500,11 @@ class DuckDBStore:
 
     @property
     def _rollups_dirty(self) -> bool:
-        return self._hist_from is not None or self._lh_deltas
+        return self._hist_from is not None or self._lh_deltas or self._engine_deltas
 
     def _compact_rollups(self, con) -> None:
         """Merge the partial counts of step_histogram (from the oldest minute written since the last
-        merge) and of latency_histogram."""
+        merge) and of the rollups of latency_histogram and totals."""
         if not self._rollups_dirty:
             return
         try:
@@ -496,14 +512,14 @@ class DuckDBStore:
             if self._hist_from is not None:
                 for stmt in COMPACT_STEP_HISTOGRAM:
                     con.execute(stmt, [self._hist_from] if "?" in stmt else [])
-            for stmt in latency_histogram.COMPACT:
+            for stmt in (*latency_histogram.COMPACT, *totals.COMPACT):
                 con.execute(stmt)
             con.execute("COMMIT")
             self._hist_from = None
-            self._lh_deltas = False
+            self._lh_deltas = self._engine_deltas = False
         except Exception:
             _rollback(con)
-            log.exception("merging step_histogram")
+            log.exception("merging the rollups")
 
     def _refresh(self, con) -> None:
         try:
@@ -523,7 +539,6 @@ class DuckDBStore:
         cutoff = (time.time() - self.retention_s) // 60 * 60  # whole minutes, as step_histogram keeps them
         try:
             con.execute("BEGIN TRANSACTION")
-            con.execute(RETIRE_REQUESTS, [cutoff])
             for table, col in TIME_COLUMNS.items():
                 con.execute(f"DELETE FROM {table} WHERE {col} < make_timestamp(CAST(? * 1e6 AS BIGINT))",
                             [cutoff])

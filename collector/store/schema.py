@@ -5,7 +5,7 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 
 from __future__ import annotations
 
-from collector.store import latency_histogram
+from collector.store import latency_histogram, totals
 from semantics import semconv as sc
 from semantics.catalog import DERIVED
 
@@ -18,7 +18,6 @@ __all__ = [
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
     "REFRESH_REQUESTS",
-    "RETIRE_REQUESTS",
     "STEP_HISTOGRAM_METRICS",
     "TIME_COLUMNS",
     "USER_TABLES",
@@ -71,13 +70,10 @@ DDL = [
     # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
     """CREATE TABLE IF NOT EXISTS step_histogram (
         minute TIMESTAMP, service_name VARCHAR, model VARCHAR, metric VARCHAR, value BIGINT, steps BIGINT)""",
-    # What retention removed from `requests`, per model and status: the exporter's `*_total` counters
-    # add it to the rows still there, so they never decrease when old rows go (and survive a restart).
-    """CREATE TABLE IF NOT EXISTS _retired_totals (
-        model VARCHAR, status VARCHAR, requests BIGINT, prompt_tokens BIGINT, output_tokens BIGINT)""",
     # Traces whose `requests` row is stale; written in the same transaction as their spans.
     "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
     *latency_histogram.DDL,
+    *totals.DDL,
     """CREATE TABLE IF NOT EXISTS requests (
         request_id VARCHAR, trace_id VARCHAR, model VARCHAR, arrival_time TIMESTAMP, status VARCHAR,
         finish_reason VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT,
@@ -89,11 +85,6 @@ DDL = [
 ]
 
 assert {d.column for d in DERIVED} <= set(ADDED_REQUEST_COLUMNS)
-
-# Run by retention before it deletes `requests` rows older than ? (Unix seconds), in its transaction.
-RETIRE_REQUESTS = """INSERT INTO _retired_totals
-    SELECT model, status, count(*), coalesce(sum(prompt_tokens), 0), coalesce(sum(output_tokens), 0)
-    FROM requests WHERE arrival_time < make_timestamp(CAST(? * 1e6 AS BIGINT)) GROUP BY ALL"""
 
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {
@@ -219,13 +210,15 @@ SELECT
 FROM b2
 """
 
-# Run in one transaction by the writer; latency_histogram moves the old rows' samples out and the
-# new ones' in.
+# Run in one transaction by the writer; the rollups (latency_histogram, request_totals) move the
+# old rows out and the new ones in.
 REFRESH_REQUESTS = [
     latency_histogram.REFRESH_DELTAS[0],
+    totals.REFRESH_DELTAS[0],
     "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
     "INSERT INTO requests BY NAME " + _AGG,
     latency_histogram.REFRESH_DELTAS[1],
+    totals.REFRESH_DELTAS[1],
     "DELETE FROM _dirty_traces",
 ]
 

@@ -482,3 +482,87 @@ def test_latency_histogram_rollup_follows_the_rows_and_outlives_retention(tmp_pa
         assert s.read_query("SELECT count(*) FROM latency_histogram")[0][0] == len(second)
     finally:
         s.stop()
+
+
+def test_engine_rollups_equal_the_steps_and_outlive_retention(tmp_path):
+    """engine_totals / engine_histogram (what /metrics' engine counters, latest-step gauges and
+    histograms read) equal what the engine_steps rows say, across batches, a resent batch and
+    retention."""
+    import time
+
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from collector.export.prometheus import make_registry
+
+    s = DuckDBStore(tmp_path / "e.duckdb", retention_s=3600).start()
+    now = time.time_ns()
+    sent = []
+    try:
+        for batch in range(3):
+            b = TraceBuilder()
+            for i in range(20):
+                k = batch * 20 + i
+                t = now - (2 * 3600 if batch == 0 else 30 - k * 0.1) * 10**9  # the first batch is 2 h old
+                sent.append(dict(k=k, waiting=k % 4, batch=1 + k % 7, ms=5.0 + k, pre=k % 5 == 0, old=batch == 0))
+                b.span("vllm", sc.SPAN_ENGINE_STEP, int(t), int(t) + 7 * MS, attrs={
+                    sc.PHASE: sc.PHASE_ENGINE_STEP, sc.STEP_INDEX: k, sc.RUNNING: 3, sc.WAITING: k % 4,
+                    sc.BATCH_SIZE: 1 + k % 7, sc.PREFILL_TOKENS: 10, sc.DECODE_TOKENS: 2, sc.STEP_MS: 5.0 + k,
+                    sc.KV_CACHE_USAGE: 0.25, sc.PREEMPTIONS: int(k % 5 == 0)})
+            put(s, b)
+            if batch == 1:
+                put(s, b)  # resent: stored once, counted once
+        assert s.run_retention_now()
+        assert s.read_query("SELECT count(*) FROM engine_steps")[0][0] == 40  # the old batch is gone
+
+        def scrape():
+            out = {}
+            for fam in text_string_to_metric_families(generate_latest(make_registry(s.read_query)).decode()):
+                for smp in fam.samples:
+                    out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+            return out
+
+        m = scrape()
+        svc = (("service_name", "vllm"),)
+        assert m[("tailtrace_engine_steps_total", svc)] == 60  # retention does not lower it
+        assert m[("tailtrace_engine_preemptions_total", svc)] == sum(x["pre"] for x in sent)
+        assert m[("tailtrace_engine_prefill_tokens_total", svc)] == 600
+        latest = sent[-1]
+        assert m[("tailtrace_engine_waiting_requests", svc)] == latest["waiting"]
+        assert m[("tailtrace_engine_step_duration_last_seconds", svc)] == pytest.approx(latest["ms"] / 1000)
+        le4 = sum(1 for x in sent if x["batch"] <= 4)
+        assert m[("tailtrace_engine_step_batch_size_requests_bucket", (("le", "4.0"),) + svc)] == le4
+        assert m[("tailtrace_engine_step_duration_seconds_count", svc)] == 60
+        assert m[("tailtrace_engine_step_duration_seconds_sum", svc)] == pytest.approx(sum(x["ms"] for x in sent) / 1000)
+        # the 1m window holds the recent steps only, from the rows
+        assert m[("tailtrace_engine_window_steps", svc + (("window", "1m"),))] == 40
+    finally:
+        s.stop()
+
+
+def test_a_store_from_before_the_rollups_gets_them_counted(tmp_path):
+    import duckdb
+
+    path = tmp_path / "pre.duckdb"
+    s = DuckDBStore(path).start()
+    b = TraceBuilder()
+    full_tree(b, os.urandom(16))
+    full_tree(b, os.urandom(16), client=False)
+    put(s, b)
+    s.stop()
+    con = duckdb.connect(str(path))  # as the previous collector left it: no rollups, retired totals
+    for t in ("latency_histogram", "request_totals", "engine_totals", "engine_histogram"):
+        con.execute(f"DROP TABLE {t}")
+    con.execute("CREATE TABLE _retired_totals (model VARCHAR, status VARCHAR, requests BIGINT, "
+                "prompt_tokens BIGINT, output_tokens BIGINT)")
+    con.execute("INSERT INTO _retired_totals VALUES ('tiny', 'ok', 5, 500, 50)")
+    con.close()
+    s = DuckDBStore(path).start()
+    try:
+        assert _rollup(s) == _histogram_from_rows(s) and _rollup(s)
+        from collector.store.totals import READ_REQUESTS
+
+        assert s.read_query(READ_REQUESTS) == [("tiny", "ok", 2 + 5, 200 + 500, 20 + 50)]
+        assert not s.read_query("SELECT 1 FROM information_schema.tables WHERE table_name = '_retired_totals'")
+    finally:
+        s.stop()

@@ -55,11 +55,17 @@ class TestStore:
             finally:
                 self.con.unregister("_batch")
             have = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            if table in ("requests", "decode_steps") and {"requests", "decode_steps", "latency_histogram"} <= have:
-                # the writer keeps this rollup as it writes; rows written by hand are counted here
-                from collector.store import latency_histogram
+            # the writer keeps its rollups as it writes; rows written by hand are counted here
+            from collector.store import latency_histogram, totals
 
+            if table in ("requests", "decode_steps") and {"requests", "decode_steps", "latency_histogram"} <= have:
                 for stmt in latency_histogram.REBUILD:
+                    self.con.execute(stmt)
+            if table == "requests":
+                for stmt in totals.rebuild_requests(retired=False):
+                    self.con.execute(stmt)
+            if table == "engine_steps":
+                for stmt in totals.REBUILD_ENGINE:
                     self.con.execute(stmt)
 
     def query(self, sql: str, params: list | None = None) -> list[tuple]:

@@ -243,7 +243,8 @@ def _install_output_processor_hooks(OutputProcessor) -> None:
 
 class LlmRequestMiddleware:
     """Pure ASGI middleware: one `llm.request` span per completion request, from the moment the
-    request reaches vLLM's app to the moment its last response byte is handed to the server.
+    request reaches vLLM's app to the moment its last response byte is handed to the server (the
+    last non-empty body message, stamped before it is sent).
 
     It runs inside opentelemetry-instrumentation-fastapi's server span (the span's parent).
     """
@@ -261,12 +262,21 @@ class LlmRequestMiddleware:
         tl = RequestTimeline(start_ns=start_ns, model=_State.model)
         token = _current.set(tl)
 
+        last_body_ns = None
+
         async def send_wrapper(message):
+            nonlocal last_body_ns
             kind = message.get("type")
             if kind == "http.response.start":
                 tl.http_status = int(message.get("status", 0))
-            if kind == "http.response.body" and not message.get("more_body", False):
-                tl.end_ns = time.time_ns()  # the app hands its last response byte to the server
+            if kind == "http.response.body":
+                now = time.time_ns()  # a departure: stamped before the write
+                if message.get("body"):
+                    last_body_ns = now
+                if not message.get("more_body", False):
+                    # the last response byte handed to the server; a streaming response closes with an
+                    # empty message after it, which is no byte the client waits for
+                    tl.end_ns = last_body_ns or now
             await send(message)
 
         try:

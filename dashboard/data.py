@@ -34,6 +34,7 @@ from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: d
     REQUEST_METRICS,
     Filters,
     Slo,
+    StoreOutdated,
     _f,
     available,
     bounds,

@@ -216,7 +216,8 @@ def build_context() -> Context | None:
         info = data.store_info(src)
     except DataError as exc:
         st.error(str(exc))
-        show_empty()
+        if not isinstance(exc, data.StoreOutdated):  # an old store has data: "no data yet" would mislead
+            show_empty()
         return None
     if info["requests"] == 0:
         show_empty("The store holds no requests yet." if "requests" in info["schema"] else

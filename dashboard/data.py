@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: data.<name>
     ALL_METRICS,
     ITL,
+    METRIC_CHOICES,
     PHASES,
     QUANTILE_LABELS,
     QUANTILES,

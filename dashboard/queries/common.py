@@ -35,6 +35,10 @@ REQUEST_METRICS: dict[str, str] = {
     "queue_time_ms": "Queue time",
     "service_time_ms": "Service time",
 }
+# The order pages offer request latencies in (selectors): the catalog's outer E2E and TTFT first (the
+# default of every selector), TPOT, then the engine's and the client's own, labelled.
+METRIC_CHOICES: tuple[str, ...] = ("outer_e2e_ms", "outer_ttft_ms", "tpot_ms", "e2e_ms", "ttft_ms", "client_e2e_ms",
+                                   "client_ttft_ms", "queue_time_ms", "service_time_ms")
 ITL = "itl_ms"
 ALL_METRICS: dict[str, str] = {**REQUEST_METRICS, ITL: "ITL (per decode step)"}
 

@@ -152,9 +152,34 @@ def _time_window(info: dict, live: bool) -> tuple[dt.datetime | None, dt.datetim
         start, end = sb.slider("Completion time (UTC)", min_value=lo, max_value=hi, value=(lo, hi),
                                step=dt.timedelta(seconds=1), format="YYYY-MM-DD HH:mm:ss", key="tt_custom")
         return start, end, f"{start:%Y-%m-%d %H:%M:%S} – {end:%H:%M:%S} UTC"
+    now = _fixed_now()
+    if now is not None:  # a fixed end (tests, a post-mortem): the range is [now - secs, now)
+        return now - dt.timedelta(seconds=secs), now, choice.lower() + f" (to {now:%Y-%m-%d %H:%M:%S} UTC)"
     ref = dt.datetime.now(dt.UTC).replace(tzinfo=None) if live else last + dt.timedelta(microseconds=1)
     return ref - dt.timedelta(seconds=secs), None, choice.lower() + (" (to now)" if live else
                                                                      " (to the newest request)")
+
+
+ENV_NOW = "TAILTRACE_DASHBOARD_NOW"
+
+
+def _fixed_now() -> dt.datetime | None:
+    """$TAILTRACE_DASHBOARD_NOW as a naive UTC datetime (unix seconds or ISO 8601; a time without an
+    offset is UTC), None when unset. It ends every "Last …" range instead of the clock or the newest
+    request. Raises DataError for a value that is not a time."""
+    import os
+
+    raw = os.environ.get(ENV_NOW, "").strip()
+    if not raw:
+        return None
+    try:
+        t = dt.datetime.fromtimestamp(float(raw), dt.UTC)
+    except ValueError:
+        try:
+            t = dt.datetime.fromisoformat(raw)
+        except ValueError:
+            raise DataError(f"{ENV_NOW}={raw!r} is not a time (unix seconds or ISO 8601)") from None
+    return t.astimezone(dt.UTC).replace(tzinfo=None) if t.tzinfo else t
 
 
 def build_context() -> Context | None:
@@ -191,7 +216,8 @@ def build_context() -> Context | None:
         info = data.store_info(src)
     except DataError as exc:
         st.error(str(exc))
-        show_empty()
+        if not isinstance(exc, data.StoreOutdated):  # an old store has data: "no data yet" would mislead
+            show_empty()
         return None
     if info["requests"] == 0:
         show_empty("The store holds no requests yet." if "requests" in info["schema"] else

@@ -1,6 +1,7 @@
-"""One number everywhere: the demo report, the dashboard's data layer, `/metrics` and the store agree
-with a truth the test computes itself from the spans it wrote, and each listed wrong definition
-(mutation) breaks that agreement.
+"""One number everywhere: the demo report, the dashboard's data layer and every dashboard page (what
+it shows, under streamlit.testing.v1.AppTest), `/metrics` and the store agree with a truth the test
+computes itself from the spans it wrote, and each listed wrong definition (mutation) breaks that
+agreement (those of PAGE_MUTATIONS the pages' own checks too).
 
 The store is built by the real writer (OTLP spans -> DuckDBStore) from 205 requests with a fixed
 `now`: 199 through every layer, plus the adversarial ones of issue 16 —
@@ -11,14 +12,18 @@ The store is built by the real writer (OTLP spans -> DuckDBStore) from 205 reque
   completion time);
 - a request of another run that completed before the window (in no window);
 - and three requests whose E2E ties exactly at the P99 of both the run (201 ok) and the window
-  (202 ok), so that the tail `>` P99 holds one request and `>=` four.
+  (202 ok), so that the tail `>` P99 holds one request and `>=` four;
+- and an engine step every 5 s, so that the Engine page draws its latency rows.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import inspect
+import json
 import random
+import re
 import sys
 import types
 
@@ -112,6 +117,11 @@ def _build(path) -> list[dict]:
     truth.append({"run": None, "ok": False, "e2e": 2.0, "ttft": None, "tpot": None, "k": None,
                   "done_s": (g0 + 2 * MS) / 1e9, "arrival_s": g0 / 1e9})
     full(bytes([7]) + bytes(15), NOW_NS - 10 * 10**9, RUN)
+    for i in range(WINDOW_S // 5):
+        t = NOW_NS - (i + 1) * 5 * 10**9
+        b.span("vllm", sc.SPAN_ENGINE_STEP, t, t + 7 * MS, attrs={
+            sc.PHASE: sc.PHASE_ENGINE_STEP, sc.STEP_INDEX: i, sc.RUNNING: 3, sc.WAITING: 1, sc.BATCH_SIZE: 3,
+            sc.PREFILL_TOKENS: 0, sc.DECODE_TOKENS: 3, sc.STEP_MS: 6.5, sc.KV_CACHE_USAGE: 0.25, sc.PREEMPTIONS: 0})
     store = DuckDBStore(path).start()
     try:
         store.submit(traces_to_batch(b.req)).result(60)
@@ -136,6 +146,11 @@ def _expect(rows: list[dict]) -> dict:
     return out
 
 
+def _in_window(truth: list[dict]) -> list[dict]:
+    """The requests that completed in the 5-minute window ending at NOW."""
+    return [r for r in truth if NOW_S - WINDOW_S <= r["done_s"] < NOW_S]
+
+
 def _close(got, want, what: str, errors: list[str]) -> None:
     if got is None or want is None:
         if got != want:
@@ -152,7 +167,7 @@ def _disagreements(path, truth, summary, data, exp, monkeypatch) -> list[str]:
 
     errors: list[str] = []
     run = _expect([r for r in truth if r["run"] == RUN])
-    window = _expect([r for r in truth if NOW_S - WINDOW_S <= r["done_s"] < NOW_S])
+    window = _expect(_in_window(truth))
     store_all = _expect(truth)
     if not (window["e2e"][0.99] == run["e2e"][0.99] == TIE_MS and window["tail"] == run["tail"] == 1):
         raise AssertionError("the fixture's P99 must fall on the tie")
@@ -220,6 +235,235 @@ def _disagreements(path, truth, summary, data, exp, monkeypatch) -> list[str]:
     return errors
 
 
+# ------------------------------------------------------------------------------------------ the pages
+def _shown_ms(text: str) -> tuple[float, float] | None:
+    """(ms, half the shown last digit, in ms) of a duration as semantics.catalog.format_ms writes it
+    ('3.142 ms', '42.5 ms', '1,234 ms', '20.0 s'); None for 'n/a'."""
+    if text == "n/a":
+        return None
+    num, unit = text.rsplit(" ", 1)
+    num = num.replace(",", "")
+    scale = {"ms": 1.0, "s": 1000.0}[unit]
+    decimals = len(num.split(".")[1]) if "." in num else 0
+    return float(num) * scale, 0.5 * 10 ** -decimals * scale
+
+
+def _near(shown: str | None, want: float | None, what: str, errors: list[str]) -> None:
+    """A duration shown by the page (format_ms) against the truth, within the display's rounding."""
+    got = None if shown is None else _shown_ms(shown)
+    if got is None or want is None:
+        if got != want:
+            errors.append(f"{what}: shows {shown!r}, want {want}")
+        return
+    if abs(got[0] - want) > got[1] * (1 + 1e-9) + 1e-9:
+        errors.append(f"{what}: shows {shown!r}, want {want} (±{got[1]:g})")
+
+
+def _within(got, want, tol: float, what: str, errors: list[str]) -> None:
+    """A number a table or chart holds against the truth, within `tol` (the display's rounding)."""
+    if got is None or want is None or abs(float(got) - float(want)) > tol:
+        errors.append(f"{what}: got {got}, want {want} (±{tol:g})")
+
+
+def _count(text: str) -> int:
+    """An integer as the pages write it ('1,234')."""
+    return int(text.replace(",", ""))
+
+
+def _traces(at) -> dict[str, tuple[list, np.ndarray]]:
+    """{trace name: (x, y)} of every Plotly chart on the page (y decoded from Plotly's typed arrays)."""
+    out = {}
+    for chart in at.get("plotly_chart"):
+        for tr in json.loads(chart.proto.spec)["data"]:
+            y = tr.get("y")
+            if isinstance(y, dict):  # {"dtype": "f8", "bdata": base64}
+                import base64
+
+                y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=np.dtype(y["dtype"]))
+            out[str(tr.get("name"))] = (tr.get("x"), np.asarray(y, dtype=float) if y is not None else None)
+    return out
+
+
+def _buckets(rows: list[dict], width_ms: int) -> dict[dt.datetime, list[dict]]:
+    """`rows` by the completion-time bucket of `width_ms` (DuckDB time_bucket: aligned to the epoch
+    for widths that divide a day)."""
+    out: dict[dt.datetime, list[dict]] = {}
+    for r in rows:
+        us = round(r["done_s"] * 1e6)
+        start = us - us % (width_ms * 1000)
+        out.setdefault(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=start), []).append(r)
+    return out
+
+
+def _x_time(x) -> dt.datetime:
+    return dt.datetime.fromisoformat(str(x)).replace(tzinfo=None)
+
+
+_NAMES = {"e2e": ("E2E", "outer_e2e_ms"), "ttft": ("TTFT", "outer_ttft_ms"), "tpot": ("TPOT", "tpot_ms")}
+_QLABELS = {0.5: "P50", 0.99: "P99", 0.999: "P999"}
+
+
+def _table(at, column: str):
+    """The first dataframe on the page that has `column` (KeyError when none has)."""
+    hits = [d.value for d in at.dataframe if column in d.value.columns]
+    if not hits:
+        raise KeyError(f"no table with a column {column}")
+    return hits[0]
+
+
+def _choose(at, key: str, metric: str) -> None:
+    """Pick `metric` in the page's selectbox `key` and rerun; KeyError when the page does not offer it
+    (before setting it: an impossible value would break every later run of the app)."""
+    from dashboard import data
+
+    box = at.selectbox(key=key)
+    if data.ALL_METRICS[metric] not in box.options:
+        raise KeyError(f"{key} offers no {data.ALL_METRICS[metric]} (offers {box.options})")
+    box.set_value(metric).run()
+
+
+def _check_overview(at, t, errors: list[str]) -> None:
+    """Cards: requests, ok requests, output tokens (help); P99 of TTFT/TPOT/E2E with P50, P999 and n in
+    the help. Table: P50/P99/P999 and n (3 decimals). Throughput chart: requests and output tokens
+    (rate per bucket x bucket width)."""
+    from dashboard import data
+    from tests.dashboard.apptest_util import metrics
+
+    shown = metrics(at)
+    helps = {m.label: m.help for m in at.metric}
+    _close(_count(shown["Requests"]), t.window["requests"], "overview requests", errors)
+    _close(_count(shown["OK requests"]), t.window["ok"], "overview ok requests", errors)
+    _close(_count(helps["Output tokens/s"].split(" ")[0]), t.window["output_tokens"], "overview output tokens",
+           errors)
+    table = _table(at, "P99").set_index("metric")
+    for m, (name, col) in _NAMES.items():
+        label = f"{name} P99" + (" (outer)" if col.startswith("outer_") else "")
+        _near(shown[label], t.window[m][0.99], f"overview card {label}", errors)
+        hit = re.fullmatch(r"P999 (.+) · P50 (.+) · n = ([\d,]+)", helps[label])
+        _near(hit[1], t.window[m][0.999], f"overview card {label} P999", errors)
+        _near(hit[2], t.window[m][0.5], f"overview card {label} P50", errors)
+        _close(_count(hit[3]), t.window[m]["n"], f"overview card {label} n", errors)
+        row = data.REQUEST_METRICS[col]
+        _close(table.loc[row, "count"], t.window[m]["n"], f"overview table {row} n", errors)
+        for q, lab in _QLABELS.items():
+            _within(table.loc[row, lab], t.window[m][q], 5e-4, f"overview table {row} {lab}", errors)
+    tr = _traces(at)
+    for name, want in (("requests/s", t.window["requests"]), ("output tokens/s", t.window["output_tokens"])):
+        _within(tr[name][1].sum() * t.width_ms / 1000, want, 1e-6, f"overview chart {name}", errors)
+
+
+def _check_queue_service(at, t, errors: list[str]) -> None:
+    """P99 of E2E, TTFT and TPOT (the "Tail of" choice); the tail above the E2E P99: its size and E2Es."""
+    from dashboard import data
+    from tests.dashboard.apptest_util import metrics
+
+    for m, (_, col) in _NAMES.items():
+        _choose(at, "qs_metric", col)
+        shown = metrics(at)
+        _near(shown[f"P99 of {data.REQUEST_METRICS[col]}"], t.window[m][0.99], f"queue_service {m} P99", errors)
+        if m == "e2e":
+            _close(_count(shown["Requests above P99"]), t.window["tail"], "queue_service tail n", errors)
+            got = list(_table(at, "value_ms")["value_ms"])
+            want = sorted((r["e2e"] for r in t.ok if r["e2e"] > t.window["e2e"][0.99]), reverse=True)
+            if len(got) != len(want) or not np.allclose(got, want):
+                errors.append(f"queue_service tail E2E: {got}, want {want}")
+
+
+def _check_distributions(at, t, errors: list[str]) -> None:
+    """P50/P99/P999 and n of E2E, TTFT, TPOT; TTFT and E2E P50/P99 per input-length bin (every prompt
+    here has 50 tokens: one bin, holding the window's figures)."""
+    from tests.dashboard.apptest_util import metrics
+
+    for m, (_, col) in _NAMES.items():
+        _choose(at, "dist_metric", col)
+        shown = metrics(at)
+        _close(_count(shown["values"]), t.window[m]["n"], f"distributions {m} n", errors)
+        for q, lab in _QLABELS.items():
+            _near(shown[lab], t.window[m][q], f"distributions {m} {lab}", errors)
+    li = _table(at, "ttft_p99_ms")
+    _close(int(li["requests"].sum()), sum(1 for r in t.rows if r["k"] is not None), "distributions bin requests",
+           errors)
+    _close(len(li), 1, "distributions input-length bins", errors)
+    for m in ("ttft", "e2e"):
+        for q, lab in ((0.5, "p50"), (0.99, "p99")):
+            _within(li[f"{m}_{lab}_ms"].iloc[0], t.window[m][q], 5e-4, f"distributions bin {m} {lab}", errors)
+
+
+def _check_explorer(at, t, errors: list[str]) -> None:
+    """Outer E2E of the 50 slowest requests (whatever their status) and the slowest one's E2E card."""
+    from tests.dashboard.apptest_util import metrics
+
+    got = list(_table(at, "outer_e2e_ms")["outer_e2e_ms"])
+    want = sorted((r["e2e"] for r in t.rows), reverse=True)[:50]
+    if len(got) != len(want) or not np.allclose(got, want):
+        errors.append(f"explorer slowest E2E: {got[:5]}…, want {want[:5]}…")
+    _near(metrics(at)["E2E"], want[0], "explorer E2E of the slowest", errors)
+
+
+def _check_engine(at, t, errors: list[str]) -> None:
+    """P99 TTFT and E2E per time bucket (its chart; a bucket of failures only has none)."""
+    tr = _traces(at)
+    per = _buckets(t.ok, t.width_ms)
+    for m, name in (("ttft", "TTFT P99"), ("e2e", "E2E P99")):
+        x, y = tr[name]
+        got = {_x_time(b): (None if np.isnan(v) else float(v)) for b, v in zip(x, y)}
+        want = {b: _q([r[m] for r in rs if r[m] is not None], 0.99) for b, rs in per.items()}
+        for b in sorted(set(got) | set(want)):
+            _close(got.get(b), want.get(b), f"engine {name} at {b:%H:%M:%S}", errors)
+
+
+def _check_sql(at, t, errors: list[str]) -> None:
+    """The console's first example (ok requests and P50/P99/P999 of TTFT and E2E per model) over the
+    whole store: the console has no time range."""
+    res = at.dataframe[-1].value
+    _close(len(res), 1, "sql example rows (one model)", errors)
+    _close(res["requests"].iloc[0], t.store_all["ok"], "sql example ok requests", errors)
+    for m in ("ttft", "e2e"):
+        for got, q in zip(list(res[f"{m}_p50_p99_p999"].iloc[0]), (0.5, 0.99, 0.999)):
+            _close(got, t.store_all[m][q], f"sql example {m} q{q}", errors)
+
+
+# Every page and its check of what it shows. What no page shows is not checked there: the P50/P999
+# of the tail metric on Queue vs service and of the Engine page's buckets, token totals anywhere but
+# the Overview, requests and ok counts on the Distributions, Explorer and Engine pages.
+PAGE_CHECKS = {"overview": _check_overview, "queue_service": _check_queue_service,
+               "distributions": _check_distributions, "explorer": _check_explorer, "engine": _check_engine,
+               "sql": _check_sql}
+
+
+def _page_disagreements(path, truth, monkeypatch) -> list[str]:
+    """Every dashboard page, opened with one AppTest on the store file with the time range "Last 5
+    minutes" ending at NOW (TAILTRACE_DASHBOARD_NOW), against the truth, from what the page shows
+    (st.metric values and help, dataframes, chart data; durations as format_ms writes them, within
+    its rounding): the request and ok counts, tokens, and TTFT/TPOT/E2E (outer; percentiles over ok
+    requests) where the page shows them (PAGE_CHECKS). Returns what disagrees; a figure the page does
+    not show where it should counts as a disagreement."""
+    from dashboard import data, ui
+    from tests.dashboard.apptest_util import PAGES, goto, open_app
+
+    assert set(PAGE_CHECKS) == set(PAGES)
+    rows = _in_window(truth)
+    epoch = dt.datetime(1970, 1, 1)
+    t = types.SimpleNamespace(rows=rows, ok=[r for r in rows if r["ok"]], window=_expect(rows),
+                              store_all=_expect(truth), width_ms=data.bucket_ms(
+                                  *(epoch + dt.timedelta(seconds=f(r["done_s"] for r in rows)) for f in (min, max))))
+    errors: list[str] = []
+    monkeypatch.setenv(ui.ENV_NOW, str(NOW_S))
+    at = open_app(monkeypatch, db=path)
+    try:
+        at.sidebar.selectbox(key="tt_range").set_value("Last 5 minutes").run()
+        for page, check in PAGE_CHECKS.items():
+            try:
+                check(goto(at, page), t, errors)
+            except (KeyError, IndexError, TypeError, ValueError, AssertionError) as exc:  # not shown at all
+                errors.append(f"{page}: {type(exc).__name__} {exc}")
+    finally:  # close the app's cached connection: the next test opens the file read-write
+        ui._open_source("db", str(path)).close()
+        ui._open_source.clear()
+        ui._cached_query.clear()
+    return errors
+
+
 def _mutant(name: str, old: str, new: str) -> types.ModuleType:
     """A copy of module `name` with every `old` in its source replaced by `new`."""
     mod = importlib.import_module(name)
@@ -248,6 +492,30 @@ MUTATIONS = [
 ]
 
 
+# The mutations that the pages' own checks must catch too (each one costs an AppTest run).
+PAGE_MUTATIONS = ("outer E2E engine first", "ok judged by the engine", "dashboard tail >= P99",
+                  "dashboard windows by arrival")
+
+
+def _into_pages(monkeypatch, name: str, mutant: types.ModuleType) -> None:
+    """Put the mutant's functions, and its classes' methods, in place of the originals wherever the
+    loaded dashboard modules hold them, so that the app's pages (which import them by name) run it."""
+    orig = importlib.import_module(name)
+    mods = [m for n, m in list(sys.modules.items()) if n.startswith("dashboard") and m is not None]
+    for attr, new in vars(mutant).items():
+        old = getattr(orig, attr, None)
+        if new is old or attr.startswith("__"):
+            continue
+        if inspect.isfunction(new) and inspect.isfunction(old):
+            for mod in mods:
+                if getattr(mod, attr, None) is old:
+                    monkeypatch.setattr(mod, attr, new)
+        elif inspect.isclass(new) and inspect.isclass(old):
+            for meth, fn in vars(new).items():
+                if inspect.isfunction(fn) and not meth.startswith("__"):
+                    monkeypatch.setattr(old, meth, fn)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     path = tmp_path_factory.mktemp("consistency") / "store.duckdb"
@@ -270,6 +538,11 @@ def test_every_surface_agrees_with_the_truth(built, monkeypatch):
     assert errors == []
 
 
+def test_every_dashboard_page_agrees_with_the_truth(built, monkeypatch):
+    path, truth = built
+    assert _page_disagreements(path, truth, monkeypatch) == []
+
+
 @pytest.mark.parametrize("what, where, old, new", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch, what, where, old, new):
     path, truth = built
@@ -289,3 +562,7 @@ def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch
     errors = _disagreements(path, truth, mods["collector.query.summary"], mods["dashboard.data"],
                             mods["collector.export.prometheus"], monkeypatch)
     assert errors, f"the mutation '{what}' went unnoticed"
+    if what in PAGE_MUTATIONS:
+        if where.startswith("dashboard."):
+            _into_pages(monkeypatch, where, mutant)
+        assert _page_disagreements(path, truth, monkeypatch), f"the mutation '{what}' went unnoticed by the pages"

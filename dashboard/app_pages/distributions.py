@@ -7,11 +7,12 @@ from dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Distributions", "engine scheduling · request shape",
-          "Exact quantiles from every row. Histograms use log-spaced bins (20 per decade).")
+          "Exact quantiles from every ok request (ITL: every decode step). Histograms use log-spaced bins (20 per decade).")
 
 have = set(ctx.schema.get("requests", ())) | ({data.ITL} if "itl_ms" in ctx.schema.get("decode_steps", ()) else set())
-options = [m for m in ("e2e_ms", "ttft_ms", "tpot_ms", data.ITL, "client_e2e_ms", "client_ttft_ms",
-                       "queue_time_ms", "service_time_ms") if m in have]
+choices = list(data.METRIC_CHOICES)
+choices.insert(choices.index("tpot_ms") + 1, data.ITL)
+options = [m for m in choices if m in have]  # outer E2E first
 metric = st.selectbox("Latency", options, format_func=lambda m: data.ALL_METRICS[m], key="dist_metric")
 d = data.latency_distribution(ctx.src, ctx.filters, metric)
 if d["count"] == 0:
@@ -37,6 +38,7 @@ else:
 st.subheader("Input and output lengths")
 st.plotly_chart(charts.lengths(data.length_distribution(ctx.src, ctx.filters)), key="dist_len")
 st.subheader("Latency against input length")
+st.caption("Outer TTFT and E2E, percentiles over each bin's ok requests; `requests` counts all of the bin.")
 li = data.latency_by_input_length(ctx.src, ctx.filters)
 st.plotly_chart(charts.latency_vs_input(li), key="dist_li")
 st.dataframe(li, hide_index=True)

@@ -12,13 +12,16 @@ ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the s
 s = data.summary(ctx.src, ctx.filters, ctx.slo, ctx.schema)
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that completed in the window (completion time = arrival + outer E2E)"),
+    ("OK requests", f"{s['completed']:,}",
+     (f"ended ok as the outermost traced layer saw them; {s['requests'] - s['completed']:,} failed. Latency "
+      "percentiles are over these")),
     ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),
      "the offered load: requests / (last − first arrival)"),
     ("Throughput (req/s)", ui.fmt_rate(s["throughput_rps"], ""),
      (f"requests completed OK / serving time ({s['serving_s']:,.1f} s, first arrival → last completion), "
       "as vLLM's benchmark_serving")),
-    ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), "sum of output tokens / serving time"),
-    ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), "sum of prompt tokens / serving time"),
+    ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), f"{s['output_tokens']:,} output tokens / serving time"),
+    ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), f"{s['input_tokens']:,} prompt tokens / serving time"),
     ("Goodput (req/s)", ui.fmt_rate(s["goodput_rps"], ""),
      "requests that finished OK and met every SLO / serving time (vLLM benchmark_serving --goodput; DistServe)"),
     ("SLO attainment", ui.fmt_pct(s["slo_attainment"]), f"{s['good']:,} of {s['requests']:,} requests met every SLO"),
@@ -27,14 +30,10 @@ ui.metric_row([
 pct = data.percentiles(ctx.src, ctx.filters, ctx.schema)
 by_metric = {m: r for m, r in zip(pct["metric"], pct.to_dict("records"))}
 cards = []
-for m, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), (data.ITL, "ITL"), ("e2e_ms", "E2E")):
-    # TTFT and E2E as the user saw them (the load generator's client span) when measured, else the engine's
-    client = by_metric.get(f"client_{m}")
-    who = ""
-    if client is not None and m in ("ttft_ms", "e2e_ms"):
-        m, who = f"client_{m}", " (client)"
-    elif m in ("ttft_ms", "e2e_ms"):
-        who = " (engine)"
+# TTFT and E2E: the catalog's outer ones (the store's outer_ttft_ms / outer_e2e_ms: the client's when
+# traced, else the gateway's (E2E), else the engine's); the table below has the engine's and client's.
+for m, name, who in (("outer_ttft_ms", "TTFT", " (outer)"), ("tpot_ms", "TPOT", ""), (data.ITL, "ITL", ""),
+                     ("outer_e2e_ms", "E2E", " (outer)")):
     r = by_metric.get(m)
     cards.append((f"{name} P99{who}", ui.fmt_ms(r["P99"]) if r else "n/a",
                   f"P999 {ui.fmt_ms(r['P999'])} · P50 {ui.fmt_ms(r['P50'])} · n = {r['count']:,}" if r else

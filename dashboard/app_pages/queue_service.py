@@ -21,8 +21,8 @@ if len(qs):
     st.dataframe(qs.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True)
 
 st.subheader("The tail: requests above P99")
-metrics = [m for m in ("client_e2e_ms", "e2e_ms", "client_ttft_ms", "ttft_ms", "tpot_ms")
-           if m in set(ctx.schema.get("requests", ()))]
+have = set(ctx.schema.get("requests", ()))
+metrics = [m for m in data.METRIC_CHOICES if m in have and m not in ("queue_time_ms", "service_time_ms")]  # outer E2E first
 present = [m for m in metrics if (pct["metric"] == m).any()]
 metric = st.selectbox("Tail of", present or metrics, format_func=lambda m: data.REQUEST_METRICS[m], key="qs_metric")
 tb = data.tail_breakdown(ctx.src, ctx.filters, phases, metric)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from dashboard.source import DataSource
+from collector.store.schema import ADDED_REQUEST_COLUMNS  # the columns an older store lacks
+from dashboard.source import DataError, DataSource
 from semantics import catalog
 
 QUANTILES = catalog.QUANTILES
@@ -34,6 +35,10 @@ REQUEST_METRICS: dict[str, str] = {
     "queue_time_ms": "Queue time",
     "service_time_ms": "Service time",
 }
+# The order pages offer request latencies in (selectors): the catalog's outer E2E and TTFT first (the
+# default of every selector), TPOT, then the engine's and the client's own, labelled.
+METRIC_CHOICES: tuple[str, ...] = ("outer_e2e_ms", "outer_ttft_ms", "tpot_ms", "e2e_ms", "ttft_ms", "client_e2e_ms",
+                                   "client_ttft_ms", "queue_time_ms", "service_time_ms")
 ITL = "itl_ms"
 ALL_METRICS: dict[str, str] = {**REQUEST_METRICS, ITL: "ITL (per decode step)"}
 
@@ -198,16 +203,33 @@ def _qlist(v: Any) -> list[float | None]:
 
 
 # ------------------------------------------------------------------------------------------ store info
+class StoreOutdated(DataError):
+    """The store was written by an older tailtrace: its `requests` table lacks `missing` (columns the
+    collector adds, and fills, when it opens the file; the dashboard opens it read-only)."""
+
+    def __init__(self, label: str, missing: Sequence[str]):
+        self.missing = list(missing)
+        path = label.removeprefix("store file ") or "PATH"
+        super().__init__(
+            f"This store was written by an older tailtrace: its requests table lacks {', '.join(self.missing)}. "
+            f"Open it once with the collector to migrate it — `tailtrace collect --db {path}`, stopped with "
+            f"Ctrl-C once it has started — then reload this page.")
+
+
 def store_info(src: DataSource) -> dict:
     """{'schema', 'requests', 'first_time', 'last_time', 'models', 'services', 'priorities'} of the store.
 
-    `requests` is 0 and the lists are empty when the store has no `requests` table yet.
+    `requests` is 0 and the lists are empty when the store has no `requests` table yet. Raises
+    StoreOutdated when `requests` lacks a column of collector.store.schema.ADDED_REQUEST_COLUMNS.
     """
     schema = src.schema()
     info: dict[str, Any] = {"schema": schema, "requests": 0, "first_time": None, "last_time": None,
                             "models": [], "services": [], "priorities": []}
     if "requests" not in schema:
         return info
+    missing = [c for c in ADDED_REQUEST_COLUMNS if c not in schema["requests"]]
+    if missing:
+        raise StoreOutdated(src.label, missing)
     row = src.df("SELECT count(*) AS n, min(completion_time) AS first_time, max(completion_time) AS last_time "
                  "FROM requests").iloc[0]
     info.update(requests=int(row["n"]), first_time=_ts(row["first_time"]), last_time=_ts(row["last_time"]))

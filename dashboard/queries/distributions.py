@@ -18,24 +18,27 @@ from dashboard.queries.common import (
 )
 from dashboard.queries.overview import step_counts, step_summary
 from dashboard.source import DataError, DataSource
+from semantics import catalog
 
 # ------------------------------------------------------------------------------------------ distributions
 CDF_PROBS = tuple(sorted({round(i / 100, 2) for i in range(101)} | {0.995, 0.999, 0.9995, 0.9999}))
 
 
 def metric_source(metric: str, f: Filters) -> tuple[str, str, list[Any]]:
-    """(table, WHERE, params) holding `metric` (ITL: decode_steps; others: requests), non-NULL rows."""
+    """(table, WHERE, params) holding `metric` (ITL: decode_steps, every step; others: requests, the `ok`
+    ones, semantics.catalog.LATENCY_POPULATION), non-NULL rows."""
     if metric == ITL:
         w, p = f.steps_where()
         return "decode_steps", _and(w, "itl_ms IS NOT NULL"), p
     if metric not in REQUEST_METRICS:
         raise DataError(f"unknown metric {metric!r}")
     w, p = f.requests_where()
-    return "requests", _and(w, f"{metric} IS NOT NULL"), p
+    return "requests", _and(_and(w, catalog.LATENCY_POPULATION), f"{metric} IS NOT NULL"), p
 
 
 def latency_distribution(src: DataSource, f: Filters, metric: str, bins_per_decade: int = 20) -> dict:
-    """Histogram and CDF of `metric`, with its exact P50/P90/P99/P999.
+    """Histogram and CDF of `metric`, with its exact P50/P90/P99/P999 (request metrics over the `ok`
+    requests, as every latency percentile).
 
     Returns {'hist': DataFrame(lo_ms, hi_ms, count) on log-spaced bins (`bins_per_decade` per x10;
     values <= 0 fall in the lowest bin), 'cdf': DataFrame(prob, value_ms) = exact quantiles at
@@ -122,13 +125,17 @@ def latency_by_input_length(src: DataSource, f: Filters) -> pd.DataFrame:
     """Exact TTFT and E2E percentiles per input-length bin (powers of two: [2^k, 2^(k+1)) tokens).
 
     DataFrame(lo_tokens, hi_tokens, requests, ttft_p50_ms, ttft_p99_ms, e2e_p50_ms, e2e_p99_ms,
-    prefill_p50_ms, queue_p99_ms).
+    prefill_p50_ms, queue_p99_ms): `requests` counts every request of the bin; TTFT and E2E are the
+    outer ones (outer_ttft_ms, outer_e2e_ms) and every percentile is over the bin's `ok` requests.
     """
     w, p = f.requests_where()
     w = _and(w, "prompt_tokens IS NOT NULL")
+    ok = f"WHERE {catalog.LATENCY_POPULATION}"
     d = src.df(f"SELECT floor(log2(greatest(prompt_tokens, 1)))::INT AS k, count(*) AS requests, "
-               f"quantile_cont(ttft_ms, [0.5, 0.99]) AS ttft, quantile_cont(e2e_ms, [0.5, 0.99]) AS e2e, "
-               f"quantile_cont(prefill_ms, 0.5) AS prefill_p50_ms, quantile_cont(queue_ms, 0.99) AS queue_p99_ms "
+               f"quantile_cont(outer_ttft_ms, [0.5, 0.99]) FILTER ({ok}) AS ttft, "
+               f"quantile_cont(outer_e2e_ms, [0.5, 0.99]) FILTER ({ok}) AS e2e, "
+               f"quantile_cont(prefill_ms, 0.5) FILTER ({ok}) AS prefill_p50_ms, "
+               f"quantile_cont(queue_ms, 0.99) FILTER ({ok}) AS queue_p99_ms "
                f"FROM requests {w} GROUP BY 1 ORDER BY 1", p)
     if not len(d):
         return pd.DataFrame(columns=["lo_tokens", "hi_tokens", "requests", "ttft_p50_ms", "ttft_p99_ms",

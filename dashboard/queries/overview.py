@@ -201,7 +201,7 @@ def _floor_minute(t: dt.datetime) -> dt.datetime:
 def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] | None = None) -> dict:
     """Throughput and SLO figures of the filtered requests (`schema`: `src.schema()`, read when None).
 
-    Keys: requests, completed (`ok`), good, first_time, last_time (arrivals), arrival_span_s
+    Keys: requests, completed (`ok`), good, input_tokens, output_tokens (sums), first_time, last_time (arrivals), arrival_span_s
     (last - first arrival), serving_s (first arrival -> last `completion_time`, the store's arrival +
     outer E2E),
     request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps (completed),
@@ -227,7 +227,9 @@ def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] 
         return (lambda x: (x or 0.0) / span) if span > 0 else (lambda x: None)
 
     return {
-        "requests": n, "completed": int(r["completed"]), "good": int(r["good"]), "first_time": first,
+        "requests": n, "completed": int(r["completed"]), "good": int(r["good"]),
+        "input_tokens": int(_f(r["input_tokens"]) or 0), "output_tokens": int(_f(r["output_tokens"]) or 0),
+        "first_time": first,
         "last_time": last, "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),
         "throughput_rps": per(serving)(int(r["completed"])), "input_tps": per(serving)(_f(r["input_tokens"])),
         "output_tps": per(serving)(_f(r["output_tokens"])), "goodput_rps": per(serving)(int(r["good"])),
@@ -239,13 +241,14 @@ def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) ->
     """Per time bucket of `width_ms` of completion time (tokens count when their request completed,
     so an overloaded run's throughput shows while it is served, not while it arrives): bucket,
     request_rate_rps (completions), goodput_rps, output_tps, input_tps, ttft_p99_ms, e2e_p99_ms
-    (exact, outer, per bucket)."""
+    (exact, outer, over the bucket's `ok` requests)."""
     w, p = f.requests_where()
     cond, cp = slo.condition()
+    ok = f"WHERE {catalog.LATENCY_POPULATION}"
     s = width_ms / 1000.0
     return src.df(
         f"SELECT {_bucket_expr('completion_time', width_ms)} AS bucket, count(*) / {s} AS request_rate_rps, "
         f"count(*) FILTER (WHERE {cond}) / {s} AS goodput_rps, sum(output_tokens) / {s} AS output_tps, "
-        f"sum(prompt_tokens) / {s} AS input_tps, quantile_cont(outer_ttft_ms, 0.99) "
-        f"AS ttft_p99_ms, quantile_cont(outer_e2e_ms, 0.99) AS e2e_p99_ms "
+        f"sum(prompt_tokens) / {s} AS input_tps, quantile_cont(outer_ttft_ms, 0.99) FILTER ({ok}) "
+        f"AS ttft_p99_ms, quantile_cont(outer_e2e_ms, 0.99) FILTER ({ok}) AS e2e_p99_ms "
         f"FROM requests {w} GROUP BY 1 ORDER BY 1", cp + p)

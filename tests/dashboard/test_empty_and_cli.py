@@ -32,6 +32,50 @@ def test_empty_store_shows_how_to_get_data(tmp_path, monkeypatch):
         assert any("no requests" in i.value.lower() for i in at.info), page
 
 
+def test_a_store_older_than_the_derived_columns_says_how_to_migrate(tmp_path, monkeypatch):
+    """A file written before `requests` had outer_e2e_ms, completion_time, ok, ... (the collector adds
+    them when it opens the file; the dashboard opens it read-only): every page says to open it once
+    with the collector, and nothing raises."""
+    from collector.store.schema import ADDED_REQUEST_COLUMNS
+
+    path = _empty_store(tmp_path / "old.duckdb")
+    con = duckdb.connect(str(path))
+    for col in ADDED_REQUEST_COLUMNS:
+        con.execute(f"ALTER TABLE requests DROP COLUMN {col}")
+    con.execute("INSERT INTO requests (request_id, trace_id, model, arrival_time, status, e2e_ms) "
+                "VALUES ('r1', 't1', 'm', TIMESTAMP '2026-01-01 00:00:00', 'ok', 12.5)")
+    con.close()
+    at = open_app(monkeypatch, db=path)
+    for page in PAGES:
+        goto(at, page)
+        assert len(at.error) == 1, (page, [e.value for e in at.error])
+        msg = at.error[0].value
+        assert f"tailtrace collect --db {path}" in msg and "outer_e2e_ms" in msg and "older" in msg, (page, msg)
+        assert not any("tailtrace demo" in m.value for m in at.markdown), page  # it has data: not "no data yet"
+
+
+def test_a_fixed_now_ends_the_last_minutes_range(tmp_path, monkeypatch):
+    """TAILTRACE_DASHBOARD_NOW (unix seconds or ISO 8601) ends every "Last …" range; a bad value is one
+    error line."""
+    path = _empty_store(tmp_path / "one.duckdb")
+    con = duckdb.connect(str(path))
+    for i, done in enumerate(("07:54:00", "07:56:00", "07:59:59", "08:00:30")):  # the last one after "now"
+        con.execute("INSERT INTO requests (request_id, arrival_time, completion_time, ok, outer_e2e_ms) VALUES "
+                    f"('r{i}', TIMESTAMP '2027-01-15 {done}', TIMESTAMP '2027-01-15 {done}', true, 1.0)")
+    con.close()
+    for now in ("1800000000", "2027-01-15T09:00:00+01:00", "2027-01-15 08:00:00"):
+        monkeypatch.setenv("TAILTRACE_DASHBOARD_NOW", now)
+        at = open_app(monkeypatch, db=path)
+        at.sidebar.selectbox(key="tt_range").set_value("Last 5 minutes").run()
+        assert not at.exception and not at.error
+        assert any(c.value.startswith("2 of 4 requests selected") and "to 2027-01-15 08:00:00 UTC" in c.value
+                   for c in at.sidebar.caption), (now, [c.value for c in at.sidebar.caption])
+    monkeypatch.setenv("TAILTRACE_DASHBOARD_NOW", "yesterday")
+    at = open_app(monkeypatch, db=path)
+    at.sidebar.selectbox(key="tt_range").set_value("Last 5 minutes").run()
+    assert not at.exception and "TAILTRACE_DASHBOARD_NOW='yesterday' is not a time" in at.error[0].value
+
+
 def test_no_source_and_missing_file(tmp_path, monkeypatch):
     at = open_app(monkeypatch)
     assert not at.exception and any("tailtrace dashboard --db" in i.value for i in at.info)

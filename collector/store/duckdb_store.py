@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
     ADDED_REQUEST_COLUMNS,
@@ -49,10 +50,6 @@ __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
 log = logging.getLogger("tailtrace.collector.store")
 
 _STOP = object()
-
-
-class StoreUnavailable(RuntimeError):
-    """The store could not commit a batch (disk full, closed, ...). Retryable: 503."""
 
 
 class _KeyWindow:

@@ -34,13 +34,15 @@ from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
     ADDED_REQUEST_COLUMNS,
-    COMPACT_STEP_HISTOGRAM,
     DDL,
-    ENGINE_META_JOIN,
-    REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
     RETIRE_REQUESTS,
     TIME_COLUMNS,
+)
+from collector.store.step_histogram import (
+    COMPACT_STEP_HISTOGRAM,
+    ENGINE_META_JOIN,
+    REBUILD_STEP_HISTOGRAM,
     step_histogram_insert,
 )
 from tailtrace.errors import UserError

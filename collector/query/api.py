@@ -114,7 +114,7 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
     @_json_errors
     async def sql(request: Request) -> Response:
         check_token(request)
-        params = None
+        params, budget = None, timeout_s
         if request.method == "GET":
             q = request.query_params.get("q") or request.query_params.get("sql")
         else:
@@ -137,12 +137,17 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
             q, params = body.get("sql"), body.get("params")
             if params is not None and not isinstance(params, list):
                 raise BadRequest("params must be a JSON array")
+            asked = body.get("timeout_s")  # a shorter budget of the caller's (the dashboard's side panels)
+            if asked is not None:
+                if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 < asked < math.inf:
+                    raise BadRequest("timeout_s must be a positive number of seconds")
+                budget = min(budget, float(asked))
         if not isinstance(q, str) or not q.strip():
             raise BadRequest("no SQL: POST {\"sql\": \"SELECT ...\"} or GET /api/sql?q=SELECT...")
         want_arrow = ARROW_STREAM in request.headers.get("accept", "")
         await run_in_threadpool(store.refresh, min(timeout_s, 5.0))
         # QueryInvalid 400, QueryRefused 403, QueryTimeout 408, DuckDB errors 400/403: see collector/errors.py
-        res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=timeout_s,
+        res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=budget,
                                       max_rows=max_rows, arrow=want_arrow)
         if want_arrow:
             return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM,

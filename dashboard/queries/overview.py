@@ -51,6 +51,16 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
                          _f(r[f"max_{c}"])))
     if include_itl and "itl_ms" in schema.get("decode_steps", ()):
         rows.append(itl_percentile_row(src, f, schema))
+    return _percentile_table(rows)
+
+
+def add_percentile_rows(table: pd.DataFrame, rows: list[tuple]) -> pd.DataFrame:
+    """`table` (from `percentiles`) with `rows` (tuples as `itl_percentile_row` returns) added, in
+    the table's order; rows with count 0 are left out."""
+    return _percentile_table([*table.itertuples(index=False, name=None), *rows])
+
+
+def _percentile_table(rows: list[tuple]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["metric", "label", "count", "mean", *QUANTILE_LABELS, "max"])
     df = df[df["count"] > 0].reset_index(drop=True)
     # Order as the user reads them: TTFT, TPOT, ITL, E2E, then the rest.

@@ -99,6 +99,7 @@ def rows_sql(metric: str, *, start: dt.datetime | None = None, end: dt.datetime 
     the sums equal a scan of decode_steps. Raises KeyError for an unknown metric.
     """
     col = STEP_HISTOGRAM_METRICS[metric]
+    # model and service: columns of step_histogram and of requests alike
     req_terms, req_params = [], []
     for c, values in (("model", models), ("service_name", services)):
         if values:
@@ -122,11 +123,7 @@ def rows_sql(metric: str, *, start: dt.datetime | None = None, end: dt.datetime 
     hi = _floor_minute(end) if end is not None else None
     if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
         return steps_part([(start, end)])
-    h_terms, h_params = ["metric = ?"], [metric]
-    for c, values in (("model", models), ("service_name", services)):
-        if values:
-            h_terms.append(_in(c, values))
-            h_params.extend(values)
+    h_terms, h_params = ["metric = ?", *req_terms], [metric, *req_params]
     edges = []
     if lo is not None:
         h_terms.append("minute >= CAST(? AS TIMESTAMP)")

@@ -222,11 +222,12 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
 
 def ensure_step_histogram(path: Path, memory_limit: str = "3GB") -> float | None:
     """Count the store's decode steps into `step_histogram`, as the collector does when it opens a
-    store written before that table existed (collector.store.schema.REBUILD_STEP_HISTOGRAM_FROM_REQUESTS).
+    store written before that table existed (collector.store.step_histogram.REBUILD_STEP_HISTOGRAM_FROM_REQUESTS).
     Returns the seconds it took, or None when the table was there already."""
     import duckdb
 
-    from collector.store.schema import DDL, REBUILD_STEP_HISTOGRAM_FROM_REQUESTS
+    from collector.store.schema import DDL
+    from collector.store.step_histogram import REBUILD_STEP_HISTOGRAM_FROM_REQUESTS
 
     con = duckdb.connect(str(path))
     try:

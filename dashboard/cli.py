@@ -30,6 +30,12 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=None, help=f"port to serve on (default {DEFAULT_PORT}; "
                                                           "TAILTRACE_DASHBOARD_PORT)")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; TAILTRACE_DASHBOARD_HOST)")
+    p.add_argument("--query-timeout", default=None, metavar="S",
+                   help="time budget in seconds of each query of a page's main chart or table (default 60; "
+                        "TAILTRACE_DASHBOARD_QUERY_TIMEOUT_S); past it the page shows the error")
+    p.add_argument("--side-timeout", default=None, metavar="S",
+                   help="time budget in seconds of each side-panel query (default 5; "
+                        "TAILTRACE_DASHBOARD_SIDE_TIMEOUT_S); past it the panel shows n/a, the page renders")
     p.set_defaults(func=_run)
 
 
@@ -50,7 +56,8 @@ def _run(args: argparse.Namespace) -> int:
     import signal
     import subprocess
 
-    from dashboard.data import ENV_API, ENV_DB
+    from dashboard.data import ENV_API, ENV_DB, ENV_QUERY_TIMEOUT, ENV_SIDE_TIMEOUT, DataError, time_budgets
+    from dashboard.source import parse_timeout_s
     from tailtrace.errors import UserError
     from tailtrace.procs import check_port_free, stop_on_sigint
 
@@ -64,6 +71,14 @@ def _run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env.pop(ENV_API, None)
     env.pop(ENV_DB, None)
+    try:  # a bad budget is one line and exit 2 here, not an error page later
+        for key, name, value in ((ENV_QUERY_TIMEOUT, "--query-timeout", args.query_timeout),
+                                 (ENV_SIDE_TIMEOUT, "--side-timeout", args.side_timeout)):
+            if value is not None:
+                env[key] = str(parse_timeout_s(value, name))
+        time_budgets(env)
+    except DataError as exc:
+        raise UserError(str(exc)) from None
     if args.db is not None:
         db = args.db.expanduser()
         if db.is_dir():

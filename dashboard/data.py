@@ -62,6 +62,7 @@ from dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages:
     span_tree,
 )
 from dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
+    add_percentile_rows,
     itl_percentile_row,
     percentiles,
     step_counts,
@@ -80,15 +81,21 @@ from dashboard.queries.sql import (
 )
 from dashboard.source import (  # noqa: F401 - gathered for the pages: data.<name>
     ARROW_STREAM,
+    DEFAULT_QUERY_TIMEOUT_S,
+    DEFAULT_SIDE_TIMEOUT_S,
     ENV_API,
     ENV_DB,
+    ENV_QUERY_TIMEOUT,
+    ENV_SIDE_TIMEOUT,
     ApiSource,
+    BudgetedSource,
     DataError,
     DataSource,
     DuckDBSource,
     QueryResult,
     QueryTimeout,
     source_from_env,
+    time_budgets,
 )
 
 HOW_TO_GET_DATA = """\

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,14 @@ from collector.query.auth import bearer_headers
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
 ENV_API = "TAILTRACE_DASHBOARD_API"
+
+# Time budgets (s) per statement: a page's main chart or table, and its side panels (secondary
+# figures that degrade to "n/a" instead of failing the page, as Datasette does for facets).
+# `tailtrace dashboard --query-timeout/--side-timeout` set these variables for the app.
+ENV_QUERY_TIMEOUT = "TAILTRACE_DASHBOARD_QUERY_TIMEOUT_S"
+ENV_SIDE_TIMEOUT = "TAILTRACE_DASHBOARD_SIDE_TIMEOUT_S"
+DEFAULT_QUERY_TIMEOUT_S = 60.0
+DEFAULT_SIDE_TIMEOUT_S = 5.0
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -42,6 +51,30 @@ class QueryResult:
 
     df: pd.DataFrame
     truncated: bool = False
+
+
+def parse_timeout_s(text: str | float, name: str) -> float:
+    """A time budget in seconds (a positive, finite number) from `text`; `name` says where it came
+    from in the error. Raises DataError."""
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        raise DataError(f"{name} must be a number of seconds, not {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise DataError(f"{name} must be a positive number of seconds, not {text!r}")
+    return v
+
+
+def time_budgets(env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(main, side) statement time budgets in seconds from ENV_QUERY_TIMEOUT / ENV_SIDE_TIMEOUT in
+    `env` (default os.environ), else 60 and 5. Raises DataError for a value that is not a positive
+    number."""
+    env = os.environ if env is None else env
+
+    def one(key: str, default: float) -> float:
+        return parse_timeout_s(env[key], key) if env.get(key) else default
+
+    return one(ENV_QUERY_TIMEOUT, DEFAULT_QUERY_TIMEOUT_S), one(ENV_SIDE_TIMEOUT, DEFAULT_SIDE_TIMEOUT_S)
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -85,6 +118,19 @@ class DataSource:
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         raise NotImplementedError
+
+
+class BudgetedSource(DataSource):
+    """`inner` with every statement's time budget capped at `timeout_s` seconds (a caller's shorter
+    budget, e.g. the SQL console's, still wins). Raises what `inner` raises: QueryTimeout past the
+    budget."""
+
+    def __init__(self, inner: DataSource, timeout_s: float):
+        self.inner, self.timeout_s = inner, float(timeout_s)
+        self.kind, self.label = inner.kind, inner.label
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        return self.inner.query(sql, params, max_rows=max_rows, timeout_s=min(timeout_s, self.timeout_s))
 
 
 class DuckDBSource(DataSource):
@@ -140,17 +186,21 @@ class DuckDBSource(DataSource):
 
         timer = threading.Timer(timeout_s, _interrupt)
         timer.daemon = True
+        t0 = time.perf_counter()
         timer.start()
         try:
             cur.execute(sql, params)
             if cur.description is None:
-                return QueryResult(pd.DataFrame())
-            if max_rows is None:
-                return QueryResult(cur.df())
-            rows = cur.fetchmany(max_rows + 1)
-            cols = [d[0] for d in cur.description]
-            truncated = len(rows) > max_rows
-            return QueryResult(pd.DataFrame(rows[:max_rows], columns=cols), truncated)
+                res = QueryResult(pd.DataFrame())
+            elif max_rows is None:
+                res = QueryResult(cur.df())
+            else:
+                rows = cur.fetchmany(max_rows + 1)
+                cols = [d[0] for d in cur.description]
+                res = QueryResult(pd.DataFrame(rows[:max_rows], columns=cols), len(rows) > max_rows)
+            if time.perf_counter() - t0 > timeout_s:  # done, but past its budget (before the interrupt hit)
+                raise QueryTimeout(sql, timeout_s)
+            return res
         except duckdb.InterruptException:
             raise QueryTimeout(sql, timeout_s) from None
         except duckdb.Error as exc:
@@ -192,8 +242,9 @@ class ApiSource(DataSource):
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         import httpx
 
+        # the collector interrupts the statement at min(its --query-timeout, timeout_s)
         body = {"sql": sql, "params": [p.isoformat() if isinstance(p, (dt.datetime, dt.date)) else p
-                                       for p in params]}
+                                       for p in params], "timeout_s": timeout_s}
         headers = {"Accept": f"{ARROW_STREAM}, application/json"}
         headers.update(bearer_headers())
         try:

@@ -5,30 +5,38 @@ number formatting and the "no data yet" state.
 Queries go through `CachedSource`, which memoizes results with `st.cache_data`: for a store file they
 are kept for an hour (the file does not change under a read-only dashboard), in live mode until the
 next auto-refresh tick.
+
+Time budgets: a page's main chart or table runs on `ctx.src` (the main budget, 60 s unless
+TAILTRACE_DASHBOARD_QUERY_TIMEOUT_S says otherwise); past it the page shows the error. Side panels
+(secondary figures) run through `ctx.side(fn, ...)` on `ctx.side_src` (5 s unless
+TAILTRACE_DASHBOARD_SIDE_TIMEOUT_S): a side query that times out or fails gives "n/a" and a caption
+saying why (`na_caption`), and the rest of the page renders.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
 from dashboard import data
-from dashboard.data import DataError, DataSource, Filters, QueryResult, Slo
+from dashboard.data import BudgetedSource, DataError, DataSource, Filters, QueryResult, QueryTimeout, Slo
 from semantics import catalog
 
 __all__ = [
     "LIVE_REFRESH_CHOICES",
     "Context",
+    "Side",
     "build_context",
     "context",
     "fmt_ms",
     "fmt_pct",
     "fmt_rate",
+    "na_caption",
     "show_empty",
 ]
 
@@ -40,11 +48,25 @@ TIME_RANGES = {
 }
 
 
+@dataclass(frozen=True)
+class Side:
+    """What a side-panel query gave: `value`, or `why` it gave nothing ("timed out after 5 s",
+    "failed: <message>"; then `value` is None)."""
+
+    value: Any = None
+    why: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.why is None
+
+
 @dataclass
 class Context:
-    """What a page needs: `src` (cached source), `filters`, `slo`, `schema` ({table: [columns]}),
-    `info` (data.store_info), `live` (True through the collector API), `selected` (requests the
-    filters select)."""
+    """What a page needs: `src` (cached source, the main time budget), `filters`, `slo`, `schema`
+    ({table: [columns]}), `info` (data.store_info), `live` (True through the collector API),
+    `selected` (requests the filters select), `side_src` (the same source with the side-panel budget,
+    `side_timeout_s`; use it through `side`)."""
 
     src: DataSource
     filters: Filters
@@ -53,6 +75,20 @@ class Context:
     info: dict
     live: bool
     selected: int
+    side_src: DataSource | None = None
+    side_timeout_s: float = data.DEFAULT_SIDE_TIMEOUT_S
+
+    def side(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
+        """Run a side panel's query function `fn(side_src, *args, **kwargs)` within the side budget.
+
+        Returns Side(value) or, when a query timed out or failed (DataError), Side(why=...) instead
+        of raising: the page shows "n/a" there and goes on. Other exceptions (bugs) propagate."""
+        try:
+            return Side(fn(self.side_src or self.src, *args, **kwargs))
+        except QueryTimeout as exc:
+            return Side(why=f"timed out after {exc.timeout_s:g} s")
+        except DataError as exc:
+            return Side(why=f"failed: {exc}")
 
 
 # ------------------------------------------------------------------------------------------ formatting
@@ -109,6 +145,11 @@ def _source_target() -> tuple[str, str] | None:
 
 
 # ------------------------------------------------------------------------------------------ empty state
+def na_caption(what: str, side: Side) -> None:
+    """The small caption under a side panel that shows "n/a": what is missing and why."""
+    st.caption(f"{what}: n/a ({side.why}; a side panel, the rest of the page is complete)")
+
+
 def show_empty(reason: str | None = None) -> None:
     """Explain that there is nothing to show and how to get data (never an error)."""
     if reason:
@@ -196,6 +237,7 @@ def build_context() -> Context | None:
     kind, where = target
     live = kind == "api"
     try:
+        main_s, side_s = data.time_budgets()
         raw = _open_source(kind, where)
     except DataError as exc:
         st.error(str(exc))
@@ -210,7 +252,8 @@ def build_context() -> Context | None:
             _auto_refresh(every)
         if sb.button("Refresh now", key="tt_refresh_now"):
             _cached_query.clear()
-    src = CachedSource(raw, f"{kind}:{where}", epoch)
+    cached = CachedSource(raw, f"{kind}:{where}", epoch)
+    src = BudgetedSource(cached, main_s)
     sb.caption(f"Source: {'live, ' if live else ''}{raw.label}")
     try:
         info = data.store_info(src)
@@ -243,7 +286,7 @@ def build_context() -> Context | None:
     selected = data.count_requests(src, filters)
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
-                   selected=selected)
+                   selected=selected, side_src=BudgetedSource(cached, side_s), side_timeout_s=side_s)
 
 
 def context() -> Context | None:

@@ -6,23 +6,17 @@ Three checks, all read on the hot path as plain attributes (no system call there
 - rows queued for the writer above the store's `max_pending_rows` -> 429;
 - resident memory above `memory_limit_mb`, sampled every `interval_s` by a background thread
   (psutil) -> 503.
-Each refusal carries `Retry-After` seconds, as the OTLP/HTTP spec asks for 429/503.
+Each refusal is a retryable error of collector/errors.py (`Overloaded` 429, `MemoryHigh` 503)
+carrying `retry_after_s`, which the receiver sends as `Retry-After`, as the OTLP/HTTP spec asks.
 """
 
 from __future__ import annotations
 
 import threading
 
+from collector.errors import MemoryHigh, Overloaded, Refusal
+
 __all__ = ["AdmissionLimiter", "Refusal"]
-
-
-class Refusal(Exception):
-    """A retryable refusal: `status` (429 or 503), `retry_after_s`, a message."""
-
-    def __init__(self, status: int, retry_after_s: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
 
 
 class AdmissionLimiter:
@@ -68,17 +62,19 @@ class AdmissionLimiter:
                 self.memory_high = False
 
     def admit(self) -> None:
-        """Raise `Refusal` when a new request must wait; else count it in flight (call `done`)."""
+        """Raise a `Refusal` (`MemoryHigh` 503, `Overloaded` 429, with `retry_after_s`) when a new
+        request must wait; else count it in flight (call `done`). `refused` counts by status."""
+        refusal = None
         if self.memory_high:
-            self.refused[503] += 1
-            raise Refusal(503, self.retry_after_s,
-                          f"collector memory {self.rss_mb:.0f} MiB is above its limit {self.memory_limit_mb} MiB")
-        if self.inflight >= self.max_inflight:
-            self.refused[429] += 1
-            raise Refusal(429, self.retry_after_s, f"{self.inflight} requests in flight; retry later")
-        if self._overloaded():
-            self.refused[429] += 1
-            raise Refusal(429, self.retry_after_s, "the store's write queue is full; retry later")
+            refusal = MemoryHigh(f"collector memory {self.rss_mb:.0f} MiB is above its limit {self.memory_limit_mb} MiB",
+                                 self.retry_after_s)
+        elif self.inflight >= self.max_inflight:
+            refusal = Overloaded(f"{self.inflight} requests in flight; retry later", self.retry_after_s)
+        elif self._overloaded():
+            refusal = Overloaded("the store's write queue is full; retry later", self.retry_after_s)
+        if refusal is not None:
+            self.refused[refusal.status] += 1
+            raise refusal
         self.inflight += 1
 
     def done(self) -> None:

@@ -4,7 +4,8 @@ collector/export/prometheus.py, when present) and `/healthz`.
 
 Errors are JSON `{"error": "..."}`: 400 SQL error (empty, does not parse, fails), 413 a body over 1 MiB, 401 missing/wrong bearer token (only when
 TAILTRACE_API_TOKEN is set), 403 a statement that is not one SELECT or that touches the file
-system, 404 unknown table or no exporter, 408 statement timeout.
+system, 404 unknown table or no exporter, 408 statement timeout. Status and message come from
+`collector.errors.http_error`, the one map of the collector's errors to HTTP.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import hmac
 import json
 import math
@@ -23,17 +25,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from collector.errors import BadRequest, BodyTimedOut, NotFound, PayloadTooLarge, Unauthorized, http_error
 from collector.query.auth import api_token
-from collector.query.readonly import (
-    DEFAULT_MAX_ROWS,
-    DEFAULT_TIMEOUT_S,
-    QueryInvalid,
-    QueryRefused,
-    QueryTimeout,
-    run_guarded,
-)
+from collector.query.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
 from collector.store.schema import USER_TABLES
-from tailtrace.http_body import BodyError, BodyTooLarge, read_body
+from tailtrace.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
 
 __all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
 
@@ -68,8 +64,23 @@ def to_json_value(v):
     return str(v)
 
 
-def _err(status: int, msg: str) -> JSONResponse:
-    return JSONResponse({"error": msg}, status_code=status)
+def _err(exc: BaseException) -> JSONResponse:
+    """The JSON error answer `{"error": message}` to `exc`, its status and headers from `http_error`."""
+    e = http_error(exc)
+    return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
+
+
+def _json_errors(handler):
+    """Wrap a route so that any error it raises is answered by `_err` (never a traceback)."""
+
+    @functools.wraps(handler)
+    async def route(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - a JSON answer for every error
+            return _err(exc)
+
+    return route
 
 
 def _arrow_bytes(table) -> bytes:
@@ -84,8 +95,6 @@ def _arrow_bytes(table) -> bytes:
 def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS,
                  token: str | None = None) -> Starlette:
     """The API ASGI app over a started `DuckDBStore`. `token` defaults to TAILTRACE_API_TOKEN."""
-    import duckdb
-
     token = token if token is not None else api_token()
     registry = None
     try:
@@ -96,16 +105,16 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         if not (exc.name or "").startswith("collector.export"):
             raise
 
-    def authorized(request: Request) -> bool:
-        if not token:
-            return True
-        got = request.headers.get("authorization", "")
-        return got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())
+    def check_token(request: Request) -> None:
+        if token:
+            got = request.headers.get("authorization", "")
+            if not (got.startswith("Bearer ") and hmac.compare_digest(got[7:].encode(), token.encode())):
+                raise Unauthorized("missing or wrong bearer token (Authorization: Bearer $TAILTRACE_API_TOKEN)")
 
+    @_json_errors
     async def sql(request: Request) -> Response:
-        if not authorized(request):
-            return _err(401, "missing or wrong bearer token (Authorization: Bearer $TAILTRACE_API_TOKEN)")
-        params = None
+        check_token(request)
+        params, budget = None, timeout_s
         if request.method == "GET":
             q = request.query_params.get("q") or request.query_params.get("sql")
         else:
@@ -113,36 +122,33 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
                 raw = await read_body(request, MAX_SQL_BODY_BYTES, SQL_BODY_TIMEOUT_S)
             except BodyTooLarge as exc:
                 size = f"{exc.declared} bytes" if exc.declared is not None else f"over {MAX_SQL_BODY_BYTES} bytes"
-                return _err(413, f"the body is {size}; /api/sql takes at most {MAX_SQL_BODY_BYTES} "
-                                 "(a query and its parameters)")
+                raise PayloadTooLarge(f"the body is {size}; /api/sql takes at most {MAX_SQL_BODY_BYTES} "
+                                      "(a query and its parameters)") from None
+            except BodyTimeout as exc:
+                raise BodyTimedOut(f"could not read the body: {exc}") from None
             except BodyError as exc:
-                return _err(exc.status, f"could not read the body: {exc}")
+                raise BadRequest(f"could not read the body: {exc}") from None
             try:
                 body = json.loads(raw or b"null")
             except (ValueError, UnicodeDecodeError, RecursionError):
-                return _err(400, 'body must be JSON: {"sql": "SELECT ...", "params": [...]}')
+                raise BadRequest('body must be JSON: {"sql": "SELECT ...", "params": [...]}') from None
             if not isinstance(body, dict):
-                return _err(400, 'body must be a JSON object: {"sql": "SELECT ...", "params": [...]}')
+                raise BadRequest('body must be a JSON object: {"sql": "SELECT ...", "params": [...]}')
             q, params = body.get("sql"), body.get("params")
             if params is not None and not isinstance(params, list):
-                return _err(400, "params must be a JSON array")
+                raise BadRequest("params must be a JSON array")
+            asked = body.get("timeout_s")  # a shorter budget of the caller's (the dashboard's side panels)
+            if asked is not None:
+                if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 < asked < math.inf:
+                    raise BadRequest("timeout_s must be a positive number of seconds")
+                budget = min(budget, float(asked))
         if not isinstance(q, str) or not q.strip():
-            return _err(400, "no SQL: POST {\"sql\": \"SELECT ...\"} or GET /api/sql?q=SELECT...")
+            raise BadRequest("no SQL: POST {\"sql\": \"SELECT ...\"} or GET /api/sql?q=SELECT...")
         want_arrow = ARROW_STREAM in request.headers.get("accept", "")
         await run_in_threadpool(store.refresh, min(timeout_s, 5.0))
-        try:
-            res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=timeout_s,
-                                          max_rows=max_rows, arrow=want_arrow)
-        except QueryRefused as exc:  # QueryInvalid (empty, does not parse): 400; not one SELECT: 403
-            return _err(400 if isinstance(exc, QueryInvalid) else 403, str(exc))
-        except QueryTimeout as exc:
-            return _err(408, str(exc))
-        except duckdb.PermissionException as exc:
-            return _err(403, str(exc).splitlines()[0])
-        except duckdb.Error as exc:
-            return _err(400, str(exc).strip())
-        except Exception as exc:  # noqa: BLE001 - a JSON 500, never a traceback to the user
-            return _err(500, f"internal error: {exc.__class__.__name__}: {exc}")
+        # QueryInvalid 400, QueryRefused 403, QueryTimeout 408, DuckDB errors 400/403: see collector/errors.py
+        res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=budget,
+                                      max_rows=max_rows, arrow=want_arrow)
         if want_arrow:
             return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM,
                             headers={"X-Truncated": str(res.truncated).lower()})
@@ -150,23 +156,21 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
                              "rows": [[to_json_value(v) for v in r] for r in res.rows],
                              "truncated": res.truncated, "elapsed_ms": round(res.elapsed_ms, 3)})
 
+    @_json_errors
     async def export_table(request: Request) -> Response:
-        if not authorized(request):
-            return _err(401, "missing or wrong bearer token (Authorization: Bearer $TAILTRACE_API_TOKEN)")
+        check_token(request)
         table = request.path_params["table"]
         if table not in USER_TABLES:
-            return _err(404, f"no table {table!r}; tables: {', '.join(USER_TABLES)}")
+            raise NotFound(f"no table {table!r}; tables: {', '.join(USER_TABLES)}")
         await run_in_threadpool(store.refresh, 30.0)
-        try:
-            res = await run_in_threadpool(run_guarded, store.cursor, f"SELECT * FROM {table}", None,
-                                          timeout_s=600.0, max_rows=None, arrow=True)
-        except duckdb.Error as exc:
-            return _err(400, str(exc).strip())
+        res = await run_in_threadpool(run_guarded, store.cursor, f"SELECT * FROM {table}", None,
+                                      timeout_s=600.0, max_rows=None, arrow=True)
         return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM)
 
+    @_json_errors
     async def metrics(request: Request) -> Response:
         if registry is None:
-            return _err(404, "the Prometheus exporter (collector/export/prometheus.py) is not installed")
+            raise NotFound("the Prometheus exporter (collector/export/prometheus.py) is not installed")
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         data = await run_in_threadpool(generate_latest, registry)

@@ -14,28 +14,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+# declared in collector/errors.py with every error's HTTP status; re-exported here
+from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
+
 __all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "check_read_only_sql",
            "run_guarded"]
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 10_000
-
-
-class QueryTimeout(TimeoutError):
-    """The query ran past its budget and was interrupted."""
-
-    def __init__(self, sql: str, timeout_s: float):
-        super().__init__(f"query interrupted after {timeout_s:g} s (the statement timeout)")
-        self.sql = sql
-        self.timeout_s = timeout_s
-
-
-class QueryRefused(ValueError):
-    """The SQL is not one read-only statement (HTTP 403)."""
-
-
-class QueryInvalid(QueryRefused):
-    """The SQL is empty or does not parse (HTTP 400: the client's mistake, not a forbidden act)."""
 
 
 def check_read_only_sql(con, sql: str) -> None:

@@ -5,7 +5,8 @@ Status mapping (OTLP/HTTP spec, https://opentelemetry.io/docs/specs/otlp/#otlpht
 protobuf, bad JSON, truncated gzip, empty body, invalid UTF-8); 405 not POST; 413 body or
 decompressed body over `max_body_bytes`; 415 content type or encoding not supported;
 429 overload (queue or in-flight cap) and 503 memory limit or store failure, both with
-`Retry-After`. Error bodies are a `google.rpc.Status` in the request's encoding.
+`Retry-After`. Error bodies are a `google.rpc.Status` in the request's encoding. Every error is one
+of collector/errors.py, whose `http_error` gives its status, message and headers.
 
 A request is answered 200 only after the store committed its batch (`await` on the writer's
 future), so every acknowledged record survives `kill -9`.
@@ -24,10 +25,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from collector.errors import (
+    BadRequest,
+    BodyTimedOut,
+    InternalError,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RetryableError,
+    UnsupportedMediaType,
+    http_error,
+)
 from collector.processor.enrich import metrics_to_batch, traces_to_batch
 from collector.processor.fastpath import fast_traces_to_batch
-from collector.processor.limiter import AdmissionLimiter, Refusal
-from collector.store.duckdb_store import StoreUnavailable
+from collector.processor.limiter import AdmissionLimiter
 from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
@@ -42,13 +52,6 @@ _JSON = "application/json"
 _PROTO_TYPES = {"application/x-protobuf", "application/protobuf", "application/vnd.google.protobuf"}
 
 
-class _Bad(Exception):
-    def __init__(self, status: int, message: str, retry_after: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-
 def _signal(kind: str):
     """(request class, response class, converter, rejected field name) for a signal."""
     if kind == "traces":
@@ -60,16 +63,17 @@ def _signal(kind: str):
     return m.ExportMetricsServiceRequest, m.ExportMetricsServiceResponse, metrics_to_batch, "rejected_data_points"
 
 
-def _error_response(status: int, message: str, is_json: bool, retry_after: int | None = None) -> Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    grpc_code = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14}.get(status, 2)
+def _error_response(exc: BaseException, is_json: bool) -> Response:
+    """The OTLP answer to `exc`: status and headers (Retry-After, Allow) from `http_error`, a
+    `google.rpc.Status` body in JSON or protobuf."""
+    e = http_error(exc)
     if is_json:
-        body = json.dumps({"code": grpc_code, "message": message})
-        return Response(body, status_code=status, media_type=_JSON, headers=headers)
+        body = json.dumps({"code": e.grpc_code, "message": e.message})
+        return Response(body, status_code=e.status, media_type=_JSON, headers=e.headers)
     from google.rpc import status_pb2
 
-    return Response(status_pb2.Status(code=grpc_code, message=message).SerializeToString(), status_code=status,
-                    media_type=_PROTO, headers=headers)
+    return Response(status_pb2.Status(code=e.grpc_code, message=e.message).SerializeToString(),
+                    status_code=e.status, media_type=_PROTO, headers=e.headers)
 
 
 # A client must send its whole body within this many seconds: one that trickles bytes (or stops)
@@ -78,17 +82,18 @@ BODY_READ_TIMEOUT_S = 10.0
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most `limit` bytes, within BODY_READ_TIMEOUT_S. Raises _Bad: 413 over
-    the limit, 400 bad Content-Length, 408 too slow; `ClientGone` when the client hung up."""
+    """The request body, at most `limit` bytes, within BODY_READ_TIMEOUT_S. Raises PayloadTooLarge
+    over the limit, BadRequest for a bad Content-Length, BodyTimedOut when too slow; `ClientGone`
+    when the client hung up."""
     try:
         return await read_body(request, limit, BODY_READ_TIMEOUT_S)
     except BodyTooLarge as exc:
         size = f"body of {exc.declared} bytes" if exc.declared is not None else "body"
-        raise _Bad(413, f"{size} is over the limit of {limit} bytes; send smaller batches") from None
+        raise PayloadTooLarge(f"{size} is over the limit of {limit} bytes; send smaller batches") from None
     except BodyTimeout:
-        raise _Bad(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s") from None
+        raise BodyTimedOut(f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g} s") from None
     except BadContentLength:
-        raise _Bad(400, "Content-Length is not a number") from None
+        raise BadRequest("Content-Length is not a number") from None
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
@@ -96,11 +101,11 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     try:
         out = d.decompress(data, limit + 1)
     except zlib.error as exc:
-        raise _Bad(400, f"body is not valid gzip: {exc}") from None
+        raise BadRequest(f"body is not valid gzip: {exc}") from None
     if len(out) > limit or d.unconsumed_tail:
-        raise _Bad(413, f"decompressed body is over the limit of {limit} bytes; send smaller batches")
+        raise PayloadTooLarge(f"decompressed body is over the limit of {limit} bytes; send smaller batches")
     if not d.eof:
-        raise _Bad(400, "gzip body is truncated")
+        raise BadRequest("gzip body is truncated")
     return out
 
 
@@ -112,53 +117,47 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
     async def handle(request: Request, kind: str) -> Response:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
         is_json = ctype == _JSON
+        try:
+            return await export(request, kind, ctype, is_json)
+        except ClientGone:
+            stats["errors"] += 1
+            return Response(status_code=400)  # never read: the client is gone
+        except Exception as exc:  # noqa: BLE001 - every error is answered the OTLP way
+            if not isinstance(exc, RetryableError):  # refusals are counted by the limiter
+                stats["errors"] += 1
+            # a Content-Type of neither encoding is answered in JSON, the readable one
+            in_json = is_json or (isinstance(exc, UnsupportedMediaType) and ctype not in _PROTO_TYPES)
+            return _error_response(exc, in_json)
+
+    async def export(request: Request, kind: str, ctype: str, is_json: bool) -> Response:
+        """Store one export request; raises the errors of collector/errors.py (and ClientGone)."""
         if request.method != "POST":
-            stats["errors"] += 1
-            resp = _error_response(405, "use POST", is_json)
-            resp.headers["Allow"] = "POST"
-            return resp
+            raise MethodNotAllowed("use POST", allow="POST")
         if not is_json and ctype not in _PROTO_TYPES:
-            # neither encoding: answer in JSON, the readable one
-            stats["errors"] += 1
-            return _error_response(415, f"unsupported Content-Type {ctype!r}; send {_PROTO} or {_JSON}", True)
+            raise UnsupportedMediaType(f"unsupported Content-Type {ctype!r}; send {_PROTO} or {_JSON}")
         enc = request.headers.get("content-encoding", "identity").strip().lower()
         if enc not in ("gzip", "identity", ""):
-            stats["errors"] += 1
-            return _error_response(415, f"unsupported Content-Encoding {enc!r}; send gzip or none", is_json)
-        try:
-            limiter.admit()
-        except Refusal as r:
-            return _error_response(r.status, str(r), is_json, r.retry_after_s)
+            raise UnsupportedMediaType(f"unsupported Content-Encoding {enc!r}; send gzip or none")
+        limiter.admit()
         try:
             req_cls, resp_cls, convert, rejected_field = signals[kind]
-            try:
-                body = await _read_body(request, max_body_bytes)
-                if enc == "gzip":
-                    body = _gunzip(body, max_body_bytes)
-                if not body:
-                    raise _Bad(400, "empty body; send an OTLP export request")
-                # fast path (protobuf traces): None when the request needs the slow path below
-                batch = fast_traces_to_batch(body) if _FASTPATH and kind == "traces" and not is_json else None
-                if batch is None:
-                    msg = _decode(req_cls, body, is_json)
+            body = await _read_body(request, max_body_bytes)
+            if enc == "gzip":
+                body = _gunzip(body, max_body_bytes)
+            if not body:
+                raise BadRequest("empty body; send an OTLP export request")
+            # fast path (protobuf traces): None when the request needs the slow path below
+            batch = fast_traces_to_batch(body) if _FASTPATH and kind == "traces" and not is_json else None
+            if batch is None:
+                msg = _decode(req_cls, body, is_json)
                 try:
-                    if batch is None:
-                        batch = convert(msg)
+                    batch = convert(msg)
                 except Exception as exc:
                     log.exception("converting an OTLP %s request", kind)
-                    raise _Bad(500, f"internal error converting the request: {exc.__class__.__name__}") from None
-            except _Bad as b:
-                stats["errors"] += 1
-                return _error_response(b.status, str(b), is_json, b.retry_after)
-            except ClientGone:
-                stats["errors"] += 1
-                return Response(status_code=400)  # never read: the client is gone
+                    raise InternalError(f"internal error converting the request: {exc.__class__.__name__}") from None
             stats["requests"] += 1
             if batch.accepted:
-                try:
-                    await asyncio.wrap_future(store.submit(batch))
-                except StoreUnavailable as exc:
-                    return _error_response(503, str(exc), is_json, 1)
+                await asyncio.wrap_future(store.submit(batch))  # StoreUnavailable: retryable, 503
             stats["accepted"] += batch.accepted
             stats["rejected"] += batch.rejected
             resp = resp_cls()
@@ -198,7 +197,7 @@ def _decode(req_cls, body: bytes, is_json: bool):
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise _Bad(400, f"JSON body is not valid UTF-8 (byte {exc.start})") from None
+            raise BadRequest(f"JSON body is not valid UTF-8 (byte {exc.start})") from None
         try:
             obj = json.loads(text)
             if not isinstance(obj, dict):
@@ -206,11 +205,11 @@ def _decode(req_cls, body: bytes, is_json: bool):
             _hex_ids_to_base64(obj)
             return json_format.ParseDict(obj, req_cls(), ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-            raise _Bad(400, f"malformed OTLP/JSON: {str(exc)[:300]}") from None
+            raise BadRequest(f"malformed OTLP/JSON: {str(exc)[:300]}") from None
     try:
         return req_cls.FromString(body)
     except (DecodeError, RecursionError, ValueError) as exc:
-        raise _Bad(400, f"malformed OTLP protobuf: {str(exc)[:300]}") from None
+        raise BadRequest(f"malformed OTLP protobuf: {str(exc)[:300]}") from None
 
 
 _ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})

@@ -30,16 +30,19 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store import latency_histogram, totals
 from collector.store.schema import (
     ADDED_FACT_COLUMNS,
     ADDED_REQUEST_COLUMNS,
-    COMPACT_STEP_HISTOGRAM,
     DDL,
-    ENGINE_META_JOIN,
-    REBUILD_STEP_HISTOGRAM,
     REFRESH_REQUESTS,
     TIME_COLUMNS,
+)
+from collector.store.step_histogram import (
+    COMPACT_STEP_HISTOGRAM,
+    ENGINE_META_JOIN,
+    REBUILD_STEP_HISTOGRAM,
     step_histogram_insert,
 )
 from tailtrace.errors import UserError
@@ -49,10 +52,6 @@ __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
 log = logging.getLogger("tailtrace.collector.store")
 
 _STOP = object()
-
-
-class StoreUnavailable(RuntimeError):
-    """The store could not commit a batch (disk full, closed, ...). Retryable: 503."""
 
 
 class _KeyWindow:

@@ -223,49 +223,12 @@ REFRESH_REQUESTS = [
 ]
 
 
-# step_histogram: one row per (minute, engine service, model, metric, value) with its count of
-# decode steps. metric 'itl_us': the step's ITL rounded to the microsecond; 'batch_size': the
-# batch the step's token was decoded in. The writer appends partial counts with every commit and
-# merges them (COMPACT_STEP_HISTOGRAM); readers always sum `steps` over equal keys.
-STEP_HISTOGRAM_METRICS = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)",
-                          "batch_size": "CAST(batch_size AS BIGINT)"}  # over decode_steps' columns
-
-
-def step_histogram_insert(steps: str, meta_join: str) -> str:
-    """`INSERT INTO step_histogram` counting the decode-step rows of relation `steps` (alias s);
-    `meta_join` joins the alias m that gives each step's service_name and model."""
-    parts = [f"""SELECT date_trunc('minute', s.time) AS minute, m.service_name, m.model, '{metric}' AS metric,
-                {expr} AS value, count(*) AS steps
-            FROM {steps} s {meta_join} WHERE {expr} IS NOT NULL GROUP BY ALL"""
-             for metric, expr in STEP_HISTOGRAM_METRICS.items()]
-    return "INSERT INTO step_histogram " + " UNION ALL ".join(parts)
-
-
-# Service and model of each decode step's request: its llm.request span (the writer does the same
-# with the facts of the batch at hand; `{facts}` is the relation holding them).
-ENGINE_META_JOIN = (f"LEFT JOIN (SELECT trace_id, request_id, arg_max(service_name, end_ns) AS service_name, "
-                    f"arg_max(model, end_ns) AS model FROM {{facts}} WHERE phase = '{sc.PHASE_ENGINE}' GROUP BY ALL) m "
-                    "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id")
-
-# For a store written before step_histogram existed, or whose first counting failed: count every
-# decode step (from the stored llm.request facts; a store without them, e.g. a benchmark's, from
-# `requests`).
-REBUILD_STEP_HISTOGRAM = [
-    "DELETE FROM step_histogram",
-    step_histogram_insert("decode_steps", ENGINE_META_JOIN.format(facts="_request_spans")),
-]
-REBUILD_STEP_HISTOGRAM_FROM_REQUESTS = [
-    "DELETE FROM step_histogram",
-    step_histogram_insert("decode_steps", "LEFT JOIN (SELECT trace_id, request_id, any_value(service_name) AS "
-                          "service_name, any_value(model) AS model FROM requests GROUP BY ALL) m "
-                          "ON m.trace_id = s.trace_id AND m.request_id IS NOT DISTINCT FROM s.request_id"),
-]
-
-# Merge the partial counts of the minutes >= ? (the oldest minute written since the last merge).
-COMPACT_STEP_HISTOGRAM = [
-    """CREATE OR REPLACE TEMP TABLE _hc AS SELECT minute, service_name, model, metric, value,
-        CAST(sum(steps) AS BIGINT) AS steps FROM step_histogram WHERE minute >= ? GROUP BY ALL""",
-    "DELETE FROM step_histogram WHERE minute >= ?",
-    "INSERT INTO step_histogram SELECT * FROM _hc",
-    "DROP TABLE _hc",
-]
+# step_histogram's writer SQL lives beside its reader (collector/store/step_histogram.py); re-exported.
+from collector.store.step_histogram import (
+    COMPACT_STEP_HISTOGRAM,
+    ENGINE_META_JOIN,
+    REBUILD_STEP_HISTOGRAM,
+    REBUILD_STEP_HISTOGRAM_FROM_REQUESTS,
+    STEP_HISTOGRAM_METRICS,
+    step_histogram_insert,
+)

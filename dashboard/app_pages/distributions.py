@@ -26,8 +26,11 @@ else:
     c2.plotly_chart(charts.cdf(d["cdf"], q, data.ALL_METRICS[metric]), key="dist_cdf")
 
 st.subheader("Batch size")
-b = data.batch_size_distribution(ctx.src, ctx.filters, ctx.schema)
-if len(b):
+side = ctx.side(data.batch_size_distribution, ctx.filters, ctx.schema)  # the step histogram: a side panel
+b = side.value
+if not side.ok:
+    ui.na_caption("Batch size", side)
+elif len(b):
     st.plotly_chart(charts.batch_sizes(b), key="dist_batch")
     mean = b.assign(w=b["batch_size"] * b["count"]).groupby("view")[["w", "count"]].sum()
     st.caption(" · ".join(f"mean batch size per {v}: {r.w / r['count']:.2f}" for v, r in mean.iterrows())
@@ -36,9 +39,16 @@ else:
     st.info("No engine or decode steps recorded in the selection.")
 
 st.subheader("Input and output lengths")
-st.plotly_chart(charts.lengths(data.length_distribution(ctx.src, ctx.filters)), key="dist_len")
+lengths = ctx.side(data.length_distribution, ctx.filters)
+if lengths.ok:
+    st.plotly_chart(charts.lengths(lengths.value), key="dist_len")
+else:
+    ui.na_caption("Input and output lengths", lengths)
 st.subheader("Latency against input length")
 st.caption("Outer TTFT and E2E, percentiles over each bin's ok requests; `requests` counts all of the bin.")
-li = data.latency_by_input_length(ctx.src, ctx.filters)
-st.plotly_chart(charts.latency_vs_input(li), key="dist_li")
-st.dataframe(li, hide_index=True)
+li = ctx.side(data.latency_by_input_length, ctx.filters)
+if li.ok:
+    st.plotly_chart(charts.latency_vs_input(li.value), key="dist_li")
+    st.dataframe(li.value, hide_index=True)
+else:
+    ui.na_caption("Latency against input length", li)

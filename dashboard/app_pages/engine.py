@@ -1,6 +1,7 @@
 """Engine and device: running/waiting, KV usage, step time, device utilisation, clocks and throttle
 reasons on the same time axis as latency."""
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import charts, data, ui
@@ -12,15 +13,22 @@ ui.header("Engine and device", "engine scheduling · compute and hardware",
 first, last = data.bounds(ctx.src, ctx.filters)
 width = data.bucket_ms(first, last)
 eng = data.engine_timeline(ctx.src, ctx.filters, ctx.schema, width)
-dev = data.device_timeline(ctx.src, ctx.filters, ctx.schema, width)
-lat = data.throughput_timeline(ctx.src, ctx.filters, ctx.slo, width)
 if not len(eng):
     ui.show_empty("No engine steps in the selection: the vLLM plugin emits them (`tailtrace serve`).")
     st.stop()
+# the device samples and the latency above the engine are side panels: "n/a" rather than no page
+dev_side = ctx.side(data.device_timeline, ctx.filters, ctx.schema, width)
+lat_side = ctx.side(data.throughput_timeline, ctx.filters, ctx.slo, width)
+dev = dev_side.value if dev_side.ok else pd.DataFrame()
+lat = lat_side.value if lat_side.ok else pd.DataFrame(columns=["bucket", "ttft_p99_ms", "e2e_p99_ms"])
 st.caption(f"Bucket width {width / 1000:g} s · {int(eng['steps'].sum()):,} engine steps"
            + (f" · {dev['device'].nunique()} device(s)" if len(dev) else ""))
 st.plotly_chart(charts.engine_device(lat, eng, dev), key="eng_fig")
-if not len(dev):
+if not lat_side.ok:
+    ui.na_caption("Latency P99", lat_side)
+if not dev_side.ok:
+    ui.na_caption("Device", dev_side)
+elif not len(dev):
     st.info("No device samples in the selection. Run the device sampler (`tailtrace sample`) next to the "
             "engine to see utilisation, clocks and throttle reasons here.")
 else:

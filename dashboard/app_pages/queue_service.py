@@ -15,15 +15,17 @@ first, last = data.bounds(ctx.src, ctx.filters)
 tl = data.phases_timeline(ctx.src, ctx.filters, phases, data.bucket_ms(first, last))
 st.plotly_chart(charts.stacked_phases(tl, phases), key="qs_stack")
 
-pct = data.percentiles(ctx.src, ctx.filters, ctx.schema, include_itl=False)
-qs = pct[pct["metric"].isin(["queue_time_ms", "service_time_ms"])]
-if len(qs):
+side = ctx.side(data.percentiles, ctx.filters, ctx.schema, include_itl=False)
+pct = side.value if side.ok else None
+if pct is None:
+    ui.na_caption("Queue and service time percentiles", side)
+elif len(qs := pct[pct["metric"].isin(["queue_time_ms", "service_time_ms"])]):
     st.dataframe(qs.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True)
 
 st.subheader("The tail: requests above P99")
 have = set(ctx.schema.get("requests", ()))
 metrics = [m for m in data.METRIC_CHOICES if m in have and m not in ("queue_time_ms", "service_time_ms")]  # outer E2E first
-present = [m for m in metrics if (pct["metric"] == m).any()]
+present = [m for m in metrics if pct is not None and (pct["metric"] == m).any()]
 metric = st.selectbox("Tail of", present or metrics, format_func=lambda m: data.REQUEST_METRICS[m], key="qs_metric")
 tb = data.tail_breakdown(ctx.src, ctx.filters, phases, metric)
 if tb["threshold_ms"] is None:

@@ -1,13 +1,13 @@
-"""Overview: exact percentiles, throughput and goodput, and the step-histogram reader ITL uses."""
+"""Overview: exact percentiles, throughput and goodput; ITL and batch sizes from the collector's
+step-histogram reader (collector/store/step_histogram.py)."""
 
 from __future__ import annotations
 
-import datetime as dt
-import math
 from typing import Any
 
 import pandas as pd
 
+from collector.store import step_histogram  # the reader beside its writer (no DuckDB, no writer)
 from dashboard.queries.common import (
     ALL_METRICS,
     ITL,
@@ -51,6 +51,16 @@ def percentiles(src: DataSource, f: Filters, schema: dict[str, list[str]] | None
                          _f(r[f"max_{c}"])))
     if include_itl and "itl_ms" in schema.get("decode_steps", ()):
         rows.append(itl_percentile_row(src, f, schema))
+    return _percentile_table(rows)
+
+
+def add_percentile_rows(table: pd.DataFrame, rows: list[tuple]) -> pd.DataFrame:
+    """`table` (from `percentiles`) with `rows` (tuples as `itl_percentile_row` returns) added, in
+    the table's order; rows with count 0 are left out."""
+    return _percentile_table([*table.itertuples(index=False, name=None), *rows])
+
+
+def _percentile_table(rows: list[tuple]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=["metric", "label", "count", "mean", *QUANTILE_LABELS, "max"])
     df = df[df["count"] > 0].reset_index(drop=True)
     # Order as the user reads them: TTFT, TPOT, ITL, E2E, then the rest.
@@ -81,45 +91,12 @@ def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]]
 
 def _step_rows_sql(f: Filters, schema: dict[str, list[str]], metric: str) -> tuple[str, list[Any]] | None:
     """(SQL of rows (value, steps) whose per-value sums are the filtered decode steps' counts of
-    `metric`, params), or None when `step_histogram` cannot answer (see `step_counts`)."""
+    `metric`, params) from the collector's reader (collector.store.step_histogram.rows_sql), or None
+    when `step_histogram` cannot answer: the store lacks it, or a priority filter is set (the
+    histogram is kept per service and model only)."""
     if "step_histogram" not in schema or f.priorities or "decode_steps" not in schema:
         return None
-    from collector.store.schema import STEP_HISTOGRAM_METRICS  # the writer's own definition of each value
-
-    col = STEP_HISTOGRAM_METRICS[metric]
-    lo = _ceil_minute(f.start) if f.start is not None else None
-    hi = _floor_minute(f.end) if f.end is not None else None
-    if lo is not None and hi is not None and lo >= hi:  # within one minute: all from decode_steps
-        w, p = f.steps_where()
-        return f"SELECT {col} AS value, 1 AS steps FROM decode_steps {_and(w, f'{col} IS NOT NULL')}", p
-    h_terms, h_params = ["metric = ?"], [metric]
-    for c, values in (("model", f.models), ("service_name", f.services)):
-        if values:
-            h_terms.append(f"{c} IN ({', '.join('?' for _ in values)})")
-            h_params.extend(values)
-    edges, e_params = [], []
-    if lo is not None:
-        h_terms.append("minute >= CAST(? AS TIMESTAMP)")
-        h_params.append(lo)
-        if lo != f.start:
-            edges.append("(time >= CAST(? AS TIMESTAMP) AND time < CAST(? AS TIMESTAMP))")
-            e_params += [f.start, lo]
-    if hi is not None:
-        h_terms.append("minute < CAST(? AS TIMESTAMP)")
-        h_params.append(hi)
-        if hi != f.end:
-            edges.append("(time >= CAST(? AS TIMESTAMP) AND time < CAST(? AS TIMESTAMP))")
-            e_params += [hi, f.end]
-    sql = f"SELECT value, steps FROM step_histogram WHERE {' AND '.join(h_terms)}"
-    if not edges:
-        return sql, h_params
-    terms = [f"({' OR '.join(edges)})", f"{col} IS NOT NULL"]
-    if f.models or f.services:
-        t2, p2 = Filters(models=f.models, services=f.services)._request_terms()
-        terms.append(f"request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
-        e_params += p2
-    return (sql + f" UNION ALL SELECT {col} AS value, 1 AS steps FROM decode_steps WHERE {' AND '.join(terms)}",
-            h_params + e_params)
+    return step_histogram.rows_sql(metric, start=f.start, end=f.end, models=f.models, services=f.services)
 
 
 def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str) -> pd.DataFrame | None:
@@ -136,8 +113,7 @@ def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metri
     q = _step_rows_sql(f, schema, metric)
     if q is None:
         return None
-    res = src.query(f"SELECT value, CAST(sum(steps) AS BIGINT) AS steps FROM ({q[0]}) GROUP BY 1 ORDER BY 1",
-                    q[1], max_rows=None)
+    res = src.query(*step_histogram.counts_sql(q), max_rows=None)
     if res.truncated:
         raise DataError(f"too many distinct {metric} values for the source's row cap")
     d = res.df
@@ -148,8 +124,9 @@ def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metri
 def step_summary(src: DataSource, f: Filters, schema: dict[str, list[str]], metric: str, probs,
                  bins_per_decade: int | None = None) -> dict | None:
     """Count, mean, max and exact quantiles (DuckDB's `quantile_cont` definition) of `metric` over
-    the filtered decode steps, from `step_histogram` (see `step_counts`), in one query that returns
-    a few rows whatever the store's size (so it also works through the collector API's row cap).
+    the filtered decode steps, from `step_histogram` (see `step_counts`; SQL and arithmetic by
+    collector.store.step_histogram.summary_sql / summary_from_rows), in one query that returns a few
+    rows whatever the store's size (so it also works through the collector API's row cap).
     Values are in the metric's unit (itl_us: microseconds).
 
     Returns {'n', 'mean', 'max', 'quantiles': [one per p in `probs`, None when n = 0],
@@ -160,42 +137,14 @@ def step_summary(src: DataSource, f: Filters, schema: dict[str, list[str]], metr
     if q is None:
         return None
     probs = [float(p) for p in probs]
-    pv = ", ".join(f"({i}, {p!r})" for i, p in enumerate(probs))
-    hist = (f" UNION ALL SELECT 'bin', floor(log10(greatest(value / 1000.0, 1e-3)) * {int(bins_per_decade)}), "
-            "CAST(sum(n) AS DOUBLE), NULL, NULL FROM g GROUP BY 2") if bins_per_decade else ""
-    sql = f"""
-    WITH g AS MATERIALIZED (SELECT value, sum(steps) AS n FROM ({q[0]}) GROUP BY value),
-    c AS (SELECT value, sum(n) OVER (ORDER BY value) AS cum FROM g),
-    tot AS (SELECT sum(n) AS total, sum(CAST(value AS DOUBLE) * n) AS s, max(value) AS mx FROM g),
-    qs AS (SELECT i, (total - 1) * p AS h, total FROM (VALUES {pv}) t(i, p), tot)
-    SELECT 'total' AS kind, CAST(total AS DOUBLE) AS x, s AS a, CAST(mx AS DOUBLE) AS b, NULL AS c FROM tot
-    UNION ALL
-    SELECT 'q', i, h, (SELECT min(value) FROM c WHERE cum > floor(qs.h)),
-           (SELECT min(value) FROM c WHERE cum > least(floor(qs.h) + 1, qs.total - 1)) FROM qs{hist}"""
-    d = src.df(sql, q[1])
-    tot = d[d["kind"] == "total"].iloc[0]
-    n = int(tot["x"]) if pd.notna(tot["x"]) else 0
-    quantiles: list[float | None] = [None] * len(probs)
-    if n:
-        for _, r in d[d["kind"] == "q"].iterrows():
-            h, v_lo, v_hi = float(r["a"]), float(r["b"]), float(r["c"])
-            quantiles[int(r["x"])] = v_lo + (h - math.floor(h)) * (v_hi - v_lo)
-    out = {"n": n, "mean": float(tot["a"]) / n if n else None, "max": float(tot["b"]) if n else None,
-           "quantiles": quantiles, "hist": None}
+    d = src.df(*step_histogram.summary_sql(q, probs, bins_per_decade))
+    out = step_histogram.summary_from_rows(d[["kind", "x", "a", "b", "c"]].itertuples(index=False), len(probs))
+    bins = out.pop("bins")
+    out["hist"] = None
     if bins_per_decade:
-        b = d[d["kind"] == "bin"]
-        out["hist"] = pd.DataFrame({"b": b["x"].astype(float).to_numpy(), "count": b["a"].astype("int64").to_numpy()}
-                                   ).sort_values("b").reset_index(drop=True)
+        out["hist"] = pd.DataFrame({"b": pd.Series([b for b, _ in bins], dtype=float),
+                                    "count": pd.Series([n for _, n in bins], dtype="int64")})
     return out
-
-
-def _ceil_minute(t: dt.datetime) -> dt.datetime:
-    m = t.replace(second=0, microsecond=0)
-    return m if m == t else m + dt.timedelta(minutes=1)
-
-
-def _floor_minute(t: dt.datetime) -> dt.datetime:
-    return t.replace(second=0, microsecond=0)
 
 
 def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] | None = None) -> dict:

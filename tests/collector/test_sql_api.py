@@ -74,6 +74,21 @@ def test_query_that_runs_forever_is_interrupted(coll):
     assert api(coll, "SELECT 1").json()["rows"] == [[1]]      # the API still answers
 
 
+def test_a_caller_may_ask_for_a_shorter_budget(coll):
+    """`timeout_s` in the body (the dashboard's side panels): min(--query-timeout, timeout_s)."""
+    import time
+
+    forever = "SELECT count(*) FROM range(10000000000) a, range(10000000000) b"
+    t0 = time.monotonic()
+    r = httpx.post(coll.api_url + "/api/sql", json={"sql": forever, "timeout_s": 0.2}, timeout=30)
+    assert r.status_code == 408 and "after 0.2 s" in r.json()["error"] and time.monotonic() - t0 < 1.9
+    r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT 1", "timeout_s": 3600}, timeout=30)
+    assert r.status_code == 200 and r.json()["rows"] == [[1]]  # a longer ask keeps the collector's own
+    for bad in (0, -1, "5", True):
+        r = httpx.post(coll.api_url + "/api/sql", json={"sql": "SELECT 1", "timeout_s": bad}, timeout=30)
+        assert r.status_code == 400 and "timeout_s" in r.json()["error"], bad
+
+
 def test_bad_sql_is_400(coll):
     r = api(coll, "SELEC nonsense")
     assert r.status_code == 400 and "does not parse" in r.json()["error"]

@@ -204,6 +204,47 @@ def test_step_histogram_counts_every_decode_step_once(tmp_path):
         s.stop()
 
 
+def test_step_histogram_reader_equals_a_scan_of_decode_steps(tmp_path):
+    """collector/store/step_histogram.py's reader over what its writer kept: whole minutes from the
+    histogram, partial ones from decode_steps, the same counts and exact quantiles as a scan."""
+    import datetime as dt
+
+    import numpy as np
+
+    from collector.store import step_histogram as sh
+
+    s = DuckDBStore(tmp_path / "r.duckdb").start()
+    b = TraceBuilder()
+    for k in range(4):  # four requests 50 s apart: they straddle minute boundaries
+        full_tree(b, os.urandom(16), t0=T0 + k * 50 * 10**9)
+    try:
+        s.submit(traces_to_batch(b.req)).result(30)
+        s.stop()  # merges the partial counts
+        s = DuckDBStore(tmp_path / "r.duckdb").start()
+        first = s.read_query("SELECT min(time) FROM decode_steps")[0][0]
+        # all; cutting the first and the last request in partial minutes, minute 1 whole; within one minute
+        ranges = [(None, None), (first + dt.timedelta(seconds=0.3), first + dt.timedelta(seconds=150.4)),
+                  (first, first + dt.timedelta(seconds=0.5))]
+        for start, end in ranges:
+            for models in ((), ("tiny",), ("other",)):
+                scan_w = " AND ".join(["batch_size IS NOT NULL"] + [f"time {op} ?" for op, v in
+                                                                    ((">=", start), ("<", end)) if v is not None])
+                times = [v for v in (start, end) if v is not None]
+                want = s.read_query(f"SELECT CAST(batch_size AS BIGINT), CAST(count(*) AS BIGINT) FROM decode_steps "
+                                    f"WHERE {scan_w} GROUP BY 1 ORDER BY 1", times) if models != ("other",) else []
+                rows = sh.rows_sql("batch_size", start=start, end=end, models=models)
+                assert s.read_query(*sh.counts_sql(rows)) == want, (start, end, models)
+                assert models == ("other",) or 0 < sum(n for _, n in want) < (40 if start else 41)
+        itl = np.array([r[0] for r in s.read_query("SELECT itl_ms FROM decode_steps WHERE itl_ms IS NOT NULL")])
+        probs = [0.5, 0.99, 0.999]
+        got = sh.summary_from_rows(s.read_query(*sh.summary_sql(sh.rows_sql("itl_us"), probs, 20)), len(probs))
+        assert got["n"] == len(itl) and got["max"] == round(itl.max() * 1000)
+        assert np.allclose(got["quantiles"], np.percentile(np.round(itl * 1000), [50, 99, 99.9]), rtol=1e-12)
+        assert sum(n for _, n in got["bins"]) == len(itl)
+    finally:
+        s.stop()
+
+
 def test_step_histogram_is_rebuilt_for_a_store_from_before_it(tmp_path):
     import duckdb
 
@@ -504,7 +545,7 @@ def test_engine_rollups_equal_the_steps_and_outlive_retention(tmp_path):
             for i in range(20):
                 k = batch * 20 + i
                 t = now - (2 * 3600 if batch == 0 else 30 - k * 0.1) * 10**9  # the first batch is 2 h old
-                sent.append(dict(k=k, waiting=k % 4, batch=1 + k % 7, ms=5.0 + k, pre=k % 5 == 0, old=batch == 0))
+                sent.append({"k": k, "waiting": k % 4, "batch": 1 + k % 7, "ms": 5.0 + k, "pre": k % 5 == 0, "old": batch == 0})
                 b.span("vllm", sc.SPAN_ENGINE_STEP, int(t), int(t) + 7 * MS, attrs={
                     sc.PHASE: sc.PHASE_ENGINE_STEP, sc.STEP_INDEX: k, sc.RUNNING: 3, sc.WAITING: k % 4,
                     sc.BATCH_SIZE: 1 + k % 7, sc.PREFILL_TOKENS: 10, sc.DECODE_TOKENS: 2, sc.STEP_MS: 5.0 + k,

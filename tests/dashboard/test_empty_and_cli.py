@@ -102,7 +102,9 @@ def test_cli_rejects_bad_input_with_one_line(tmp_path):
                         (("--api", "localhost:9464"), "not an http(s) URL"),
                         (("--api", "http://[::1"), "not a valid URL"),
                         (("--db", str(tmp_path)), "is a folder"),
-                        (("--db", str(junk), "--port", "70000"), "not a TCP port")):
+                        (("--db", str(junk), "--port", "70000"), "not a TCP port"),
+                        (("--side-timeout", "0"), "--side-timeout must be a positive number of seconds"),
+                        (("--query-timeout", "soon"), "--query-timeout must be a number of seconds")):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         lines = r.stderr.strip().splitlines()

@@ -10,10 +10,13 @@ fork (os.register_at_fork), which vLLM's process model needs.
 from __future__ import annotations
 
 import os
+import socket
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from semantics.semconv import HOST_NAME
 
 __all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint", "set_any_value"]
 
@@ -46,7 +49,8 @@ def make_tracer_provider(
 ) -> TracerProvider:
     """A TracerProvider exporting to `{endpoint}/v1/traces` over OTLP/HTTP (protobuf).
 
-    `service_name` becomes the resource's `service.name` unless OTEL_SERVICE_NAME is set.
+    `service_name` becomes the resource's `service.name` unless OTEL_SERVICE_NAME is set; `host.name`
+    is this host's name (the collector tells clocks apart by it).
     Spans are batched (`max_export_batch_size` per request, at most every
     `schedule_delay_ms`); a full queue (`max_queue_size` spans) drops new spans. The exporter is
     `instrument.otlp_export.DirectOTLPSpanExporter` (same bytes on the wire as the SDK's
@@ -54,7 +58,9 @@ def make_tracer_provider(
     """
     attrs = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or service_name}
     attrs.update(extra_resource or {})
-    provider = TracerProvider(resource=Resource.create(attrs))
+    # this host's name, unless OTEL_RESOURCE_ATTRIBUTES or `extra_resource` names it
+    resource = Resource({HOST_NAME: socket.gethostname()}).merge(Resource.create(attrs))
+    provider = TracerProvider(resource=resource)
     url = otlp_endpoint(endpoint)
     if os.environ.get("TAILTRACE_DIRECT_EXPORT", "1") == "0":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

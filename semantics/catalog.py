@@ -146,8 +146,9 @@ DERIVED: tuple[Derived, ...] = (
     Derived("outer_e2e_ms", "E2E as the outermost traced layer saw it: client, else gateway (to its last "
             "byte out, without its post-response work), else engine",
             "coalesce(c, g_crit, r)"),
-    Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client, else engine",
-            "coalesce(c_ttft, ttft_s * 1000)"),
+    Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client, else gateway (its "
+            "first byte out), else engine",
+            "coalesce(c_ttft, g_ttft, ttft_s * 1000)"),
     Derived("completion_time", "arrival_time + outer_e2e_ms: when the outermost layer saw the request end; "
             "every time window selects by it",
             "make_timestamp((coalesce(c_start, g_start, r_start) + CAST(round(coalesce(c, g_crit, r) * 1e6) AS BIGINT))"

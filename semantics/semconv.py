@@ -40,6 +40,11 @@ SPAN_LLM_DECODE = "llm.decode"
 SPAN_LLM_DECODE_STEP = "llm.decode.step"
 SPAN_ENGINE_STEP = "llm.engine.step"
 
+# ---------------------------------------------------------------- OpenTelemetry resource keys
+# The host a process runs on (OpenTelemetry's resource semantic conventions): the collector
+# estimates the clock offset between two hosts from the spans of their hops (collector/store/clock.py).
+HOST_NAME = "host.name"
+
 # ---------------------------------------------------------------- OpenTelemetry GenAI keys
 GEN_AI_SYSTEM = "gen_ai.system"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"

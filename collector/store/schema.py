@@ -5,7 +5,7 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 
 from __future__ import annotations
 
-from collector.store import latency_histogram, totals
+from collector.store import clock, latency_histogram, totals
 from semantics import semconv as sc
 from semantics.catalog import DERIVED
 
@@ -30,7 +30,7 @@ __all__ = [
 ADDED_REQUEST_COLUMNS = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
                          "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
                          "gateway_after_ms": "DOUBLE", "upstream": "VARCHAR"}
-ADDED_FACT_COLUMNS = {"upstream": "VARCHAR"}
+ADDED_FACT_COLUMNS = {"upstream": "VARCHAR", "host": "VARCHAR", "first_byte_ns": "BIGINT"}
 
 
 def _cols(added: dict[str, str]) -> str:
@@ -74,6 +74,7 @@ DDL = [
     "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
     *latency_histogram.DDL,
     *totals.DDL,
+    *clock.DDL,
     """CREATE TABLE IF NOT EXISTS requests (
         request_id VARCHAR, trace_id VARCHAR, model VARCHAR, arrival_time TIMESTAMP, status VARCHAR,
         finish_reason VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT,
@@ -89,7 +90,7 @@ assert {d.column for d in DERIVED} <= set(ADDED_REQUEST_COLUMNS)
 # The column that retention (and Parquet partitioning) uses, per table.
 TIME_COLUMNS = {
     "spans": "start_time", "engine_steps": "time", "decode_steps": "time", "device_samples": "time",
-    "metric_points": "time", "requests": "arrival_time", "step_histogram": "minute", "_request_spans": "make_timestamp(start_ns // 1000)",
+    "metric_points": "time", "requests": "arrival_time", "step_histogram": "minute", "clock_offsets": "minute", "_request_spans": "make_timestamp(start_ns // 1000)",
 }
 USER_TABLES = ("spans", "requests", "decode_steps", "engine_steps", "device_samples", "metric_points")
 
@@ -101,10 +102,10 @@ def _p(phase: str) -> str:
 # The requests of the dirty traces. Letters as in DESIGN.md: C client.request, G gateway server
 # span, A sum of gateway.admission, U gateway.upstream, R llm.request. When a trace holds several
 # spans of one root phase (a retried upstream, say) the one that ended last counts.
-_AGG = f"""
+_PER_TRACE = f"""
 WITH f AS (
     SELECT * FROM _request_spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)
-), a AS (
+)
     SELECT trace_id,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
         min(start_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_start,
@@ -144,26 +145,44 @@ WITH f AS (
         sum(duration_ms - coalesce(preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_DECODE)}) AS decode_ms,
         any_value(priority) AS priority,
         any_value(run_id) AS run_id,
+        arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_host,
+        arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_host,
+        arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_host,
+        -- the gateway's first byte out (gateway.stream's first chunk, stamped before its write)
+        min(first_byte_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS g_first,
         count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}'))
             AS roots
     FROM f GROUP BY trace_id
-), h AS (
+"""
+
+# `requests` rows from the per-trace aggregate `_agg` (_PER_TRACE, materialized by the refresh)
+_AGG = f"""
+WITH {clock.OFFSETS_CTE}, h AS (
     -- Critical-path hops, each bounded by its own layers' timestamps (DESIGN.md): departures are
     -- stamped before the write, receipts after the read. s_end, the end of gateway.stream, is when
-    -- the gateway's last chunk left it (and the time it received it from the engine).
-    SELECT *,
-        (g_start - c_start) / 1e6 AS cg_in, (c_end - s_end) / 1e6 AS cg_out,
-        (r_start - u_start) / 1e6 AS gr_in, (s_end - r_end) / 1e6 AS gr_out,
+    -- the gateway's last chunk left it (and the time it received it from the engine). Across hosts
+    -- each hop's way in loses, and its way out gains, the clock offset of its host pair (clock.py).
+    SELECT x.*,
+        (g_start - c_start) / 1e6 - coalesce(ocg.theta_ms, 0) AS cg_in,
+        (c_end - s_end) / 1e6 + coalesce(ocg.theta_ms, 0) AS cg_out,
+        (r_start - u_start) / 1e6 - coalesce(ogr.theta_ms, 0) AS gr_in,
+        (s_end - r_end) / 1e6 + coalesce(ogr.theta_ms, 0) AS gr_out,
+        coalesce(ocr.theta_ms, 0) AS cr_theta,
         -- the gateway's own E2E ends with its last byte out; its span may end later (post-response work)
-        CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE g END AS g_crit
-    FROM a WHERE roots > 0
+        CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE g END AS g_crit,
+        (g_first - g_start) / 1e6 AS g_ttft
+    FROM _agg x
+    LEFT JOIN o ocg ON ocg.upstream_host = x.c_host AND ocg.downstream_host = x.g_host
+    LEFT JOIN o ogr ON ogr.upstream_host = x.g_host AND ogr.downstream_host = x.r_host
+    LEFT JOIN o ocr ON ocr.upstream_host = x.c_host AND ocr.downstream_host = x.r_host
+    WHERE roots > 0
 ), b AS (
     SELECT *,
-        CASE WHEN g IS NULL THEN (r_start - c_start) / 1e6
+        CASE WHEN g IS NULL THEN (r_start - c_start) / 1e6 - cr_theta
              WHEN s_end IS NULL THEN NULL
              WHEN cg_in IS NULL AND gr_in IS NULL THEN NULL
              ELSE coalesce(cg_in, 0) + coalesce(gr_in, 0) END AS network_in_ms,
-        CASE WHEN g IS NULL THEN (c_end - r_end) / 1e6
+        CASE WHEN g IS NULL THEN (c_end - r_end) / 1e6 + cr_theta
              WHEN s_end IS NULL THEN NULL
              WHEN cg_out IS NULL AND gr_out IS NULL THEN NULL
              ELSE coalesce(cg_out, 0) + coalesce(gr_out, 0) END AS network_out_ms,
@@ -215,8 +234,11 @@ FROM b2
 REFRESH_REQUESTS = [
     latency_histogram.REFRESH_DELTAS[0],
     totals.REFRESH_DELTAS[0],
+    "CREATE OR REPLACE TEMP TABLE _agg AS " + _PER_TRACE,
+    clock.RECORD_SAMPLES,
     "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
     "INSERT INTO requests BY NAME " + _AGG,
+    "DROP TABLE _agg",
     latency_histogram.REFRESH_DELTAS[1],
     totals.REFRESH_DELTAS[1],
     "DELETE FROM _dirty_traces",

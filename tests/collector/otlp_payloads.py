@@ -17,9 +17,11 @@ MS = 1_000_000
 class TraceBuilder:
     """Collects spans per service into one ExportTraceServiceRequest."""
 
-    def __init__(self):
+    def __init__(self, hosts: dict[str, str] | None = None):
+        """`hosts`: {service: host.name} for the resources of those services (none by default)."""
         self.req = ExportTraceServiceRequest()
         self._scopes = {}
+        self._hosts = hosts or {}
 
     def span(self, service, name, start_ns, end_ns, *, trace_id=None, span_id=None, parent=b"", attrs=None,
              status_code=0):
@@ -28,6 +30,10 @@ class TraceBuilder:
             kv = rs.resource.attributes.add()
             kv.key = "service.name"
             kv.value.string_value = service
+            if service in self._hosts:
+                kv = rs.resource.attributes.add()
+                kv.key = "host.name"
+                kv.value.string_value = self._hosts[service]
             self._scopes[service] = rs.scope_spans.add()
         sp = self._scopes[service].spans.add()
         sp.trace_id = trace_id or os.urandom(16)

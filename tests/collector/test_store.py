@@ -607,3 +607,81 @@ def test_a_store_from_before_the_rollups_gets_them_counted(tmp_path):
         assert not s.read_query("SELECT 1 FROM information_schema.tables WHERE table_name = '_retired_totals'")
     finally:
         s.stop()
+
+
+def _skewed_request(b: TraceBuilder, rng, t0: int, skew_ms: dict[str, float], *, in_delay_ms: float = 0.0) -> dict:
+    """One request through client -> gateway -> vLLM whose spans each host stamps on its own clock
+    (`skew_ms[service]` ahead of the true time); returns the true network times (ms)."""
+    true = {"cg_in": rng.uniform(0.3, 1.5) + in_delay_ms, "cg_out": rng.uniform(0.2, 1.0),
+            "gr_in": rng.uniform(0.1, 0.5), "gr_out": rng.uniform(0.1, 0.5)}
+    tid = os.urandom(16)
+    ms = lambda x: int(x * MS)
+    c_start = t0
+    g_start = c_start + ms(true["cg_in"])
+    u_start = g_start + ms(3)
+    r_start = u_start + ms(true["gr_in"])
+    r_end = r_start + ms(500)
+    s_end = r_end + ms(true["gr_out"])
+    c_end = s_end + ms(true["cg_out"])
+    on = lambda svc, t: t + ms(skew_ms[svc])
+    c = b.span("loadgen", sc.SPAN_CLIENT, on("loadgen", c_start), on("loadgen", c_end), trace_id=tid,
+               attrs={sc.PHASE: sc.PHASE_CLIENT}).span_id
+    g = b.span("gateway", "POST /v1/completions", on("gateway", g_start), on("gateway", s_end + ms(2)), trace_id=tid,
+               parent=c, attrs={sc.PHASE: sc.PHASE_GATEWAY}).span_id
+    b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, on("gateway", g_start + ms(1)), on("gateway", g_start + ms(2)),
+           trace_id=tid, parent=g, attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
+    u = b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, on("gateway", u_start), on("gateway", s_end), trace_id=tid,
+               parent=g, attrs={sc.PHASE: sc.PHASE_UPSTREAM}).span_id
+    b.span("gateway", sc.SPAN_GATEWAY_STREAM, on("gateway", r_start + ms(100)), on("gateway", s_end), trace_id=tid,
+           parent=g, attrs={sc.PHASE: sc.PHASE_NETWORK, sc.FIRST_CHUNK_TIME: on("gateway", r_start + ms(100))})
+    b.span("vllm", sc.SPAN_LLM_REQUEST, on("vllm", r_start), on("vllm", r_end), trace_id=tid, parent=u,
+           attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "cmpl-" + tid.hex()[:8]})
+    true["trace_id"] = tid.hex()
+    return true
+
+
+def test_clock_offsets_between_hosts_are_estimated_and_taken_out(store):
+    """Injected skew: the gateway's host runs 250 ms ahead of the client's, vLLM's 80 ms behind. The
+    four-timestamp method finds both offsets from the span pairs, and each hop's network time is the
+    true one, not +-250 ms."""
+    import random
+
+    rng = random.Random(5)
+    skew = {"loadgen": 0.0, "gateway": 250.0, "vllm": -80.0}
+    b = TraceBuilder(hosts={"loadgen": "client-host", "gateway": "edge-host", "vllm": "gpu-host"})
+    truths = [_skewed_request(b, rng, T0 + i * 3 * 10**9, skew) for i in range(40)]  # two minutes
+    put(store, b)
+    offsets = dict(((u, d), o) for u, d, o in store.read_query(
+        "SELECT upstream_host, downstream_host, arg_min(offset_ms, delay_ms) FROM clock_offsets GROUP BY ALL"))
+    assert set(offsets) == {("client-host", "edge-host"), ("edge-host", "gpu-host")}
+    # exact up to half the in/out asymmetry of the best sample: < 0.65 ms and < 0.2 ms here
+    assert abs(offsets[("client-host", "edge-host")] - 250.0) < 0.65
+    assert abs(offsets[("edge-host", "gpu-host")] - (-330.0)) < 0.2
+    rows = {r[0]: r[1:] for r in store.read_query(
+        "SELECT trace_id, network_in_ms, network_out_ms, network_ms, unattributed_ms, outer_ttft_ms FROM requests")}
+    assert len(rows) == 40
+    for t in truths:
+        net_in, net_out, net, unattributed, ttft = rows[t["trace_id"]]
+        assert abs(net_in - (t["cg_in"] + t["gr_in"])) < 1.0, (net_in, t)
+        assert abs(net_out - (t["cg_out"] + t["gr_out"])) < 1.0, (net_out, t)
+        assert net_in >= 0 and net_out >= 0
+        assert net == pytest.approx(net_in + net_out)
+        assert abs(unattributed) < 0.01  # the offset cancels in the sum
+        # no client TTFT: the gateway's first byte out, on its own clock (100 ms after the engine's start)
+        assert ttft == pytest.approx(3 + t["gr_in"] + 100, abs=0.01)
+
+
+def test_one_host_keeps_a_one_way_delay_whole(store):
+    """On one host there is one clock: a 50 ms delay on the way in stays on the way in (the
+    four-timestamp method would halve it into both ways)."""
+    import random
+
+    rng = random.Random(6)
+    b = TraceBuilder(hosts={"loadgen": "one-host", "gateway": "one-host", "vllm": "one-host"})
+    truths = [_skewed_request(b, rng, T0 + i * 10**9, {"loadgen": 0, "gateway": 0, "vllm": 0}, in_delay_ms=50)
+              for i in range(10)]
+    put(store, b)
+    assert store.read_query("SELECT count(*) FROM clock_offsets")[0][0] == 0
+    rows = dict(store.read_query("SELECT trace_id, network_in_ms FROM requests"))
+    for t in truths:
+        assert abs(rows[t["trace_id"]] - (t["cg_in"] + t["gr_in"])) < 0.01 and rows[t["trace_id"]] > 50

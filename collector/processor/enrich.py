@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS, REQUEST_SPANS, SPANS
 from instrument import semconv as sc
 
 __all__ = ["FACT_PHASES", "SPAN_COLUMNS", "Batch", "metrics_to_batch", "traces_to_batch"]
@@ -49,9 +50,7 @@ _STEP_ARRAYS = (sc.STEPS_TIME, sc.STEPS_BATCH_SIZE, sc.STEPS_PREFILL_TOKENS, sc.
                 sc.STEPS_KV_USAGE)
 _STEP_ARRAY_SET = frozenset(_STEP_ARRAYS)
 
-SPAN_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "service_name", "start_time",
-                "end_time", "duration_ms", "status_code", "status_message", "phase", "attributes",
-                "resource", "events", "scope_name")
+SPAN_COLUMNS = SPANS.names
 
 _TS = pa.timestamp("us")
 
@@ -268,16 +267,7 @@ def traces_to_batch(req) -> Batch:
     return b
 
 
-_FACT_SCHEMA = pa.schema([
-    ("trace_id", pa.string()), ("span_id", pa.string()), ("phase", pa.string()), ("start_ns", pa.int64()),
-    ("end_ns", pa.int64()), ("duration_ms", pa.float64()), ("service_name", pa.string()),
-    ("preempted_ms", pa.float64()), ("status", pa.string()), ("request_id", pa.string()),
-    ("model", pa.string()), ("prompt_tokens", pa.int64()), ("output_tokens", pa.int64()),
-    ("cached_tokens", pa.int64()), ("preemptions", pa.int64()), ("finish_reason", pa.string()),
-    ("ttft_s", pa.float64()), ("priority", pa.string()), ("run_id", pa.string()),
-    ("schedule_lag_ms", pa.float64()), ("client_ttft_ms", pa.float64()), ("upstream", pa.string()),
-    ("_src", pa.int32()),
-])
+_FACT_SCHEMA = REQUEST_SPANS.arrow_schema(src=True)
 
 
 def _fact(th, sh, phase, start, end, dur, svc, a, status_code):
@@ -351,15 +341,8 @@ _DEVICE_COLUMNS = {
     sc.DEVICE_SM_CLOCK_MHZ: "sm_clock_mhz", sc.DEVICE_MEM_CLOCK_MHZ: "mem_clock_mhz",
     sc.DEVICE_POWER_W: "power_w", sc.DEVICE_TEMP_C: "temp_c", sc.DEVICE_THROTTLE_REASONS: "throttle_mask",
 }
-DEVICE_SCHEMA = pa.schema([
-    ("time", _TS), ("host", pa.string()), ("device_index", pa.int64()), ("device_uuid", pa.string()),
-    ("util_pct", pa.float64()), ("mem_util_pct", pa.float64()), ("mem_used_bytes", pa.float64()),
-    ("mem_total_bytes", pa.float64()), ("sm_clock_mhz", pa.float64()), ("mem_clock_mhz", pa.float64()),
-    ("power_w", pa.float64()), ("temp_c", pa.float64()), ("throttle_mask", pa.float64()),
-    ("throttle_reasons", pa.string()), ("source", pa.string()),
-])
-METRIC_SCHEMA = pa.schema([("time", _TS), ("source", pa.string()), ("name", pa.string()),
-                           ("labels", pa.string()), ("value", pa.float64())])
+DEVICE_SCHEMA = DEVICE_SAMPLES.arrow_schema()
+METRIC_SCHEMA = METRIC_POINTS.arrow_schema()
 
 
 def _points(metric):

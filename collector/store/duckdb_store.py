@@ -31,8 +31,6 @@ from pathlib import Path
 import pyarrow as pa
 
 from collector.store.schema import (
-    ADDED_FACT_COLUMNS,
-    ADDED_REQUEST_COLUMNS,
     COMPACT_STEP_HISTOGRAM,
     DDL,
     ENGINE_META_JOIN,
@@ -42,6 +40,7 @@ from collector.store.schema import (
     TIME_COLUMNS,
     step_histogram_insert,
 )
+from collector.store.tables import DECODE_STEPS, STORED_TABLES
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
@@ -158,11 +157,11 @@ class DuckDBStore:
         con = self._root.cursor()
         try:
             # a file holding other tables or views of these names (a foreign DuckDB file): refuse
-            # before writing anything into it
+            # before writing anything into it. Every tailtrace store has the columns of schema v1.
             existing = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            for table, cols in _CONTRACT.items():
-                if table in existing:
-                    con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
+            for t in STORED_TABLES:
+                if t.name in existing:
+                    con.execute(f"SELECT {', '.join(t.v1_names)} FROM {t.name} LIMIT 0")
             for stmt in DDL:
                 con.execute(stmt)
             self._add_derived_columns(con)
@@ -183,19 +182,16 @@ class DuckDBStore:
 
     @staticmethod
     def _add_derived_columns(con) -> None:
-        """A store written before `requests` had the catalog's derived columns: add them and mark
-        every trace dirty, so the writer recomputes each row once with the one definition."""
-        def missing(table, wanted):
-            have = {r[0] for r in con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
-            return [(table, c, t) for c, t in wanted.items() if c not in have]
-
-        todo = missing("_request_spans", ADDED_FACT_COLUMNS) + missing("requests", ADDED_REQUEST_COLUMNS)
+        """A store written before the columns added after schema v1 (`tables.Column.since` > 1; the
+        catalog's derived columns of `requests` among them): add them and mark every trace dirty,
+        so the writer recomputes each row once with the one definition."""
+        have = set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
+        todo = [(t.name, c) for t in STORED_TABLES for c in t.added_columns() if (t.name, c.name) not in have]
         if not todo:
             return
         con.execute("BEGIN TRANSACTION")
-        for table, col, typ in todo:
-            con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
+        for table, col in todo:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN {col.name} {col.type}")
         con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _request_spans")
         con.execute("COMMIT")
 
@@ -460,7 +456,7 @@ class DuckDBStore:
             con.execute("CREATE OR REPLACE TEMP TABLE _steps AS " + _EXPLODE_DECODE)
         finally:
             con.unregister("_batch")
-        con.execute("INSERT INTO decode_steps SELECT * FROM _steps")
+        con.execute("INSERT INTO decode_steps BY NAME SELECT * FROM _steps")
         if facts is not None:
             con.register("_facts", facts)
             meta = ENGINE_META_JOIN.format(facts="_facts")
@@ -525,21 +521,19 @@ class DuckDBStore:
         return ev.wait(timeout_s)
 
 
-# Columns whose absence means the file is not a tailtrace store (checked at start).
 # How often (s, when idle) the writer merges step_histogram's per-commit partial counts.
 COMPACT_EVERY_S = 30.0
 
-_CONTRACT = {
-    "spans": ("trace_id", "span_id", "parent_span_id", "start_time", "end_time", "phase", "attributes"),
-    "requests": ("trace_id", "request_id", "queue_time_ms", "service_time_ms", "e2e_ms"),
-    "decode_steps": ("trace_id", "token_index", "itl_ms"),
-    "engine_steps": ("time", "step_index", "batch_size"),
+# Each decode_steps column from element i of the per-token arrays of a `_decode_arrays` row.
+_DECODE_STEP_SQL = {
+    "trace_id": "trace_id", "request_id": "request_id", "token_index": "i - 1",
+    "time": "make_timestamp(t[i] // 1000)", "itl_ms": "CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END",
+    "batch_size": "bs[i]", "batch_prefill_tokens": "pf[i]", "batch_decode_tokens": "dc[i]",
+    "kv_cache_usage": "kv[i]",
 }
-
-_EXPLODE_DECODE = """
-SELECT trace_id, request_id, i - 1 AS token_index, make_timestamp(t[i] // 1000) AS time,
-       CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END AS itl_ms,
-       bs[i] AS batch_size, pf[i] AS batch_prefill_tokens, dc[i] AS batch_decode_tokens, kv[i] AS kv_cache_usage
+assert set(_DECODE_STEP_SQL) == set(DECODE_STEPS.names)
+_EXPLODE_DECODE = f"""
+SELECT {", ".join(f"{_DECODE_STEP_SQL[c]} AS {c}" for c in DECODE_STEPS.names)}
 FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
 """
 

@@ -101,7 +101,8 @@ class TableSpec:
         """`CREATE TABLE IF NOT EXISTS name (col TYPE, ...)`. Raises ValueError for a batch-only table."""
         if not self.stored:
             raise ValueError(f"{self.name} is a batch table, not stored")
-        return f"CREATE TABLE IF NOT EXISTS {self.name} ({', '.join(f'{c.name} {c.type}' for c in self.columns)})"
+        cols = ", ".join(f"{c.name} {c.type}" for c in self.columns)
+        return f"CREATE TABLE IF NOT EXISTS {self.name} ({cols})"
 
     def arrow_schema(self, *, src: bool = False):
         """The pyarrow schema of this table's rows, in column order (VARCHAR and JSON -> string,

@@ -17,18 +17,24 @@ from instrument import semconv as sc
 from tests.collector.otlp_payloads import MS, T0, TraceBuilder, gauge_request
 
 
+def columns(con, table: str) -> list[tuple[str, str]]:
+    """(name, DuckDB type) of each column of `table`, in order."""
+    return con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
+                       "ORDER BY ordinal_position", [table]).fetchall()
+
+
 @pytest.mark.parametrize("spec", STORED_TABLES, ids=lambda t: t.name)
 def test_ddl_and_arrow_schema_give_the_same_duckdb_types(spec):
     con = duckdb.connect()
     con.execute(spec.ddl())
-    ddl = con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
-                      "ORDER BY ordinal_position", [spec.name]).fetchall()
+    ddl = columns(con, spec.name)
     con.register("_batch", pa.table([pa.array([], f.type) for f in spec.arrow_schema()],
                                     schema=spec.arrow_schema()))
     arrow = [(r[0], r[1]) for r in con.execute("DESCRIBE SELECT * FROM _batch").fetchall()]
     assert [c for c, _ in ddl] == list(spec.names) == [c for c, _ in arrow]
     # JSON is text on the Arrow side
-    assert [t for _, t in ddl] == [("JSON" if c.type == "JSON" else t) for (_, t), c in zip(arrow, spec.columns)]
+    assert [t for _, t in ddl] == [("JSON" if c.type == "JSON" else t)
+                                   for (_, t), c in zip(arrow, spec.columns)]
     assert spec.arrow_schema(src=True).names == [*spec.names, "_src"]
 
 
@@ -77,19 +83,21 @@ def test_an_older_file_gets_every_added_column_in_order(tmp_path):
     con = duckdb.connect(str(path))
     try:
         for t in STORED_TABLES:
-            cols = con.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? "
-                               "ORDER BY ordinal_position", [t.name]).fetchall()
-            assert [c for c, _ in cols] == list(t.names), t.name
+            assert [c for c, _ in columns(con, t.name)] == list(t.names), t.name
     finally:
         con.close()
 
 
-def test_a_table_of_ours_without_a_v1_column_is_refused(tmp_path):
+@pytest.mark.parametrize("ddl", [
+    "CREATE TABLE decode_steps (trace_id VARCHAR, token_index INTEGER, itl_ms DOUBLE)",
+    TABLES["spans"].ddl().replace(", scope_name VARCHAR", ""),
+], ids=["decode_steps", "spans"])
+def test_a_table_of_ours_without_a_v1_column_is_refused(tmp_path, ddl):
+    """The contract of a store file is every column of schema v1 (older checks named a few)."""
     from tailtrace.errors import UserError
 
     path = tmp_path / "partial.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute("CREATE TABLE decode_steps (trace_id VARCHAR, token_index INTEGER, itl_ms DOUBLE)")
-    con.close()
+    with duckdb.connect(str(path)) as con:
+        con.execute(ddl)
     with pytest.raises(UserError, match="not a tailtrace store"):
         DuckDBStore(path).start()

@@ -25,7 +25,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,7 +39,7 @@ from collector.store.schema import (
     TIME_COLUMNS,
     step_histogram_insert,
 )
-from collector.store.tables import DECODE_STEPS, STORED_TABLES
+from collector.store.tables import DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, STORED_TABLES
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
@@ -244,7 +243,7 @@ class DuckDBStore:
         return self._pending > self.max_pending_rows
 
     def submit(self, batch) -> Future:
-        """Queue an `enrich.Batch`; the future resolves to the number of rows stored (after commit)
+        """Queue an `otlp_arrow.Batch`; the future resolves to the number of rows stored (after commit)
         or raises `StoreUnavailable`."""
         fut: Future = Future()
         if self._stopped or self._thread is None:
@@ -261,15 +260,15 @@ class DuckDBStore:
         sink). Row keys are the table's columns; `time` may be a datetime (UTC if naive), ns
         since the epoch (int > 1e14) or seconds (float); `labels` may be a dict. Raises
         `ValueError` for another table."""
-        from collector.processor.enrich import DEVICE_SCHEMA, METRIC_SCHEMA, Batch
+        from collector.processor.otlp_arrow import Batch, table_from_dicts
 
-        schema = {"metric_points": METRIC_SCHEMA, "device_samples": DEVICE_SCHEMA}.get(table)
-        if schema is None:
+        spec = {"metric_points": METRIC_POINTS, "device_samples": DEVICE_SAMPLES}.get(table)
+        if spec is None:
             raise ValueError(f"sink accepts metric_points or device_samples, not {table!r}")
         if not rows:
             return
         b = Batch()
-        b.tables[table] = _rows_to_table(rows, schema)
+        b.tables[table] = table_from_dicts(spec, rows)
         self.submit(b)
 
     def refresh(self, timeout_s: float = 10.0) -> bool:
@@ -541,31 +540,3 @@ FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS N
 def _rollback(con) -> None:
     with contextlib.suppress(Exception):  # no transaction open
         con.execute("ROLLBACK")
-
-
-def _to_us(t):
-    if t is None:
-        return None
-    if isinstance(t, datetime):
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=UTC)
-        return int(t.timestamp() * 1e6)
-    if isinstance(t, int) and t > 10**14:
-        return t // 1000
-    return int(float(t) * 1e6)
-
-
-def _rows_to_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    import json
-
-    cols = {}
-    for f in schema:
-        vals = [r.get(f.name) for r in rows]
-        if f.name == "time":
-            cols[f.name] = pa.array([_to_us(v) for v in vals], pa.int64()).cast(f.type)
-        elif f.name == "labels":
-            cols[f.name] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals],
-                                    pa.string())
-        else:
-            cols[f.name] = pa.array(vals, f.type)
-    return pa.table(cols, schema=schema)

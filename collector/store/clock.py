@@ -25,11 +25,8 @@ the offset; their sum, `network_ms`, and `unattributed_ms` do not depend on it.
 
 from __future__ import annotations
 
-__all__ = ["DDL", "OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES"]
+__all__ = ["OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES"]
 
-DDL = ["""CREATE TABLE IF NOT EXISTS clock_offsets (
-    minute TIMESTAMP, upstream_host VARCHAR, downstream_host VARCHAR, offset_ms DOUBLE, delay_ms DOUBLE,
-    samples BIGINT)"""]
 
 #: the minutes of samples an offset is taken from (the newest of the pair's, backwards)
 WINDOW_MINUTES = 10

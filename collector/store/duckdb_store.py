@@ -25,26 +25,20 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 
 from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store import latency_histogram, totals
-from collector.store.schema import (
-    ADDED_FACT_COLUMNS,
-    ADDED_REQUEST_COLUMNS,
-    DDL,
-    REFRESH_REQUESTS,
-    TIME_COLUMNS,
-)
+from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
 from collector.store.step_histogram import (
     COMPACT_STEP_HISTOGRAM,
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     step_histogram_insert,
 )
+from collector.store.tables import DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, STORED_TABLES
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
@@ -159,11 +153,11 @@ class DuckDBStore:
         con = self._root.cursor()
         try:
             # a file holding other tables or views of these names (a foreign DuckDB file): refuse
-            # before writing anything into it
+            # before writing anything into it. Every tailtrace store has the columns of schema v1.
             existing = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-            for table, cols in _CONTRACT.items():
-                if table in existing:
-                    con.execute(f"SELECT {', '.join(cols)} FROM {table} LIMIT 0")
+            for t in STORED_TABLES:
+                if t.name in existing:
+                    con.execute(f"SELECT {', '.join(t.v1_names)} FROM {t.name} LIMIT 0")
             for stmt in DDL:
                 con.execute(stmt)
             self._add_derived_columns(con)
@@ -185,19 +179,16 @@ class DuckDBStore:
 
     @staticmethod
     def _add_derived_columns(con) -> None:
-        """A store written before `requests` had the catalog's derived columns: add them and mark
-        every trace dirty, so the writer recomputes each row once with the one definition."""
-        def missing(table, wanted):
-            have = {r[0] for r in con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [table]).fetchall()}
-            return [(table, c, t) for c, t in wanted.items() if c not in have]
-
-        todo = missing("_request_spans", ADDED_FACT_COLUMNS) + missing("requests", ADDED_REQUEST_COLUMNS)
+        """A store written before the columns added after schema v1 (`tables.Column.since` > 1; the
+        catalog's derived columns of `requests` among them): add them and mark every trace dirty,
+        so the writer recomputes each row once with the one definition."""
+        have = set(con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall())
+        todo = [(t.name, c) for t in STORED_TABLES for c in t.added_columns() if (t.name, c.name) not in have]
         if not todo:
             return
         con.execute("BEGIN TRANSACTION")
-        for table, col, typ in todo:
-            con.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
+        for table, col in todo:
+            con.execute(f"ALTER TABLE {table} ADD COLUMN {col.name} {col.type}")
         con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _request_spans")
         con.execute("COMMIT")
 
@@ -264,7 +255,7 @@ class DuckDBStore:
         return self._pending > self.max_pending_rows
 
     def submit(self, batch) -> Future:
-        """Queue an `enrich.Batch`; the future resolves to the number of rows stored (after commit)
+        """Queue an `otlp_arrow.Batch`; the future resolves to the number of rows stored (after commit)
         or raises `StoreUnavailable`."""
         fut: Future = Future()
         if self._stopped or self._thread is None:
@@ -281,15 +272,15 @@ class DuckDBStore:
         sink). Row keys are the table's columns; `time` may be a datetime (UTC if naive), ns
         since the epoch (int > 1e14) or seconds (float); `labels` may be a dict. Raises
         `ValueError` for another table."""
-        from collector.processor.enrich import DEVICE_SCHEMA, METRIC_SCHEMA, Batch
+        from collector.processor.otlp_arrow import Batch, table_from_dicts
 
-        schema = {"metric_points": METRIC_SCHEMA, "device_samples": DEVICE_SCHEMA}.get(table)
-        if schema is None:
+        spec = {"metric_points": METRIC_POINTS, "device_samples": DEVICE_SAMPLES}.get(table)
+        if spec is None:
             raise ValueError(f"sink accepts metric_points or device_samples, not {table!r}")
         if not rows:
             return
         b = Batch()
-        b.tables[table] = _rows_to_table(rows, schema)
+        b.tables[table] = table_from_dicts(spec, rows)
         self.submit(b)
 
     def refresh(self, timeout_s: float = 10.0) -> bool:
@@ -480,7 +471,7 @@ class DuckDBStore:
             con.execute("CREATE OR REPLACE TEMP TABLE _steps AS " + _EXPLODE_DECODE)
         finally:
             con.unregister("_batch")
-        con.execute("INSERT INTO decode_steps SELECT * FROM _steps")
+        con.execute("INSERT INTO decode_steps BY NAME SELECT * FROM _steps")
         if facts is not None:
             con.register("_facts", facts)
             meta = ENGINE_META_JOIN.format(facts="_facts")
@@ -555,21 +546,19 @@ class DuckDBStore:
         return ev.wait(timeout_s)
 
 
-# Columns whose absence means the file is not a tailtrace store (checked at start).
 # How often (s, when idle) the writer merges step_histogram's per-commit partial counts.
 COMPACT_EVERY_S = 30.0
 
-_CONTRACT = {
-    "spans": ("trace_id", "span_id", "parent_span_id", "start_time", "end_time", "phase", "attributes"),
-    "requests": ("trace_id", "request_id", "queue_time_ms", "service_time_ms", "e2e_ms"),
-    "decode_steps": ("trace_id", "token_index", "itl_ms"),
-    "engine_steps": ("time", "step_index", "batch_size"),
+# Each decode_steps column from element i of the per-token arrays of a `_decode_arrays` row.
+_DECODE_STEP_SQL = {
+    "trace_id": "trace_id", "request_id": "request_id", "token_index": "i - 1",
+    "time": "make_timestamp(t[i] // 1000)", "itl_ms": "CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END",
+    "batch_size": "bs[i]", "batch_prefill_tokens": "pf[i]", "batch_decode_tokens": "dc[i]",
+    "kv_cache_usage": "kv[i]",
 }
-
-_EXPLODE_DECODE = """
-SELECT trace_id, request_id, i - 1 AS token_index, make_timestamp(t[i] // 1000) AS time,
-       CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END AS itl_ms,
-       bs[i] AS batch_size, pf[i] AS batch_prefill_tokens, dc[i] AS batch_decode_tokens, kv[i] AS kv_cache_usage
+assert set(_DECODE_STEP_SQL) == set(DECODE_STEPS.names)
+_EXPLODE_DECODE = f"""
+SELECT {", ".join(f"{_DECODE_STEP_SQL[c]} AS {c}" for c in DECODE_STEPS.names)}
 FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
 """
 
@@ -577,31 +566,3 @@ FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS N
 def _rollback(con) -> None:
     with contextlib.suppress(Exception):  # no transaction open
         con.execute("ROLLBACK")
-
-
-def _to_us(t):
-    if t is None:
-        return None
-    if isinstance(t, datetime):
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=UTC)
-        return int(t.timestamp() * 1e6)
-    if isinstance(t, int) and t > 10**14:
-        return t // 1000
-    return int(float(t) * 1e6)
-
-
-def _rows_to_table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    import json
-
-    cols = {}
-    for f in schema:
-        vals = [r.get(f.name) for r in rows]
-        if f.name == "time":
-            cols[f.name] = pa.array([_to_us(v) for v in vals], pa.int64()).cast(f.type)
-        elif f.name == "labels":
-            cols[f.name] = pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals],
-                                    pa.string())
-        else:
-            cols[f.name] = pa.array(vals, f.type)
-    return pa.table(cols, schema=schema)

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 
+from collector.store.tables import DIRTY
 from semantics import catalog
 
-__all__ = ["COMPACT", "DDL", "READ", "REBUILD", "REFRESH_DELTAS", "bucketed_sql", "steps_insert"]
+__all__ = ["COMPACT", "READ", "REBUILD", "REFRESH_DELTAS", "bucketed_sql", "steps_insert"]
 
-DDL = ["""CREATE TABLE IF NOT EXISTS latency_histogram (
-    model VARCHAR, phase VARCHAR, k INTEGER, n BIGINT, sum_s DOUBLE)"""]
 
 _BOUNDS = catalog.LATENCY_BUCKETS_SECONDS
 _N = len(_BOUNDS)
@@ -68,10 +67,9 @@ def _delta(sign: int, where: str) -> str:
             f"FROM ({bucketed_sql(_request_values(where))})")
 
 
-_DIRTY = "trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)"
 
 #: (before, after): run in the refresh's transaction, before its DELETE and after its INSERT
-REFRESH_DELTAS = (_delta(-1, _DIRTY), _delta(+1, _DIRTY))
+REFRESH_DELTAS = (_delta(-1, DIRTY), _delta(+1, DIRTY))
 
 
 def steps_insert(steps: str, meta_join: str) -> str:

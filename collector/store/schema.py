@@ -1,4 +1,5 @@
-"""DDL of the store and the SQL that materializes `requests`. docs/schema.md documents each column.
+"""DDL of the store and the SQL that materializes `requests`. The tables' columns are declared in
+collector/store/tables.py (the DDL below is generated from them); docs/schema.md documents each column.
 
 Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 """
@@ -6,12 +7,11 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 from __future__ import annotations
 
 from collector.store import clock, latency_histogram, totals
+from collector.store.tables import DIRTY, REQUESTS, STORED_TABLES
 from semantics import semconv as sc
 from semantics.catalog import DERIVED
 
 __all__ = [
-    "ADDED_FACT_COLUMNS",
-    "ADDED_REQUEST_COLUMNS",
     "COMPACT_STEP_HISTOGRAM",
     "DDL",
     "ENGINE_META_JOIN",
@@ -24,74 +24,13 @@ __all__ = [
     "step_histogram_insert",
 ]
 
-# Columns added to `requests` after stores were written without them (declared once: the DDL
-# below appends them; the store adds them to an older file and recomputes every row once,
-# DuckDBStore.start), and likewise to the fact table `_request_spans`.
-ADDED_REQUEST_COLUMNS = {"outer_e2e_ms": "DOUBLE", "outer_ttft_ms": "DOUBLE", "completion_time": "TIMESTAMP",
-                         "ok": "BOOLEAN", "network_in_ms": "DOUBLE", "network_out_ms": "DOUBLE",
-                         "gateway_after_ms": "DOUBLE", "upstream": "VARCHAR"}
-ADDED_FACT_COLUMNS = {"upstream": "VARCHAR", "host": "VARCHAR", "first_byte_ns": "BIGINT"}
+DDL = [t.ddl() for t in STORED_TABLES]
 
-
-def _cols(added: dict[str, str]) -> str:
-    return "".join(f", {c} {t}" for c, t in added.items())
-
-
-DDL = [
-    """CREATE TABLE IF NOT EXISTS spans (
-        trace_id VARCHAR, span_id VARCHAR, parent_span_id VARCHAR, name VARCHAR, kind VARCHAR,
-        service_name VARCHAR, start_time TIMESTAMP, end_time TIMESTAMP, duration_ms DOUBLE,
-        status_code VARCHAR, status_message VARCHAR, phase VARCHAR, attributes JSON, resource JSON,
-        events JSON, scope_name VARCHAR)""",
-    """CREATE TABLE IF NOT EXISTS engine_steps (
-        time TIMESTAMP, service_name VARCHAR, step_index BIGINT, running BIGINT, waiting BIGINT,
-        batch_size BIGINT, prefill_tokens BIGINT, decode_tokens BIGINT, step_ms DOUBLE,
-        kv_cache_usage DOUBLE, preemptions BIGINT, trace_id VARCHAR, span_id VARCHAR)""",
-    """CREATE TABLE IF NOT EXISTS decode_steps (
-        trace_id VARCHAR, request_id VARCHAR, token_index INTEGER, time TIMESTAMP, itl_ms DOUBLE,
-        batch_size INTEGER, batch_prefill_tokens INTEGER, batch_decode_tokens INTEGER,
-        kv_cache_usage DOUBLE)""",
-    """CREATE TABLE IF NOT EXISTS device_samples (
-        time TIMESTAMP, host VARCHAR, device_index BIGINT, device_uuid VARCHAR, util_pct DOUBLE,
-        mem_util_pct DOUBLE, mem_used_bytes DOUBLE, mem_total_bytes DOUBLE, sm_clock_mhz DOUBLE,
-        mem_clock_mhz DOUBLE, power_w DOUBLE, temp_c DOUBLE, throttle_mask DOUBLE,
-        throttle_reasons VARCHAR, source VARCHAR)""",
-    """CREATE TABLE IF NOT EXISTS metric_points (
-        time TIMESTAMP, source VARCHAR, name VARCHAR, labels JSON, value DOUBLE)""",
-    # Narrow fact table: one row per span of a request phase (see enrich.FACT_PHASES).
-    """CREATE TABLE IF NOT EXISTS _request_spans (
-        trace_id VARCHAR, span_id VARCHAR, phase VARCHAR, start_ns BIGINT, end_ns BIGINT,
-        duration_ms DOUBLE, service_name VARCHAR, preempted_ms DOUBLE, status VARCHAR,
-        request_id VARCHAR, model VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT,
-        cached_tokens BIGINT, preemptions BIGINT, finish_reason VARCHAR, ttft_s DOUBLE,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE, client_ttft_ms DOUBLE"""
-        + _cols(ADDED_FACT_COLUMNS) + ")",
-    # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
-    # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
-    """CREATE TABLE IF NOT EXISTS step_histogram (
-        minute TIMESTAMP, service_name VARCHAR, model VARCHAR, metric VARCHAR, value BIGINT, steps BIGINT)""",
-    # Traces whose `requests` row is stale; written in the same transaction as their spans.
-    "CREATE TABLE IF NOT EXISTS _dirty_traces (trace_id VARCHAR)",
-    *latency_histogram.DDL,
-    *totals.DDL,
-    *clock.DDL,
-    """CREATE TABLE IF NOT EXISTS requests (
-        request_id VARCHAR, trace_id VARCHAR, model VARCHAR, arrival_time TIMESTAMP, status VARCHAR,
-        finish_reason VARCHAR, prompt_tokens BIGINT, output_tokens BIGINT, cached_tokens BIGINT,
-        preemptions BIGINT, network_ms DOUBLE, gateway_ms DOUBLE, gateway_queue_ms DOUBLE,
-        frontend_ms DOUBLE, queue_ms DOUBLE, prefill_ms DOUBLE, preempted_ms DOUBLE, decode_ms DOUBLE,
-        unattributed_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, e2e_ms DOUBLE, client_ttft_ms DOUBLE,
-        client_e2e_ms DOUBLE, queue_time_ms DOUBLE, service_time_ms DOUBLE, service_name VARCHAR,
-        priority VARCHAR, run_id VARCHAR, schedule_lag_ms DOUBLE""" + _cols(ADDED_REQUEST_COLUMNS) + ")",
-]
-
-assert {d.column for d in DERIVED} <= set(ADDED_REQUEST_COLUMNS)
+# every column that the catalog derives is one that older stores lack (added and recomputed at start)
+assert {d.column for d in DERIVED} <= {c.name for c in REQUESTS.added_columns()}
 
 # The column that retention (and Parquet partitioning) uses, per table.
-TIME_COLUMNS = {
-    "spans": "start_time", "engine_steps": "time", "decode_steps": "time", "device_samples": "time",
-    "metric_points": "time", "requests": "arrival_time", "step_histogram": "minute", "clock_offsets": "minute", "_request_spans": "make_timestamp(start_ns // 1000)",
-}
+TIME_COLUMNS = {t.name: t.time for t in STORED_TABLES if t.time is not None}
 USER_TABLES = ("spans", "requests", "decode_steps", "engine_steps", "device_samples", "metric_points")
 
 
@@ -104,7 +43,7 @@ def _p(phase: str) -> str:
 # spans of one root phase (a retried upstream, say) the one that ended last counts.
 _PER_TRACE = f"""
 WITH f AS (
-    SELECT * FROM _request_spans WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)
+    SELECT * FROM _request_spans WHERE {DIRTY}
 )
     SELECT trace_id,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
@@ -236,7 +175,7 @@ REFRESH_REQUESTS = [
     totals.REFRESH_DELTAS[0],
     "CREATE OR REPLACE TEMP TABLE _agg AS " + _PER_TRACE,
     clock.RECORD_SAMPLES,
-    "DELETE FROM requests WHERE trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)",
+    "DELETE FROM requests WHERE " + DIRTY,
     "INSERT INTO requests BY NAME " + _AGG,
     "DROP TABLE _agg",
     latency_histogram.REFRESH_DELTAS[1],

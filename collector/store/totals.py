@@ -20,20 +20,11 @@ writer merges them now and then (`COMPACT`).
 from __future__ import annotations
 
 from collector.store.latency_histogram import bucketed_sql
+from collector.store.tables import DIRTY
 
-__all__ = ["COMPACT", "DDL", "ENGINE_INSERT", "READ_ENGINE", "READ_ENGINE_HISTOGRAM", "READ_REQUESTS",
+__all__ = ["COMPACT", "ENGINE_INSERT", "READ_ENGINE", "READ_ENGINE_HISTOGRAM", "READ_REQUESTS",
            "REBUILD_ENGINE", "REFRESH_DELTAS", "rebuild_requests"]
 
-DDL = [
-    """CREATE TABLE IF NOT EXISTS request_totals (
-        model VARCHAR, status VARCHAR, requests BIGINT, prompt_tokens BIGINT, output_tokens BIGINT)""",
-    """CREATE TABLE IF NOT EXISTS engine_totals (
-        service_name VARCHAR, steps BIGINT, preemptions BIGINT, prefill_tokens BIGINT, decode_tokens BIGINT,
-        last_time TIMESTAMP, last_waiting BIGINT, last_running BIGINT, last_batch_size BIGINT,
-        last_kv_cache_usage DOUBLE, last_step_ms DOUBLE)""",
-    """CREATE TABLE IF NOT EXISTS engine_histogram (
-        service_name VARCHAR, metric VARCHAR, value BIGINT, n BIGINT, sum_s DOUBLE)""",
-]
 
 
 def _requests_delta(sign: int, where: str) -> str:
@@ -42,10 +33,9 @@ def _requests_delta(sign: int, where: str) -> str:
             f"FROM requests WHERE {where} GROUP BY ALL")
 
 
-_DIRTY = "trace_id IN (SELECT DISTINCT trace_id FROM _dirty_traces)"
 
 #: (before, after): run in the refresh's transaction, before its DELETE and after its INSERT
-REFRESH_DELTAS = (_requests_delta(-1, _DIRTY), _requests_delta(+1, _DIRTY))
+REFRESH_DELTAS = (_requests_delta(-1, DIRTY), _requests_delta(+1, DIRTY))
 
 
 def _engine_inserts(steps: str) -> list[str]:

@@ -11,7 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from collector.store.schema import ADDED_REQUEST_COLUMNS  # the columns an older store lacks
+from collector.store.tables import REQUESTS
+
+# the columns an older store lacks (added after schema v1)
+ADDED_REQUEST_COLUMNS = tuple(c.name for c in REQUESTS.added_columns())
 from dashboard.source import DataError, DataSource
 from semantics import catalog
 
@@ -220,7 +223,7 @@ def store_info(src: DataSource) -> dict:
     """{'schema', 'requests', 'first_time', 'last_time', 'models', 'services', 'priorities'} of the store.
 
     `requests` is 0 and the lists are empty when the store has no `requests` table yet. Raises
-    StoreOutdated when `requests` lacks a column of collector.store.schema.ADDED_REQUEST_COLUMNS.
+    StoreOutdated when `requests` lacks a column of collector.store.tables.REQUESTS.added_columns().
     """
     schema = src.schema()
     info: dict[str, Any] = {"schema": schema, "requests": 0, "first_time": None, "last_time": None,

@@ -52,7 +52,7 @@ def test_odd_values_and_arrays_equal_slow_path():
                                                             sc.STEP_MS: "1.5", sc.PREEMPTIONS: True})
     t = same(b.bytes()).tables
     assert t["_decode_arrays"].column("bs").to_pylist()[0] == [1, 2, 3, 4, 5]
-    # as enrich._arr_values: the first element's type is read for all (the int 1 of a double array is 0.0)
+    # as otlp_arrow.arr_values: the first element's type is read for all (the int 1 of a double array is 0.0)
     assert t["_decode_arrays"].column("kv").to_pylist()[0] == [0.5, None, 0.0, None, 0.25]
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from collector.query import summary
+from collector.store.tables import REQUESTS
 
 
 @pytest.fixture
@@ -16,11 +17,12 @@ def query():
     e2e = rng.lognormal(8, 1, 1000)
     queue = e2e * rng.uniform(0, 0.6, 1000)
     # outer_e2e_ms: the store's one outer E2E (client here, the outermost layer traced)
-    con.execute("CREATE TABLE requests(run_id VARCHAR, client_e2e_ms DOUBLE, e2e_ms DOUBLE, queue_time_ms DOUBLE, "
-                "service_time_ms DOUBLE, outer_e2e_ms DOUBLE, ok BOOLEAN DEFAULT true)")
-    con.executemany("INSERT INTO requests VALUES ('r', ?, ?, ?, ?, ?, true)",
+    con.execute(REQUESTS.ddl())  # the store's own table; the columns not set here are NULL
+    insert = ("INSERT INTO requests (run_id, client_e2e_ms, e2e_ms, queue_time_ms, service_time_ms, outer_e2e_ms, ok) "
+              "VALUES ")
+    con.executemany(insert + "('r', ?, ?, ?, ?, ?, true)",
                     [(float(a), float(a) - 1, float(q), float(a - q) * 0.9, float(a)) for a, q in zip(e2e, queue)])
-    con.execute("INSERT INTO requests VALUES ('other', 1e9, 1e9, 0, 0, 1e9, true)")  # another run: never counted
+    con.execute(insert + "('other', 1e9, 1e9, 0, 0, 1e9, true)")  # another run: never counted
     yield lambda sql, params=None: con.execute(sql, params or []).fetchall(), e2e, queue
     con.close()
 

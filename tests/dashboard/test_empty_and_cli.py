@@ -36,7 +36,7 @@ def test_a_store_older_than_the_derived_columns_says_how_to_migrate(tmp_path, mo
     """A file written before `requests` had outer_e2e_ms, completion_time, ok, ... (the collector adds
     them when it opens the file; the dashboard opens it read-only): every page says to open it once
     with the collector, and nothing raises."""
-    from collector.store.schema import ADDED_REQUEST_COLUMNS
+    from dashboard.queries.common import ADDED_REQUEST_COLUMNS
 
     path = _empty_store(tmp_path / "old.duckdb")
     con = duckdb.connect(str(path))

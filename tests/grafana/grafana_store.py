@@ -1,5 +1,5 @@
-"""A DuckDB store with the collector's own tables (collector/store/schema.py's DDL), filled with
-chosen rows, for the exporter's tests.
+"""A DuckDB store with the collector's own tables (collector/store/tables.py: its DDL and Arrow
+schemas), filled with chosen rows, for the exporter's tests.
 
 The real store derives `requests` from spans; these tests need exact control over every value, so
 they write the rows themselves, the derived columns included, by the catalog's definitions
@@ -32,11 +32,6 @@ class TestStore:
         self._lock = threading.Lock()
         for stmt in DDL:
             self.con.execute(stmt)
-        self._types = {}
-        for table, col, typ in self.con.execute(
-                "SELECT table_name, column_name, data_type FROM information_schema.columns ORDER BY ordinal_position"
-        ).fetchall():
-            self._types.setdefault(table, []).append((col, typ))
 
     def insert(self, table: str, rows: list[dict]) -> None:
         """Append `rows` (dicts keyed by column; missing columns are NULL)."""
@@ -44,9 +39,9 @@ class TestStore:
             return
         import pyarrow as pa
 
-        types = {"VARCHAR": pa.string(), "BIGINT": pa.int64(), "INTEGER": pa.int32(), "DOUBLE": pa.float64(),
-                 "TIMESTAMP": pa.timestamp("us"), "BOOLEAN": pa.bool_(), "JSON": pa.string()}
-        schema = pa.schema([(c, types[t]) for c, t in self._types[table]])
+        from collector.store.tables import TABLES
+
+        schema = TABLES[table].arrow_schema()
         batch = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
         with self._lock:
             self.con.register("_batch", batch)

@@ -1,0 +1,531 @@
+"""OTLP -> Arrow: the one builder of the Arrow tables of a `Batch`.
+
+Both trace converters feed it, span by span: `enrich.traces_to_batch` (pure Python over a decoded
+protobuf message, the reference) and `fastpath.fast_traces_to_batch` (over raw bytes, with an
+attribute cache). They differ only in how they read a span's attributes; what a span becomes — its
+`spans` or `engine_steps` row, its `_request_spans` fact, its per-token arrays — and how rows
+become Arrow tables (laid out by collector/store/tables.py) is written here once.
+
+Which span goes where (the contract of DESIGN.md and instrument/semconv.py):
+- every span except phase `engine_step` -> `spans` (attributes/resource/events as JSON text;
+  the compact per-token arrays `tailtrace.steps.*` are left out of the JSON: they become
+  `decode_steps` rows);
+- phase `engine_step` -> `engine_steps` (time = span end);
+- `llm.request` spans -> their `tailtrace.steps.*` arrays (`_decode_arrays`), exploded into
+  `decode_steps` by the store (one row per output token);
+- spans of the phases that make up a request (`FACT_PHASES`) -> `_request_spans`, a narrow fact
+  table from which the store materializes `requests` incrementally.
+
+A span's attributes reach the typed columns through its *state*: a list of `N_SLOTS` values
+(`new_state()`), one slot per typed column an attribute feeds (`attribute_slots`). Pure: no I/O,
+no DuckDB. A builder serves one request on one thread.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow as pa
+
+from collector.store.tables import DECODE_ARRAYS, ENGINE_STEPS, REQUEST_SPANS, SPANS, TableSpec
+from instrument import semconv as sc
+
+__all__ = [
+    "ARRAY_SLOTS",
+    "FACT_PHASES",
+    "MAX_TIME_NS",
+    "MIN_TIME_NS",
+    "S_PHASE",
+    "Batch",
+    "TraceBatchBuilder",
+    "any_value",
+    "arr_values",
+    "as_int",
+    "as_num",
+    "as_str",
+    "attribute_slots",
+    "attributes_dict",
+    "decode_attribute",
+    "dumps_json",
+    "events_json",
+    "new_state",
+    "resource_columns",
+    "table_from_dicts",
+    "table_from_rows",
+]
+
+# Valid span times, ns since the Unix epoch (UTC): [2000-01-01, 2100-01-01).
+MIN_TIME_NS = 946_684_800 * 10**9
+MAX_TIME_NS = 4_102_444_800 * 10**9
+
+_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
+_STATUS = ("UNSET", "OK", "ERROR")
+
+# Phases whose spans feed the `requests` table.
+FACT_PHASES = frozenset({
+    sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_ENGINE,
+    sc.PHASE_FRONTEND, sc.PHASE_QUEUE, sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE,
+    sc.PHASE_NETWORK,  # gateway.stream: its end is the gateway's last byte out (critical path)
+})
+# The phases whose span is a root of its layer: without a status attribute, an OK span is "ok".
+_ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY})
+
+_ENGINE, _ENGINE_STEP = sc.PHASE_ENGINE, sc.PHASE_ENGINE_STEP
+_TS = pa.timestamp("us")
+
+
+@dataclass
+class Batch:
+    """One OTLP request, converted. `tables` maps a store table (or `_decode_arrays`) to an Arrow
+    table whose last column `_src` is the index into `keys` of the span the row came from (span
+    tables only). `keys[i]` = trace_id bytes + span_id bytes of span i (for de-duplication).
+    `rejected` counts records refused, `errors` says why (the first few)."""
+
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    keys: list[bytes] = field(default_factory=list)
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    accepted: int = 0
+
+    @property
+    def rows(self) -> int:
+        """Rows in all tables."""
+        return sum(t.num_rows for t in self.tables.values())
+
+
+# --------------------------------------------------------------------------- attribute values
+def any_value(v):
+    """OTLP AnyValue -> a JSON-able Python value (bytes -> base64 text; NaN/inf -> their names
+    as strings; an unknown value type -> None)."""
+    w = v.WhichOneof("value")
+    if w == "string_value":
+        return v.string_value
+    if w == "int_value":
+        return v.int_value
+    if w == "double_value":
+        d = v.double_value
+        return d if math.isfinite(d) else str(d)
+    if w == "bool_value":
+        return v.bool_value
+    if w == "array_value":
+        return [any_value(x) for x in v.array_value.values]
+    if w == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
+    if w == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode("ascii")
+    return None
+
+
+def attributes_dict(kvs) -> dict:
+    """Repeated OTLP KeyValue -> {key: any_value(value)} (a repeated key: the last one wins)."""
+    return {kv.key: any_value(kv.value) for kv in kvs}
+
+
+def dumps_json(obj) -> str:
+    """Compact JSON text (no spaces, non-ASCII kept), as the store keeps attributes."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def as_num(x):
+    """An attribute value as a number (bool -> int, numeric text -> float), or None."""
+    if isinstance(x, bool) or x is None:
+        return None if x is None else int(x)
+    if isinstance(x, (int, float)):
+        return x
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def as_int(x):
+    """An attribute value as an int (truncated), or None (not a number, NaN, infinite)."""
+    n = as_num(x)
+    return None if n is None or (isinstance(n, float) and not math.isfinite(n)) else int(n)
+
+
+def as_str(x):
+    """An attribute value as text (non-strings as their JSON), or None."""
+    return None if x is None else (x if isinstance(x, str) else dumps_json(x))
+
+
+def _status_val(x):
+    return x if isinstance(x, str) else None
+
+
+def _finish_val(fr):
+    if isinstance(fr, list):
+        fr = fr[0] if fr else None
+    return as_str(fr)
+
+
+def _raw(x):
+    return x
+
+
+# --------------------------------------------------------------------------- per-span state
+# Slots of the per-span state list, filled from the attributes (attribute_slots).
+S_PHASE = 0
+# _request_spans columns
+S_PRE, S_STATUS, S_RID, S_MREQ, S_MRESP, S_PROMPT, S_OUT, S_CACHED, S_PREEMPT, S_FINISH, S_TTFT, S_PRIO, \
+    S_RUN, S_LAG, S_CTTFT, S_UPSTREAM = range(1, 17)
+# engine_steps columns (PREEMPTIONS shares S_PREEMPT: both take as_int)
+S_STEP, S_RUNNING, S_WAITING, S_BS, S_PF, S_DC, S_STEPMS, S_KV = range(17, 25)
+# the per-token arrays (their OTLP AnyValue, decoded when the batch is built), in _decode_arrays' order
+S_AT, S_ABS, S_APF, S_ADC, S_AKV = _ARRAYS = range(25, 30)
+S_FIRST = 30  # _request_spans.first_byte_ns (gateway.stream's first chunk out)
+N_SLOTS = 31
+_EMPTY_STATE = [None] * N_SLOTS
+
+# key -> (slot, converter): how an attribute feeds the typed columns
+_KEY_OPS: dict[str, tuple] = {
+    sc.PREEMPTED_MS: (S_PRE, as_num),
+    sc.STATUS: (S_STATUS, _status_val),
+    sc.REQUEST_ID: (S_RID, as_str),
+    sc.GEN_AI_REQUEST_MODEL: (S_MREQ, _raw),
+    sc.GEN_AI_RESPONSE_MODEL: (S_MRESP, _raw),
+    sc.GEN_AI_USAGE_INPUT_TOKENS: (S_PROMPT, as_int),
+    sc.GEN_AI_USAGE_OUTPUT_TOKENS: (S_OUT, as_int),
+    sc.CACHED_TOKENS: (S_CACHED, as_int),
+    sc.PREEMPTIONS: (S_PREEMPT, as_int),
+    sc.GEN_AI_RESPONSE_FINISH_REASONS: (S_FINISH, _finish_val),
+    sc.GEN_AI_LATENCY_TTFT: (S_TTFT, as_num),
+    sc.PRIORITY: (S_PRIO, as_str),
+    sc.RUN_ID: (S_RUN, as_str),
+    sc.SCHEDULE_LAG_MS: (S_LAG, as_num),
+    sc.CLIENT_TTFT_MS: (S_CTTFT, as_num),
+    sc.UPSTREAM: (S_UPSTREAM, as_str),
+    sc.FIRST_CHUNK_TIME: (S_FIRST, as_int),
+    sc.STEP_INDEX: (S_STEP, as_int),
+    sc.RUNNING: (S_RUNNING, as_int),
+    sc.WAITING: (S_WAITING, as_int),
+    sc.BATCH_SIZE: (S_BS, as_int),
+    sc.PREFILL_TOKENS: (S_PF, as_int),
+    sc.DECODE_TOKENS: (S_DC, as_int),
+    sc.STEP_MS: (S_STEPMS, as_num),
+    sc.KV_CACHE_USAGE: (S_KV, as_num),
+    sc.PHASE: (S_PHASE, _status_val),
+}
+# the per-token array attributes -> their slot (their values are never in the attributes JSON)
+ARRAY_SLOTS = {sc.STEPS_TIME: S_AT, sc.STEPS_BATCH_SIZE: S_ABS, sc.STEPS_PREFILL_TOKENS: S_APF,
+               sc.STEPS_DECODE_TOKENS: S_ADC, sc.STEPS_KV_USAGE: S_AKV}
+assert len(_ARRAYS) == len(DECODE_ARRAYS.columns) - 2  # trace_id, request_id, then one per array
+
+
+def new_state() -> list:
+    """A fresh per-span state: `N_SLOTS` Nones."""
+    return _EMPTY_STATE.copy()
+
+
+def attribute_slots(key: str, value) -> tuple:
+    """((slot, typed value), ...): what the attribute `key` = `value` (as `decode_attribute` gives
+    it) puts into a span's state; () for an attribute no typed column takes."""
+    op = _KEY_OPS.get(key)
+    return ((op[0], op[1](value)),) if op else ()
+
+
+def decode_attribute(kv) -> tuple:
+    """(key, value, None) for an OTLP KeyValue (value as `any_value`), or (key, None, slot) for a
+    per-token array `tailtrace.steps.*` (not a string or int) whose AnyValue goes into `slot`."""
+    k = kv.key
+    v = kv.value
+    w = v.WhichOneof("value")
+    if w == "string_value":
+        return k, v.string_value, None
+    if w == "int_value":
+        return k, v.int_value, None
+    slot = ARRAY_SLOTS.get(k)
+    if slot is not None:
+        return k, None, slot
+    return k, any_value(v), None
+
+
+def resource_columns(resource) -> tuple[str | None, str | None, str]:
+    """(service.name or None, host.name or None, the resource attributes as JSON text) of an OTLP
+    Resource."""
+    res = attributes_dict(resource.attributes)
+    svc = res.get("service.name")
+    host = res.get(sc.HOST_NAME)
+    return (svc if isinstance(svc, str) else None), (host if isinstance(host, str) else None), dumps_json(res)
+
+
+def events_json(events) -> str | None:
+    """The `spans.events` JSON text of a sequence of OTLP Span.Event messages; None when empty."""
+    if not events:
+        return None
+    return dumps_json([{"name": e.name, "time_unix_nano": e.time_unix_nano,
+                        "attributes": attributes_dict(e.attributes)} for e in events])
+
+
+def _span_problem(sp) -> str | None:
+    """Why the store refuses OTLP span `sp` (see TraceBatchBuilder.add), or None when it is valid."""
+    start = sp.start_time_unix_nano
+    end = sp.end_time_unix_nano
+    if not (MIN_TIME_NS <= start < MAX_TIME_NS and MIN_TIME_NS <= end < MAX_TIME_NS):
+        return (f"span {sp.span_id.hex()} {sp.name!r}: start/end time {start}/{end} ns is 0 "
+                "or outside 2000..2100")
+    if end < start:
+        return f"span {sp.span_id.hex()} {sp.name!r}: ends before it starts"
+    tid = sp.trace_id
+    sid = sp.span_id
+    if len(tid) != 16 or len(sid) != 8 or not any(tid) or not any(sid):
+        return (f"span {sp.name!r}: trace_id must be 16 bytes and span_id 8 bytes, "
+                "not all zero (OTLP: invalid ids)")
+    return None
+
+
+# --------------------------------------------------------------------------- the trace builder
+class TraceBatchBuilder:
+    """Collects the rows of one OTLP trace request, span by span, and builds its `Batch`.
+
+    Call `add` once per span, with the span's state (`new_state()` filled by `attribute_slots`,
+    the arrays' AnyValues in `ARRAY_SLOTS`), then `finish()`. `batch` is the Batch being built
+    (its `errors` and `rejected` are the caller's to fill). `bulk_arrays`: decode the per-token
+    arrays in bulk (numpy over their bytes) rather than element by element (the reference; the
+    same values). Not thread-safe: one request, one thread.
+    """
+
+    __slots__ = ("_arrays", "_bulk", "_facts", "_spans", "_steps", "batch", "keys")
+
+    def __init__(self, *, bulk_arrays: bool = True):
+        self.batch = Batch()
+        self.keys = self.batch.keys
+        self._bulk = bulk_arrays
+        self._spans: list[tuple] = []
+        self._steps: list[tuple] = []
+        self._facts: list[tuple] = []
+        self._arrays: list[tuple] = []
+
+    def add(self, sp, svc: str | None, host: str | None, resource_json: str, scope: str | None,
+            attributes_json: str, events: str | None, state: list) -> str | None:
+        """Add OTLP span `sp` (of a resource with service `svc`, `host.name` `host` and JSON `resource_json`, of
+        instrumentation scope `scope`; attributes and events as JSON text, its `state` filled from
+        its attributes).
+
+        Phase `engine_step` -> an `engine_steps` row (time = its end); any other phase -> a `spans`
+        row, with a phase of `FACT_PHASES` also a `_request_spans` fact, and for an engine span with
+        per-token arrays a `_decode_arrays` row. Returns why the span is refused (start or end time 0
+        or outside [2000, 2100), an end before the start, ids not 16/8 bytes or all zero) and adds
+        nothing then; None when added."""
+        tid = sp.trace_id
+        sid = sp.span_id
+        start = sp.start_time_unix_nano
+        end = sp.end_time_unix_nano
+        if not (MIN_TIME_NS <= start <= end < MAX_TIME_NS and len(tid) == 16 and len(sid) == 8
+                and any(tid) and any(sid)):
+            return _span_problem(sp)
+        idx = len(self.keys)
+        self.keys.append(tid + sid)
+        th = tid.hex()
+        sh = sid.hex()
+        phase = state[S_PHASE]
+        if phase == _ENGINE_STEP:
+            self._steps.append((end, svc, state[S_STEP], state[S_RUNNING], state[S_WAITING], state[S_BS],
+                                state[S_PF], state[S_DC], state[S_STEPMS], state[S_KV], state[S_PREEMPT],
+                                th, sh, idx))
+            return None
+        dur = (end - start) / 1e6
+        st = sp.status
+        c = st.code
+        k = sp.kind
+        p = sp.parent_span_id
+        self._spans.append((th, sh, p.hex() if p else None, sp.name, _KINDS[k] if 0 <= k < 6 else str(k), svc,
+                            start, end, dur, _STATUS[c] if 0 <= c < 3 else str(c), st.message or None, phase,
+                            attributes_json, resource_json, events, scope, idx))
+        if phase not in FACT_PHASES:
+            return None
+        status = state[S_STATUS]
+        if status is None:
+            status = "error" if c == 2 else ("ok" if phase in _ROOT_PHASES else None)
+        self._facts.append((th, sh, phase, start, end, dur, svc, state[S_PRE], status, state[S_RID],
+                            as_str(state[S_MREQ] or state[S_MRESP]), state[S_PROMPT], state[S_OUT],
+                            state[S_CACHED], state[S_PREEMPT], state[S_FINISH], state[S_TTFT], state[S_PRIO],
+                            state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
+                            state[S_FIRST], idx))
+        if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
+                                 or state[S_APF] is not None or state[S_ADC] is not None
+                                 or state[S_AKV] is not None):
+            self._arrays.append((th, state[S_RID], state[S_AT], state[S_ABS], state[S_APF], state[S_ADC],
+                                 state[S_AKV], idx))
+        return None
+
+    def finish(self) -> Batch:
+        """The Batch: `accepted` = the spans added, one table per store table that got rows."""
+        b = self.batch
+        b.accepted = len(self.keys)
+        for spec, rows in ((SPANS, self._spans), (ENGINE_STEPS, self._steps), (REQUEST_SPANS, self._facts),
+                           (DECODE_ARRAYS, self._arrays)):
+            if rows:
+                b.tables[spec.name] = table_from_rows(spec, rows, src=True, bulk_arrays=self._bulk)
+        return b
+
+
+# --------------------------------------------------------------------------- rows -> Arrow
+def _us(ns_list) -> pa.Array:
+    return pa.array(np.asarray(ns_list, dtype=np.int64) // 1000, pa.int64()).cast(_TS)
+
+
+_LIST_KINDS = {"BIGINT[]": "i", "DOUBLE[]": "f"}
+
+
+def table_from_rows(spec: TableSpec, rows: list[tuple], *, src: bool = False,
+                    bulk_arrays: bool = True) -> pa.Table:
+    """The Arrow table of `spec` (its `arrow_schema(src=src)`) from non-empty `rows`: tuples in the
+    spec's column order, then `_src` with `src`. TIMESTAMP values are ints, ns since the Unix epoch;
+    list values (BIGINT[], DOUBLE[]) are OTLP array AnyValues (or None), read as `arr_values` does —
+    in bulk (`bulk_arrays`) or element by element. Raises on a value of the wrong type."""
+    schema = spec.arrow_schema(src=src)
+    cols = list(zip(*rows))
+    out = []
+    for col, values, f in zip(spec.columns, cols, schema):
+        kind = _LIST_KINDS.get(col.type)
+        if col.type == "TIMESTAMP":
+            out.append(_us(values))
+        elif kind is None:
+            out.append(pa.array(values, f.type))
+        elif bulk_arrays:
+            out.append(_array_column(values, kind))
+        else:
+            out.append(pa.array([arr_values(v, kind) for v in values], f.type))
+    if src:
+        out.append(pa.array(cols[-1], pa.int32()))
+    return pa.table(out, schema=schema)
+
+
+def _to_us(t):
+    if t is None:
+        return None
+    if isinstance(t, datetime):
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=UTC)
+        return int(t.timestamp() * 1e6)
+    if isinstance(t, int) and t > 10**14:
+        return t // 1000
+    return int(float(t) * 1e6)
+
+
+def table_from_dicts(spec: TableSpec, rows: list[dict]) -> pa.Table:
+    """The Arrow table of `spec` from `rows`, dicts keyed by column (a missing key is NULL).
+    TIMESTAMP values may be datetimes (UTC if naive), ns since the epoch (int > 1e14) or seconds
+    (float); JSON values may be any JSON-able value (text is kept as it is). Raises on a value of
+    the wrong type."""
+    schema = spec.arrow_schema()
+    cols = []
+    for col, f in zip(spec.columns, schema):
+        vals = [r.get(col.name) for r in rows]
+        if col.type == "TIMESTAMP":
+            cols.append(pa.array([_to_us(v) for v in vals], pa.int64()).cast(f.type))
+        elif col.type == "JSON":
+            cols.append(pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in vals],
+                                 pa.string()))
+        else:
+            cols.append(pa.array(vals, f.type))
+    return pa.table(cols, schema=schema)
+
+
+# --------------------------------------------------------------------------- per-token arrays
+def arr_values(v, kind):
+    """The elements of an OTLP array AnyValue as ints (kind 'i') or floats ('f'); None when `v` is
+    not an array. Arrays are homogeneous (OTLP): the first element's type is read once; elements
+    that do not convert (non-finite to int, other types) are None."""
+    if v is None or v.WhichOneof("value") != "array_value":
+        return None
+    vals = v.array_value.values
+    if not vals:
+        return []
+    w = vals[0].WhichOneof("value")
+    try:
+        if w == "int_value":
+            out = [x.int_value for x in vals]
+            return out if kind == "i" else [float(x) for x in out]
+        if w == "double_value":
+            out = [x.double_value for x in vals]
+            if kind == "i":
+                return [int(x) if math.isfinite(x) else None for x in out]
+            return [x if math.isfinite(x) else None for x in out]
+    except (OverflowError, ValueError):
+        pass
+    return [None] * len(vals)
+
+
+def _int_elements(joined: bytes, raws):
+    """Decode joined `ArrayValue` bytes made only of canonical int elements `0a LL 18 <varint>`
+    with numpy: (int64 values, element count per entry of `raws`), or (None, None) when the
+    bytes are not exactly that shape. Every byte is read as part of a varint stream (0a, LL and
+    18 are one-byte varints), so each element is 4 varints: 10, 1 + len(value), 24, value."""
+    b = np.frombuffer(joined, np.uint8)
+    term = (b & 0x80) == 0
+    if not term[-1]:
+        return None, None
+    ends = np.flatnonzero(term)
+    if len(ends) % 4:
+        return None, None
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    lens = ends - starts + 1
+    if lens.max() > 10:
+        return None, None
+    grp = np.repeat(np.arange(len(ends)), lens)
+    shift = ((np.arange(len(b)) - starts[grp]) * 7).astype(np.uint64)
+    v = np.add.reduceat((b & 0x7F).astype(np.uint64) << shift, starts)
+    if not (bool((v[0::4] == 10).all()) and bool((v[2::4] == 24).all())
+            and bool((v[1::4] == 1 + lens[3::4]).all())):
+        return None, None
+    # every array must end on an element boundary
+    elem_end = ends[3::4] + 1
+    bounds = np.cumsum([len(r) for r in raws if r])
+    pos = np.searchsorted(elem_end, bounds, side="right")
+    if not bool((elem_end[pos - 1] == bounds).all()):
+        return None, None
+    per = iter(np.diff(pos, prepend=0).tolist())
+    return v[3::4].view(np.int64), [next(per) if r else 0 for r in raws]
+
+
+def _array_column(vs, kind) -> pa.Array:
+    """A list<int64> (kind 'i') or list<double> ('f') column from the step-array AnyValues `vs`
+    (None where a span has none), with the values of `arr_values`.
+
+    Bulk path: every array is canonical `int_value` elements (`0a LL 18 <varint>`) or
+    `double_value` elements (`0a 09 21 <8 bytes>`): all arrays' bytes are joined and decoded in
+    one call (packed varints, or numpy over the 11-byte layout), then split by byte offsets.
+    Any other array (mixed or odd elements) sends the column to the element-wise path."""
+    raws = []
+    for v in vs:
+        if v is None or v.WhichOneof("value") != "array_value":
+            raws.append(None)
+        else:
+            raws.append(v.array_value.SerializeToString())
+    present = [r for r in raws if r]
+    tags = {r[2] if len(r) > 2 else -1 for r in present}
+    typ = pa.int64() if kind == "i" else pa.float64()
+    vals = None
+    if not present:
+        vals, counts = np.empty(0, np.int64 if kind == "i" else np.float64), [0] * len(raws)
+    elif tags == {0x18}:
+        ints, counts = _int_elements(b"".join(present), raws)
+        if ints is not None:
+            vals = ints if kind == "i" else ints.astype(np.float64)
+    elif tags == {0x21} and all(len(r) % 11 == 0 for r in present):
+        a = np.frombuffer(b"".join(present), np.uint8).reshape(-1, 11)
+        if bool((a[:, 0] == 0x0A).all()) and bool((a[:, 1] == 9).all()) and bool((a[:, 2] == 0x21).all()):
+            d = np.ascontiguousarray(a[:, 3:]).view("<f8").reshape(-1)
+            counts = [len(r) // 11 if r else 0 for r in raws]
+            if kind == "f":
+                vals = d
+            elif bool(np.isfinite(d).all()) and bool((np.abs(d) < 9.2e18).all()):
+                vals = d.astype(np.int64)
+    if vals is None:                                     # element-wise (odd content)
+        return pa.array([arr_values(v, kind) for v in vs], pa.list_(typ))
+    offsets = np.zeros(len(raws) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    mask = ~np.isfinite(vals) if kind == "f" else None
+    values = pa.array(vals, typ, mask=mask if mask is not None and mask.any() else None)
+    nulls = pa.array([r is None for r in raws], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values,
+                                    mask=nulls if nulls.true_count else None)

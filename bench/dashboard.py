@@ -165,11 +165,11 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
     con.execute(f"""
     INSERT INTO decode_steps BY NAME
     WITH q AS (
-      SELECT request_id, trace_id, arrival_time, ttft_ms, network_ms, gateway_ms, gateway_queue_ms,
+      SELECT request_id, trace_id, model, arrival_time, ttft_ms, network_ms, gateway_ms, gateway_queue_ms,
         tpot_ms, output_tokens, batch_mean, busy, r AS rr
       FROM full_rows
     ), k AS (SELECT q.*, generate_series AS token_index FROM q, generate_series(0, q.output_tokens - 1))
-    SELECT trace_id, request_id, token_index,
+    SELECT trace_id, request_id, model, token_index,
       arrival_time + to_microseconds(((network_ms / 2 + gateway_ms + gateway_queue_ms + ttft_ms
         + token_index * tpot_ms) * 1000)::BIGINT) AS time,
       CASE WHEN token_index = 0 THEN NULL ELSE

@@ -257,9 +257,9 @@ class StoreMetricsCollector:
             cols.append(f"quantile_cont(itl_ms, {q}) {flt}, count(itl_ms) {flt}")
         sql = (
             "SELECT model, " + ", ".join(cols) + " FROM ("
-            "SELECT coalesce(CAST(r.model AS VARCHAR), 'unknown') AS model, d.itl_ms, epoch_ms(d.time) AS t_ms "
-            "FROM decode_steps d JOIN requests r ON r.request_id = d.request_id "
-            f"WHERE d.{catalog.ITL_POPULATION} AND d.time >= make_timestamp(CAST(? AS BIGINT) * 1000)"
+            # each step carries its request's model (the writer joins it): the window's rows only
+            "SELECT coalesce(CAST(model AS VARCHAR), 'unknown') AS model, itl_ms, epoch_ms(time) AS t_ms "
+            f"FROM decode_steps WHERE {catalog.ITL_POPULATION} AND time >= make_timestamp(CAST(? AS BIGINT) * 1000)"
             ") GROUP BY model ORDER BY model"
         )
         rows = self._query(sql, [min(cut.values())])

@@ -465,19 +465,21 @@ class DuckDBStore:
 
     def _insert_decode_steps(self, con, arrays: pa.Table, facts: pa.Table | None) -> None:
         """Explode the per-request step arrays into `decode_steps` and count them into
-        `step_histogram`, with service and model from the engine span (`facts`) of the same batch."""
+        `step_histogram` and `latency_histogram`, with service and model from the engine span
+        (`facts`) of the same batch."""
         con.register("_batch", arrays)
         try:
             con.execute("CREATE OR REPLACE TEMP TABLE _steps AS " + _EXPLODE_DECODE)
         finally:
             con.unregister("_batch")
-        con.execute("INSERT INTO decode_steps BY NAME SELECT * FROM _steps")
         if facts is not None:
             con.register("_facts", facts)
             meta = ENGINE_META_JOIN.format(facts="_facts")
         else:
             meta = "LEFT JOIN (SELECT NULL AS service_name, NULL AS model) m ON true"
         try:
+            # each step carries its request's model, so that windowed ITL reads no other table
+            con.execute(f"INSERT INTO decode_steps BY NAME SELECT s.*, m.model FROM _steps s {meta}")
             con.execute(step_histogram_insert("_steps", meta))
             con.execute(latency_histogram.steps_insert("_steps", meta))
         finally:
@@ -556,9 +558,10 @@ _DECODE_STEP_SQL = {
     "batch_size": "bs[i]", "batch_prefill_tokens": "pf[i]", "batch_decode_tokens": "dc[i]",
     "kv_cache_usage": "kv[i]",
 }
-assert set(_DECODE_STEP_SQL) == set(DECODE_STEPS.names)
+# `model` is joined from the request's engine span (_insert_decode_steps)
+assert set(_DECODE_STEP_SQL) | {"model"} == set(DECODE_STEPS.names)
 _EXPLODE_DECODE = f"""
-SELECT {", ".join(f"{_DECODE_STEP_SQL[c]} AS {c}" for c in DECODE_STEPS.names)}
+SELECT {", ".join(f"{sql} AS {c}" for c, sql in _DECODE_STEP_SQL.items())}
 FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
 """
 

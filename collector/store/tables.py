@@ -147,6 +147,7 @@ ENGINE_STEPS = _table("engine_steps", [
 DECODE_STEPS = _table("decode_steps", [
     ("trace_id", _S), ("request_id", _S), ("token_index", _I), ("time", _T), ("itl_ms", _D),
     ("batch_size", _I), ("batch_prefill_tokens", _I), ("batch_decode_tokens", _I), ("kv_cache_usage", _D),
+    ("model", _S, _V3),
 ], time="time")
 
 DEVICE_SAMPLES = _table("device_samples", [

@@ -146,6 +146,8 @@ def test_decode_and_engine_steps(store):
     assert rows[0][:3] == (0, (T0 + 165 * MS) // 1000, None)
     assert all(r[2] == 90.0 for r in rows[1:])
     assert [r[3] for r in rows] == list(range(1, 11)) and rows[5][4:] == (4, 0.5, "cmpl-" + tid.hex()[:6])
+    # each step carries its request's model (windowed ITL per model reads no other table)
+    assert store.read_query("SELECT DISTINCT model FROM decode_steps") == [("tiny",)]
     es = store.read_query("SELECT epoch_us(time), service_name, step_index, running, waiting, batch_size, "
                           "prefill_tokens, decode_tokens, step_ms, kv_cache_usage, preemptions FROM engine_steps")
     assert es == [((T0 + 7 * MS) // 1000, "vllm", 42, 3, 1, 3, 128, 2, 6.5, 0.25, 0)]

@@ -115,7 +115,7 @@ def test_itl_from_decode_steps(store):
         for k in range(30):
             itl = None if k == 0 else 10.0 + ((r * 31 + k * 17) % 97)
             t += (itl or 0) / 1000
-            steps.append({"trace_id": f"{r:032x}", "request_id": f"m-{r}", "token_index": k, "time": utc(t),
+            steps.append({"trace_id": f"{r:032x}", "request_id": f"m-{r}", "model": "m", "token_index": k, "time": utc(t),
                           "itl_ms": itl})
             if itl is not None:
                 for window, secs in exp.WINDOWS:

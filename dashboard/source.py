@@ -134,9 +134,13 @@ class BudgetedSource(DataSource):
 
 
 class DuckDBSource(DataSource):
-    """A DuckDB store file opened read-only, with external access disabled and configuration locked,
-    so that no statement (not even `SELECT * FROM read_csv('/etc/passwd')`, `ATTACH` or `COPY`) can
-    touch the file system. Each query runs on its own cursor and is interrupted after `timeout_s`.
+    """A DuckDB store file opened as the collector's SQL API opens it
+    (`collector.store.duckdb_store.open_readonly`: read-only, external access disabled,
+    configuration locked, so that no statement — not even `read_csv('/etc/passwd')`, `ATTACH` or
+    `COPY` — can touch the file system), each statement run by the API's own guard
+    (`collector.query.readonly.run_guarded`: exactly one SELECT, in a transaction rolled back,
+    interrupted past its budget) and read as Arrow, as the API serves it, so that a page shows the
+    same frame from the file as through the collector.
 
     Raises `DataError` when the file is missing, is not a DuckDB file, or is locked by a writer
     (a running collector: use `--api` for live data then).
@@ -145,77 +149,67 @@ class DuckDBSource(DataSource):
     kind = "db"
 
     def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None):
-        import duckdb
+        from collector.store.duckdb_store import open_readonly
+        from tailtrace.errors import UserError
 
         self.path = Path(path)
         self.label = f"store file {self.path}"
         if not self.path.is_file():
             raise DataError(f"store file {self.path} does not exist; give the path of a DuckDB file written "
                             f"by `tailtrace collect --db PATH`")
-        config: dict[str, Any] = {"enable_external_access": False}
-        if threads:
-            config["threads"] = int(threads)
-        if memory_limit:
-            config["memory_limit"] = memory_limit
-        config["lock_configuration"] = True
         try:
-            self._con = duckdb.connect(str(self.path), read_only=True, config=config)
-        except duckdb.IOException as exc:
+            self._con = open_readonly(self.path, memory_limit_mb=_megabytes(memory_limit), threads=threads)
+        except UserError as exc:
             msg = str(exc)
-            if "lock" in msg.lower():
+            if "held by a running collector" in msg:
                 raise DataError(f"store file {self.path} is open for writing by another process (a running "
                                 f"collector?); for live data use `tailtrace dashboard --api "
                                 f"http://127.0.0.1:9464`, or copy the file") from None
             raise DataError(f"cannot open store file {self.path}: {msg.splitlines()[0]}") from None
-        except duckdb.Error as exc:
-            raise DataError(f"cannot open store file {self.path}: {str(exc).splitlines()[0]}") from None
         self._lock = threading.Lock()
+
+    def _cursor(self):
+        with self._lock:
+            if self._con is None:
+                raise DataError("the store connection is closed")
+            return self._con.cursor()
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         import duckdb
 
-        with self._lock:
-            if self._con is None:
-                raise DataError("the store connection is closed")
-            cur = self._con.cursor()
-        timed_out = threading.Event()
+        from collector.errors import QueryInvalid, QueryRefused
+        from collector.errors import QueryTimeout as GuardTimeout
+        from collector.query.readonly import run_guarded
 
-        def _interrupt() -> None:
-            timed_out.set()
-            cur.interrupt()
-
-        timer = threading.Timer(timeout_s, _interrupt)
-        timer.daemon = True
         t0 = time.perf_counter()
-        timer.start()
         try:
-            cur.execute(sql, params)
-            if cur.description is None:
-                res = QueryResult(pd.DataFrame())
-            elif max_rows is None:
-                res = QueryResult(cur.df())
-            else:
-                rows = cur.fetchmany(max_rows + 1)
-                cols = [d[0] for d in cur.description]
-                res = QueryResult(pd.DataFrame(rows[:max_rows], columns=cols), len(rows) > max_rows)
-            if time.perf_counter() - t0 > timeout_s:  # done, but past its budget (before the interrupt hit)
-                raise QueryTimeout(sql, timeout_s)
-            return res
+            res = run_guarded(self._cursor, sql, params, timeout_s=timeout_s, max_rows=max_rows, arrow=True)
+        except GuardTimeout:
+            raise QueryTimeout(sql, timeout_s) from None
+        except (QueryInvalid, QueryRefused) as exc:
+            raise DataError(str(exc)) from None
         except duckdb.InterruptException:
             raise QueryTimeout(sql, timeout_s) from None
         except duckdb.Error as exc:
-            if timed_out.is_set():
-                raise QueryTimeout(sql, timeout_s) from None
             raise DataError(f"{type(exc).__name__}: {str(exc).strip()}") from None
-        finally:
-            timer.cancel()
-            cur.close()
+        if time.perf_counter() - t0 > timeout_s:  # done, but past its budget (before the interrupt hit)
+            raise QueryTimeout(sql, timeout_s)
+        return QueryResult(res.arrow.to_pandas(types_mapper=None), res.truncated)
 
     def close(self) -> None:
         with self._lock:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+
+
+def _megabytes(limit: str | None) -> int | None:
+    """'4GB' / '512MB' / '2048' (MB) -> megabytes; None -> None (DuckDB's default)."""
+    if not limit:
+        return None
+    text = limit.strip().upper().removesuffix("B")
+    scale = {"G": 1024, "M": 1, "K": 1 / 1024}.get(text[-1:])
+    return max(1, int(float(text[:-1]) * scale)) if scale else int(float(text))
 
 
 class ApiSource(DataSource):

@@ -65,9 +65,11 @@ class _KeyWindow:
             self.prev, self.cur = self.cur, set()
 
 
-def _db_config(memory_limit_mb: int, threads: int | None, read_only: bool) -> dict:
-    cfg = {"enable_external_access": False, "memory_limit": f"{memory_limit_mb}MB",
-           "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+def _db_config(memory_limit_mb: int | None, threads: int | None, read_only: bool) -> dict:
+    cfg = {"enable_external_access": False, "autoinstall_known_extensions": False,
+           "autoload_known_extensions": False}
+    if memory_limit_mb is not None:  # None: DuckDB's default (80 % of RAM)
+        cfg["memory_limit"] = f"{memory_limit_mb}MB"
     if threads:
         cfg["threads"] = threads
     if read_only:
@@ -75,8 +77,10 @@ def _db_config(memory_limit_mb: int, threads: int | None, read_only: bool) -> di
     return cfg
 
 
-def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
-    """Open a store file read-only with the SQL API's guards (no file system, locked config).
+def open_readonly(path: str | Path, memory_limit_mb: int | None = 1024, threads: int | None = None):
+    """Open a store file read-only with the SQL API's guards (no file system, locked config), for
+    the collector's `--db` readers and the dashboard; `memory_limit_mb` and `threads` (None:
+    DuckDB's defaults) cap its memory and worker threads.
 
     Raises `UserError` when the file is missing or held by a running collector."""
     import duckdb
@@ -85,7 +89,9 @@ def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
     if not p.exists():
         raise UserError(f"no DuckDB file at {p}; start `tailtrace collect --db {p}` first")
     try:
-        con = duckdb.connect(str(p), read_only=True, config=_db_config(memory_limit_mb, None, False))
+        # locked at connect (a second connection to the same file in this process shares the instance)
+        con = duckdb.connect(str(p), read_only=True,
+                             config={**_db_config(memory_limit_mb, threads, False), "lock_configuration": True})
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise UserError(f"{p} is held by a running collector (DuckDB allows one writer process per file); "
@@ -93,7 +99,6 @@ def open_readonly(path: str | Path, memory_limit_mb: int = 1024):
         raise UserError(f"cannot open {p}: {exc}") from None
     except duckdb.Error as exc:
         raise UserError(f"cannot open {p} as a DuckDB file: {exc}") from None
-    con.execute("SET lock_configuration = true")
     return con
 
 

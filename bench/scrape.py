@@ -1,6 +1,6 @@
 """Scrape benchmark: the cost of one `/metrics` scrape against the size of the store.
 
-    .venv/bin/python bench/scrape.py [--quick] [--requests N] [--db PATH] [--keep]
+    .venv/bin/python bench/scrape.py [--quick] [--requests N] [--rate R] [--db PATH] [--keep]
 
 Builds bench/dashboard.py's synthetic store (lengths from the Azure 2023 conversation trace; about
 211 decode steps per request), then times, side by side on the same file and cores:
@@ -55,6 +55,9 @@ def _ensure_rollups(path: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="100,000 requests")
+    p.add_argument("--rate", type=float, default=60.0,
+                   help="arrival rate of the synthetic store, req/s (default 60: ~12,700 output tokens/s, "
+                        "about 14x what one CPU vLLM here serves); the windows' cost follows it")
     p.add_argument("--requests", type=int, default=None, help="requests in the store (default 1,000,000)")
     p.add_argument("--db", type=Path, default=None, help="store path (built if missing)")
     p.add_argument("--keep", action="store_true", help="keep the store file")
@@ -74,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         db = Path(tmp.name) / "scrape.duckdb"
     if not db.exists():
         t = time.perf_counter()
-        counts = build_store(db, n)
+        counts = build_store(db, n, rate_rps=a.rate)
         ensure_step_histogram(db)
         print(f"built {db}: {counts} in {time.perf_counter() - t:.0f} s", flush=True)
     took = _ensure_rollups(db)

@@ -38,7 +38,8 @@ from pathlib import Path
 
 from loadgen.clock import WallClock, sleep_until
 
-__all__ = ["DelayProxy", "ProxyConfig", "RequestHold", "parse_traceparent", "read_log", "request_holds"]
+__all__ = ["DelayProxy", "ProxyConfig", "RequestHold", "parse_traceparent", "read_log", "request_holds",
+           "start_proxy"]
 
 # `traceparent: 00-<32 hex>-<16 hex>-<2 hex>` as a header line (case-insensitive name, optional blanks)
 _TRACEPARENT = re.compile(rb"(?:^|\r?\n)traceparent[ \t]*:[ \t]*([0-9a-fA-F]{2})-([0-9a-fA-F]{32})-"
@@ -262,6 +263,35 @@ def request_holds(records: list[dict]) -> dict[str, RequestHold]:
 
     return {tid: RequestHold(tid, hold(firsts.get(tid)), hold(lasts.get(tid)), n_in.get(tid, 0), n_out.get(tid, 0))
             for tid in set(firsts) | set(lasts)}
+
+
+def start_proxy(upstream_url: str, delay_in_ms: float, delay_out_ms: float, log_path: Path,
+                out_log: Path | None = None, timeout_s: float = 30.0):
+    """Start `python -m chaos.proxy` in front of `upstream_url` (http://HOST:PORT) on a free
+    loopback port, in its own process group; return (Popen, proxy base URL) once it listens.
+    Stop it with `tailtrace.procs.stop_process` (SIGTERM: it flushes its log). Raises
+    `UserError` if it does not come up within `timeout_s`."""
+    import socket
+
+    from tailtrace.errors import UserError
+    from tailtrace.procs import free_port, start_process, stop_process
+
+    port = free_port()
+    proc = start_process([sys.executable, "-m", "chaos.proxy", "--listen-port", str(port), "--upstream", upstream_url,
+                          "--delay-in-ms", repr(float(delay_in_ms)), "--delay-out-ms", repr(float(delay_out_ms)),
+                          "--log", str(log_path)], out_log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise UserError(f"the delay proxy exited with status {proc.returncode} before it listened"
+                            + (f" (log: {out_log})" if out_log else ""))
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    stop_process(proc, 5)
+    raise UserError(f"the delay proxy did not listen on 127.0.0.1:{port} within {timeout_s:.0f} s")
 
 
 async def _serve(cfg: ProxyConfig) -> None:

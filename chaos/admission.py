@@ -1,0 +1,133 @@
+"""`tailtrace chaos admission [--burst N]`: a gateway concurrency limit of 1 under a burst.
+
+With the engine here (the embedded stack, tests) the experiment starts its own gateway with
+`--max-concurrency 1` in front of it; against a user's `--gateway` that gateway must already
+have a limit of 1 and one upstream (`/gateway/status` says), and no other traffic.
+
+First a control: requests of the same shape spaced far apart (none waits). Then the burst: N
+requests, 10 ms apart, open loop. Ground truth, from the client alone: with one slot and FIFO
+admission, request k (in send order) waits from its arrival until the request ahead of it
+gave the slot back, i.e. expected_k = max(0, client end_{k-1} - client send_k). The request
+ahead releases the slot right after its last byte leaves the gateway, which the client sees a
+hop later, and request k reaches the gateway's queue a hop after its send: the client-side
+figure is high by those two hops (fractions of a ms on loopback).
+
+Rows: gateway_queue_ms compared request by request (attributed = mean gateway_queue_ms over the
+queued requests, injected = mean expected wait, `worst_ms` the worst single request's error);
+every other phase: median(burst) - median(control), where 0 is expected.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+
+from chaos.load import burst_config, run_streams, shape_trace
+from chaos.runner import (
+    PHASE_COLUMNS,
+    AttributionRow,
+    ChaosOptions,
+    ExperimentResult,
+    Target,
+    fetch_requests,
+    layer_of,
+    median,
+)
+from loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.errors import UserError
+from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.stack import tailtrace_command, wait_for_store
+
+__all__ = ["BURST_SPACING_MS", "CONTROL_SPACING_MS", "run"]
+
+NAME = "admission"
+BURST_SPACING_MS = 10.0
+CONTROL_SPACING_MS = 400.0
+_COMPLETE = "ok AND client_e2e_ms IS NOT NULL AND gateway_queue_ms IS NOT NULL AND network_out_ms IS NOT NULL " \
+            "AND e2e_ms IS NOT NULL"
+
+
+def _limited_gateway(target: Target) -> str:
+    """The URL of a gateway with one slot: our own in front of the engine, or the user's, checked."""
+    if target.vllm_url is not None:
+        port = free_port()
+        log = target.out_dir / f"admission-gateway-{port}.log"
+        proc = start_process(tailtrace_command("gateway", "--upstream", target.vllm_url, "--port", str(port),
+                                               "--otlp-endpoint", target.otlp_url, "--max-concurrency", "1"), log)
+        target.cleanup.callback(stop_process, proc, 15)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/gateway/status", 60, proc, what=f"gateway (log: {log})")
+        return url
+    url = normalize_target(target.gateway_url)
+    try:
+        status = httpx.get(f"{url}/gateway/status", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        raise UserError(f"{url}/gateway/status did not answer: admission needs a tailtrace gateway "
+                        "(tailtrace gateway --max-concurrency 1 --upstream URL)") from None
+    limit, ups = status.get("max_concurrency"), status.get("upstreams") or []
+    if limit != 1 or len(ups) != 1:
+        raise UserError(f"admission against a user's gateway needs one started with --max-concurrency 1 and one "
+                        f"--upstream; {url} has max_concurrency {limit} and {len(ups)} upstream(s)")
+    return url
+
+
+def run(target: Target, options: ChaosOptions) -> ExperimentResult:
+    """Run admission on `target` (see the module docstring). Raises `UserError` for a burst < 2,
+    a gateway that is down or has another limit, or requests that failed."""
+    n = int(options.burst)
+    if n < 2:
+        raise UserError(f"--burst must be at least 2 requests, not {options.burst!r}")
+    target.out_dir.mkdir(parents=True, exist_ok=True)
+    if target.vllm_url is None:
+        discover_target(normalize_target(target.gateway_url), target.model)  # down: UserError at once
+    gw = _limited_gateway(target)
+    model = discover_target(gw, target.model)[0]
+    base = new_run_id("chaos-admission")
+    runs = {"control": f"{base}-control", "burst": f"{base}-burst"}
+    n_control = max(4, n // 2)
+    shapes = {"control": [i * CONTROL_SPACING_MS for i in range(n_control)],
+              "burst": [i * BURST_SPACING_MS for i in range(n)]}
+    results = {}
+    for key in ("control", "burst"):  # one after the other: the control must not queue
+        trace = shape_trace(target.out_dir / f"{runs[key]}.shape.csv", options.input_tokens, options.output_tokens,
+                            shapes[key])
+        results[key] = run_streams([burst_config(trace, gw, runs[key], target.otlp_url, model)])[0]
+    for key, res in results.items():
+        failed = [r for r in res.records if r.error]
+        if failed:
+            raise UserError(f"{len(failed)} of the {key}'s {len(res.records)} requests failed "
+                            f"({failed[0].error}: {failed[0].error_message})")
+        wait_for_store(target.api_url, runs[key], len(res.records), timeout_s=60, where=_COMPLETE)
+    stored = {k: {r["trace_id"]: r for r in fetch_requests(target.api_url, runs[k], PHASE_COLUMNS)} for k in runs}
+    burst = sorted(results["burst"].records, key=lambda r: r.send_unix_nano)
+    per_request = []
+    for prev, rec in itertools.pairwise(burst):
+        row = stored["burst"].get(rec.trace_id)
+        expected = max(0.0, (prev.end_unix_nano - rec.send_unix_nano) / 1e6)
+        got = None if row is None else row["gateway_queue_ms"]
+        per_request.append({"index": rec.index, "trace_id": rec.trace_id, "expected_ms": expected,
+                            "gateway_queue_ms": got, "error_ms": None if got is None else got - expected})
+    compared = [p for p in per_request if p["error_ms"] is not None]
+    if not compared:
+        raise UserError(f"the store holds none of the burst's requests (run {runs['burst']})")
+    mean_expected = sum(p["expected_ms"] for p in compared) / len(compared)
+    mean_got = sum(p["gateway_queue_ms"] for p in compared) / len(compared)
+    worst = max((p["error_ms"] for p in compared), key=abs)
+    queued_rows = [stored["burst"][p["trace_id"]] for p in compared]
+    control_rows = list(stored["control"].values())
+    rows = []
+    for col in PHASE_COLUMNS:
+        if col == "gateway_queue_ms":
+            rows.append(AttributionRow(NAME, layer_of(col), col, mean_expected, mean_got, len(compared),
+                                       "mean over the queued requests; worst = one request's error",
+                                       worst_ms=worst))
+            continue
+        bm, cm = median(r[col] for r in queued_rows), median(r[col] for r in control_rows)
+        rows.append(AttributionRow(NAME, layer_of(col), col, 0.0, None if bm is None or cm is None else bm - cm,
+                                   len(compared), "median(burst) - median(control)"))
+    details = {"burst": n, "burst_spacing_ms": BURST_SPACING_MS, "control": n_control, "gateway": gw,
+               "run_ids": runs, "per_request": per_request,
+               "control_gateway_queue_ms_max": max((r["gateway_queue_ms"] or 0) for r in control_rows)
+               if control_rows else None}
+    return ExperimentResult(NAME, rows, mean_expected, ("gateway_queue_ms",), details)

@@ -5,12 +5,16 @@ With the engine here (the embedded stack, tests) the experiment starts its own g
 have a limit of 1 and one upstream (`/gateway/status` says), and no other traffic.
 
 First a control: requests of the same shape spaced far apart (none waits). Then the burst: N
-requests, 10 ms apart, open loop. Ground truth, from the client alone: with one slot and FIFO
-admission, request k (in send order) waits from its arrival until the request ahead of it
-gave the slot back, i.e. expected_k = max(0, client end_{k-1} - client send_k). The request
-ahead releases the slot right after its last byte leaves the gateway, which the client sees a
-hop later, and request k reaches the gateway's queue a hop after its send: the client-side
-figure is high by those two hops (fractions of a ms on loopback).
+requests, 10 ms apart, open loop. Both go through a 0-delay proxy (chaos/proxy.py), the
+client's edge of the wire. Ground truth, from the client's side of the gateway alone: with one
+slot and FIFO admission, request k (in the order the gateway got them) waits from its arrival
+until the request ahead of it gave the slot back, which it does right after the last byte of its
+response leaves: expected_k = max(0, end_{k-1} - arrival_k), with arrival_k the proxy's write
+of k's first bytes and end_{k-1} its read of k-1's last bytes (its log). What remains between
+that truth and gateway_queue_ms is the gateway's own work before its admission starts (parsing
+the request: gateway_ms), a ms or so. The client process's own stamps (send, last byte) are kept
+beside it (`client_expected_ms`): they also hold the client's connection set-up and its own
+scheduling, off by up to 16 ms when a burst opens its connections on a loaded 2-core box.
 
 Rows: gateway_queue_ms compared request by request (attributed = mean gateway_queue_ms over the
 queued requests, injected = mean expected wait, `worst_ms` the worst single request's error);
@@ -24,6 +28,7 @@ import itertools
 import httpx
 
 from chaos.load import burst_config, run_streams, shape_trace
+from chaos.proxy import read_log, start_proxy
 from chaos.runner import (
     PHASE_COLUMNS,
     AttributionRow,
@@ -72,6 +77,22 @@ def _limited_gateway(target: Target) -> str:
     return url
 
 
+def _edge_times(records: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per trace id: (wall ns its first bytes were written to the gateway, wall ns its last
+    response bytes were read from it), from the edge proxy's log records."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for r in records:
+        tid = r.get("trace_id")
+        if not tid:
+            continue
+        if r["dir"] == "in":
+            first[tid] = min(first.get(tid, r["write_unix_nano"]), r["write_unix_nano"])
+        else:
+            last[tid] = max(last.get(tid, r["read_unix_nano"]), r["read_unix_nano"])
+    return {t: (first[t], last[t]) for t in first if t in last}
+
+
 def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     """Run admission on `target` (see the module docstring). Raises `UserError` for a burst < 2,
     a gateway that is down or has another limit, or requests that failed."""
@@ -85,6 +106,9 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     model = discover_target(gw, target.model)[0]
     base = new_run_id("chaos-admission")
     runs = {"control": f"{base}-control", "burst": f"{base}-burst"}
+    edge_log = target.out_dir / f"{base}.proxy.jsonl"
+    proxy, edge = start_proxy(gw, 0.0, 0.0, edge_log, target.out_dir / f"{base}.proxy.log")
+    target.cleanup.callback(stop_process, proxy, 10)
     n_control = max(4, n // 2)
     shapes = {"control": [i * CONTROL_SPACING_MS for i in range(n_control)],
               "burst": [i * BURST_SPACING_MS for i in range(n)]}
@@ -92,7 +116,8 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     for key in ("control", "burst"):  # one after the other: the control must not queue
         trace = shape_trace(target.out_dir / f"{runs[key]}.shape.csv", options.input_tokens, options.output_tokens,
                             shapes[key])
-        results[key] = run_streams([burst_config(trace, gw, runs[key], target.otlp_url, model)])[0]
+        results[key] = run_streams([burst_config(trace, edge, runs[key], target.otlp_url, model)])[0]
+    stop_process(proxy, 10)  # flushes its log
     for key, res in results.items():
         failed = [r for r in res.records if r.error]
         if failed:
@@ -100,14 +125,19 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
                             f"({failed[0].error}: {failed[0].error_message})")
         wait_for_store(target.api_url, runs[key], len(res.records), timeout_s=60, where=_COMPLETE)
     stored = {k: {r["trace_id"]: r for r in fetch_requests(target.api_url, runs[k], PHASE_COLUMNS)} for k in runs}
-    burst = sorted(results["burst"].records, key=lambda r: r.send_unix_nano)
+    edge_times = _edge_times(read_log(edge_log))
+    burst = sorted((r for r in results["burst"].records if r.trace_id in edge_times),
+                   key=lambda r: edge_times[r.trace_id][0])
     per_request = []
     for prev, rec in itertools.pairwise(burst):
         row = stored["burst"].get(rec.trace_id)
-        expected = max(0.0, (prev.end_unix_nano - rec.send_unix_nano) / 1e6)
+        expected = max(0.0, (edge_times[prev.trace_id][1] - edge_times[rec.trace_id][0]) / 1e6)
         got = None if row is None else row["gateway_queue_ms"]
         per_request.append({"index": rec.index, "trace_id": rec.trace_id, "expected_ms": expected,
-                            "gateway_queue_ms": got, "error_ms": None if got is None else got - expected})
+                            "client_expected_ms": max(0.0, (prev.end_unix_nano - rec.send_unix_nano) / 1e6),
+                            "gateway_queue_ms": got, "error_ms": None if got is None else got - expected,
+                            "network_in_ms": None if row is None else row["network_in_ms"],
+                            "gateway_ms": None if row is None else row["gateway_ms"]})
     compared = [p for p in per_request if p["error_ms"] is not None]
     if not compared:
         raise UserError(f"the store holds none of the burst's requests (run {runs['burst']})")
@@ -127,6 +157,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
         rows.append(AttributionRow(NAME, layer_of(col), col, 0.0, None if bm is None or cm is None else bm - cm,
                                    len(compared), "median(burst) - median(control)"))
     details = {"burst": n, "burst_spacing_ms": BURST_SPACING_MS, "control": n_control, "gateway": gw,
+               "edge_proxy_log": str(edge_log),
                "run_ids": runs, "per_request": per_request,
                "control_gateway_queue_ms_max": max((r["gateway_queue_ms"] or 0) for r in control_rows)
                if control_rows else None}

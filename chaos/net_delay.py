@@ -1,23 +1,31 @@
 """`tailtrace chaos net-delay --ms D [--direction in|out|both]`: network delay between client and
 gateway, against a paired control.
 
-Two open-loop Poisson streams at the same rate run at the same time, each with its own run id:
-one through a delay proxy holding D ms in the chosen direction(s), one through a 0-delay proxy
-(so the extra hop costs both streams the same). Ground truth: each proxy's log, which gives each
-request's actual hold (write - read of its first inbound chunk and of its last outbound chunk,
-jitter included), matched to its trace by the traceparent in its inbound bytes.
+Two open-loop streams run at the same time, each with its own run id: one through a delay proxy
+holding D ms in the chosen direction(s), one through a 0-delay proxy (so the extra hop costs both
+the same). Both replay one plan of Poisson arrivals (loadgen's synthetic load): request i of the
+delayed stream at t_i, its twin in the control at t_i + D_in + 25 ms for even i and
+t_i + D_in - 25 ms for odd i. So the twins reach the gateway 25 ms apart and share most of the
+engine's batches: the engine's phases of a pair differ by the noise between two requests of
+nearly one batch, not between two moments of the run. The two orders cancel the effect of going
+second (measured: the second of two requests 0-25 ms apart waits for the first in the gateway
+and in vLLM's frontend, a few ms, which read as a bias when one stream always went second).
 
-Per phase: attributed = median(phase | delayed run) - median(phase | control run); injected =
-median(hold | delayed) - median(hold | control) in the delayed direction's phase (network_in_ms
-for `in`, network_out_ms for `out`), 0 in every other phase. outer_e2e_ms is shown too (it must
-grow by the sum).
+Ground truth: each proxy's log, which gives each request's actual hold (write - read of its
+first inbound chunk and of its last outbound chunk, jitter included), matched to its trace by the
+traceparent in its inbound bytes.
+
+Per phase, over the pairs (both twins ok, stored and logged): attributed = the mean of
+median(delayed - control) over the pairs with the control second and over those with it first;
+injected = the same of the holds in the delayed direction's phase (network_in_ms for `in`,
+network_out_ms for `out`), 0 in every other phase. outer_e2e_ms is shown too (it grows by the sum).
 """
 
 from __future__ import annotations
 
 import time
 
-from chaos.load import run_streams, shape_trace, steady_config
+from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
 from chaos.proxy import read_log, request_holds, start_proxy
 from chaos.runner import (
     PHASE_COLUMNS,
@@ -39,6 +47,8 @@ __all__ = ["DIRECTIONS", "run"]
 NAME = "net-delay"
 DIRECTIONS = ("in", "out", "both")
 _COLUMNS = (*PHASE_COLUMNS, "outer_e2e_ms")
+_SETUP_S = 3.0  # time for both replays to ask the gateway for its model and build their prompts
+CONTROL_OFFSET_MS = 25.0  # twins reach the gateway this far apart, in turn one first, then the other
 # a request counts once every layer's spans are in: the client's, the gateway's stream, the engine's
 _COMPLETE = "ok AND client_e2e_ms IS NOT NULL AND network_out_ms IS NOT NULL AND e2e_ms IS NOT NULL"
 
@@ -66,9 +76,20 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
         proc, url = start_proxy(gateway, di, do, logs[key], out / f"{runs[key]}.proxy.log")
         target.cleanup.callback(stop_process, proc, 10)
         procs[key], urls[key] = proc, url
-    trace = shape_trace(out / f"{base}.shape.csv", options.input_tokens, options.output_tokens)
-    configs = [steady_config(trace, urls[k], options.rate, options.duration_s, runs[k], target.otlp_url, model,
-                             seed=options.seed + i) for i, k in enumerate(("delayed", "control"))]
+    shape = shape_trace(out / f"{base}.shape.csv", options.input_tokens, options.output_tokens)
+    offsets = poisson_offsets_ms(shape, options.rate, options.duration_s, options.seed)
+    sign = [1 if i % 2 == 0 else -1 for i in range(len(offsets))]  # +1: the control goes second
+    lead_ms = CONTROL_OFFSET_MS  # every offset >= 0
+    plan = {"delayed": [round(lead_ms + t, 3) for t in offsets],
+            "control": [round(lead_ms + t + d_in + s * CONTROL_OFFSET_MS, 3) for t, s in zip(offsets, sign)]}
+    # the replay sorts a trace by time and numbers its requests in that order: keep the map back to i
+    order = {k: sorted(range(len(v)), key=v.__getitem__) for k, v in plan.items()}
+    start = time.perf_counter() + _SETUP_S  # both plans on one clock
+    configs = []
+    for k in ("delayed", "control"):
+        trace = shape_trace(out / f"{runs[k]}.plan.csv", options.input_tokens, options.output_tokens, plan[k])
+        first_s = min(plan[k]) / 1e3  # the replay counts from its first request
+        configs.append(burst_config(trace, urls[k], runs[k], target.otlp_url, model, start_at_perf_s=start + first_s))
     t0 = time.time()
     results = dict(zip(("delayed", "control"), run_streams(configs)))
     for proc in procs.values():
@@ -80,40 +101,61 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
                         f"({sent} sent); see {out}")
     for k, run_id in runs.items():
         wait_for_store(target.api_url, run_id, ok[k], timeout_s=60, where=_COMPLETE)
-    stored = {k: [r for r in fetch_requests(target.api_url, runs[k], _COLUMNS)
-                  if r["network_out_ms"] is not None and r["outer_e2e_ms"] is not None] for k in runs}
+    stored = {k: {r["trace_id"]: r for r in fetch_requests(target.api_url, runs[k], _COLUMNS)
+                  if r["network_out_ms"] is not None and r["outer_e2e_ms"] is not None} for k in runs}
     holds = {k: request_holds(read_log(logs[k])) for k in runs}
-    matched = {k: [r for r in stored[k] if r["trace_id"] in holds[k]] for k in runs}
+    # pairs: request i of both streams (record index j of a stream is its plan's order[j])
+    twin = {k: {order[k][rec.index]: rec.trace_id for rec in results[k].records if not rec.error} for k in runs}
+    pairs = []  # (delayed trace, control trace, sign)
+    for i, tid_d in twin["delayed"].items():
+        tid_c = twin["control"].get(i)
+        if tid_c and all(t in stored[k] and t in holds[k] for k, t in (("delayed", tid_d), ("control", tid_c))):
+            pairs.append((tid_d, tid_c, sign[i]))
 
-    def med_hold(key: str, attr: str) -> float:
-        return median(getattr(holds[key][r["trace_id"]], attr) for r in matched[key]) or 0.0
+    def balanced(diff) -> float | None:
+        """Mean over the two orders of the median of `diff(delayed trace, control trace)` (None skipped)."""
+        meds = [median(diff(d, c) for d, c, s in pairs if s == order_sign) for order_sign in (1, -1)]
+        meds = [m for m in meds if m is not None]
+        return sum(meds) / len(meds) if meds else None
 
-    injected = {"network_in_ms": med_hold("delayed", "in_ms") - med_hold("control", "in_ms"),
-                "network_out_ms": med_hold("delayed", "out_ms") - med_hold("control", "out_ms")}
+    def hold_diff(attr: str):
+        def f(d, c):
+            a, b = getattr(holds["delayed"][d], attr), getattr(holds["control"][c], attr)
+            return None if a is None or b is None else a - b
+        return f
+
+    def phase_diff(col: str):
+        def f(d, c):
+            a, b = stored["delayed"][d][col], stored["control"][c][col]
+            return None if a is None or b is None else a - b
+        return f
+
+    injected = {"network_in_ms": balanced(hold_diff("in_ms")) or 0.0,
+                "network_out_ms": balanced(hold_diff("out_ms")) or 0.0}
     target_phases = tuple(p for p, dd in (("network_in_ms", d_in), ("network_out_ms", d_out)) if dd > 0)
-    n = min(len(matched["delayed"]), len(matched["control"]))
     rows = []
     for col in _COLUMNS:
-        dm = median(r[col] for r in matched["delayed"])
-        cm = median(r[col] for r in matched["control"])
-        attributed = None if dm is None or cm is None else dm - cm
         if col in target_phases:
             inj = injected[col]
         elif col == "outer_e2e_ms":
             inj = sum(injected[p] for p in target_phases)
         else:
             inj = 0.0
-        rows.append(AttributionRow(NAME, layer_of(col), col, inj, attributed, n,
-                                   "median(delayed) - median(control)"))
+        n = sum(1 for d, c, _ in pairs if phase_diff(col)(d, c) is not None)
+        rows.append(AttributionRow(NAME, layer_of(col), col, inj, balanced(phase_diff(col)), n,
+                                   "pairs: mean over both orders of median(delayed - control)"))
+
+    def med_hold(key: str, attr: str) -> float | None:
+        return median(getattr(h, attr) for h in holds[key].values())
+
     details = {
-        "delay_ms": d, "direction": options.direction, "rate_per_stream": options.rate,
+        "delay_ms": d, "direction": options.direction, "control_offset_ms": CONTROL_OFFSET_MS, "rate_per_stream": options.rate,
         "duration_s": options.duration_s, "run_ids": runs, "proxy_logs": {k: str(v) for k, v in logs.items()},
         "sent": sent, "ok_client": ok, "stored": {k: len(v) for k, v in stored.items()},
-        "matched_to_proxy_log": {k: len(v) for k, v in matched.items()},
+        "pairs": len(pairs),
         "hold_ms_median": {k: {"in": med_hold(k, "in_ms"), "out": med_hold(k, "out_ms")} for k in runs},
-        "hold_ms_max": {k: {"in": max((h.in_ms or 0) for h in holds[k].values()) if holds[k] else None,
-                            "out": max((h.out_ms or 0) for h in holds[k].values()) if holds[k] else None}
-                        for k in runs},
+        "hold_ms_max": {k: {"in": max((h.in_ms or 0 for h in holds[k].values()), default=None),
+                            "out": max((h.out_ms or 0 for h in holds[k].values()), default=None)} for k in runs},
         "started_unix": t0,
     }
     # errors are a share of one direction's delay (the smaller one, when both were delayed)

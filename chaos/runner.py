@@ -233,7 +233,7 @@ def print_table(results: list[ExperimentResult], console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or Console(width=max(150, Console().width))  # a log is not 80 wide
     t = Table(title="Injected vs attributed (ms)")
     for col, just in (("experiment", "left"), ("layer", "left"), ("phase", "left"), ("injected", "right"),
                       ("attributed", "right"), ("error", "right"), ("error %", "right"), ("worst request", "right"),

@@ -47,9 +47,11 @@ _TRACEPARENT = re.compile(rb"(?:^|\r?\n)traceparent[ \t]*:[ \t]*([0-9a-fA-F]{2})
 _ZERO_TRACE = b"0" * 32
 _ZERO_SPAN = b"0" * 16
 _READ_SIZE = 65536
-# The last 3 ms of each wait are a cooperative spin (loadgen.clock.sleep_until): uvloop/asyncio
-# timers fire up to ~1 ms late; the spin keeps a chunk's hold within a fraction of a ms of D.
-_SPIN_S = 0.003
+# The last 0.5 ms of each wait is a cooperative spin (loadgen.clock.sleep_until): uvloop/asyncio
+# timers fire up to ~1 ms late. Not longer: a proxy spinning 3 ms before each write took a core
+# from the gateway and the client on a 2-core box (the log records each hold exactly anyway).
+_SPIN_S = 0.0005
+_FLUSH_S = 0.5  # the log reaches the file at least this often (live inspection, a killed proxy)
 
 
 def parse_traceparent(data: bytes) -> str | None:
@@ -106,6 +108,7 @@ class DelayProxy:
         self.clock = WallClock()
         self._ids = itertools.count(1)
         self._server: asyncio.AbstractServer | None = None
+        self._flusher: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self._log = open(cfg.log_path, "a", buffering=1 << 16) if cfg.log_path else None  # noqa: SIM115 - closed in stop()
         self.port: int | None = None
@@ -116,13 +119,23 @@ class DelayProxy:
         """Bind and serve; return the port listened on. Raises OSError if it cannot bind."""
         self._server = await asyncio.start_server(self._handle, self.cfg.listen_host, self.cfg.listen_port)
         self.port = self._server.sockets[0].getsockname()[1]
+        if self._log is not None:
+            self._flusher = asyncio.create_task(self._flush_every(_FLUSH_S))
         return self.port
+
+    async def _flush_every(self, period_s: float) -> None:
+        while self._log is not None:
+            self._log.flush()
+            await asyncio.sleep(period_s)
 
     async def stop(self) -> None:
         """Stop listening, drop every connection, flush and close the log. Safe twice."""
         if self._server is not None:
             self._server.close()
             self._server = None
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
         for t in list(self._tasks):
             t.cancel()
         if self._tasks:
@@ -216,13 +229,16 @@ class DelayProxy:
 class RequestHold:
     """What the proxy did to one request (trace): `in_ms` the hold of its first inbound chunk
     (the one with the request head, whose arrival starts the gateway's server span), `out_ms` the
-    hold of its last outbound chunk (the last byte the client waits for), and the chunk counts."""
+    hold of its last outbound chunk (the last byte the client waits for), the chunk counts, and
+    when (wall ns) that first chunk was written upstream and that last chunk read from upstream."""
 
     trace_id: str
     in_ms: float | None
     out_ms: float | None
     in_chunks: int
     out_chunks: int
+    first_in_write_unix_nano: int | None = None
+    last_out_read_unix_nano: int | None = None
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -261,7 +277,9 @@ def request_holds(records: list[dict]) -> dict[str, RequestHold]:
     def hold(r):
         return None if r is None else (r["write_unix_nano"] - r["read_unix_nano"]) / 1e6
 
-    return {tid: RequestHold(tid, hold(firsts.get(tid)), hold(lasts.get(tid)), n_in.get(tid, 0), n_out.get(tid, 0))
+    return {tid: RequestHold(tid, hold(firsts.get(tid)), hold(lasts.get(tid)), n_in.get(tid, 0), n_out.get(tid, 0),
+                             firsts[tid]["write_unix_nano"] if tid in firsts else None,
+                             lasts[tid]["read_unix_nano"] if tid in lasts else None)
             for tid in set(firsts) | set(lasts)}
 
 

@@ -18,14 +18,7 @@ from tailtrace.cli import main
 from tailtrace.procs import free_port, start_process, stop_process
 from tests.conftest import kill_marked, marked_env, marked_processes
 
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers():
-    """`tailtrace chaos` installs SIGINT/SIGTERM handlers; give pytest its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
+pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace chaos` installs its own
 
 
 def _rc(argv: list[str]) -> int:
@@ -108,7 +101,7 @@ def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
         with open(log, "wb") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
                                     env=marked_env(mark))
-        # both proxies up and traffic flowing through them: their logs have chunks
+        # both proxies up and traffic flowing through them: their logs (flushed every 0.5 s) have chunks
         deadline = time.monotonic() + 60
         while not (len(list(out.glob("*.proxy.jsonl"))) == 2
                    and all(p.stat().st_size > 0 for p in out.glob("*.proxy.jsonl"))):

@@ -1,7 +1,7 @@
 """Attribution: every `tailtrace chaos` experiment at full length on one embedded stack, the
 table of injected vs attributed latency, and one figure, the worst attribution error.
 
-    .venv/bin/python bench/attribution.py                 # net-delay D = 50 ms (both ways, 60 s), admission burst 16
+    .venv/bin/python bench/attribution.py                 # net-delay D = 50 ms (both ways, 120 s), admission burst 16
     .venv/bin/python bench/attribution.py --quick         # 20 s and a burst of 8
     .venv/bin/python bench/attribution.py --json out.json
 
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     cfg = StackConfig(out_dir=out, vllm_port=free_port(), gateway_port=free_port(), otlp_port=free_port(),
                       api_port=free_port(), sampler=False)
     preflight(cfg)
-    plan = [("net-delay", ChaosOptions(duration_s=20 if args.quick else 60, rate=2.0, ms=NET_DELAY_MS,
+    plan = [("net-delay", ChaosOptions(duration_s=20 if args.quick else 120, rate=2.0, ms=NET_DELAY_MS,
                                        direction="both", output_tokens=8)),
             ("admission", ChaosOptions(burst=8 if args.quick else 16, output_tokens=8))]
     t0 = time.monotonic()

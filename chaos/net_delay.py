@@ -4,21 +4,27 @@ gateway, against a paired control.
 Two open-loop streams run at the same time, each with its own run id: one through a delay proxy
 holding D ms in the chosen direction(s), one through a 0-delay proxy (so the extra hop costs both
 the same). Both replay one plan of Poisson arrivals (loadgen's synthetic load): request i of the
-delayed stream at t_i, its twin in the control at t_i + D_in + 25 ms for even i and
-t_i + D_in - 25 ms for odd i. So the twins reach the gateway 25 ms apart and share most of the
-engine's batches: the engine's phases of a pair differ by the noise between two requests of
-nearly one batch, not between two moments of the run. The two orders cancel the effect of going
-second (measured: the second of two requests 0-25 ms apart waits for the first in the gateway
-and in vLLM's frontend, a few ms, which read as a bias when one stream always went second).
+delayed stream at t_i, its twin in the control at t_i + D_in + 250 ms for even i and
+t_i + D_in - 250 ms for odd i: the twins reach the gateway 250 ms apart, one after the other in
+turn, and a twin's answer is about done before the other arrives.
+
+Why not closer (measured at D = 50 ms, 2 req/s per stream, 2 shared cores): twins arriving
+together collide in the gateway, which takes one first, and the other's wait read as network
+time (network_in +2.1 ms); 25 ms apart the second of the two waits in vLLM's frontend (+5 to +10
+ms) and alternating the order did not cancel it (the cost of going second was not the same for
+the two streams: frontend +2.5 ms, outer E2E +6.6 ms left over). Far apart the twins do not
+interact; what is left is noise, which the estimate below and the length of the run bring down.
 
 Ground truth: each proxy's log, which gives each request's actual hold (write - read of its
 first inbound chunk and of its last outbound chunk, jitter included), matched to its trace by the
 traceparent in its inbound bytes.
 
-Per phase, over the pairs (both twins ok, stored and logged): attributed = the mean of
-median(delayed - control) over the pairs with the control second and over those with it first;
-injected = the same of the holds in the delayed direction's phase (network_in_ms for `in`,
-network_out_ms for `out`), 0 in every other phase. outer_e2e_ms is shown too (it grows by the sum).
+Per phase, over the pairs (both twins ok, stored and logged): attributed = the mean of the
+centre of (delayed - control) over the pairs with the control second and over those with it
+first, the centre being the Hodges-Lehmann estimate (`chaos.runner.hodges_lehmann`: robust as a
+median, nearly as precise as a mean); injected = the same of the holds in the delayed direction's
+phase (network_in_ms for `in`, network_out_ms for `out`), 0 in every other phase. outer_e2e_ms is
+shown too (it grows by the sum).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from chaos.runner import (
     ExperimentResult,
     Target,
     fetch_requests,
+    hodges_lehmann,
     layer_of,
     median,
 )
@@ -48,7 +55,7 @@ NAME = "net-delay"
 DIRECTIONS = ("in", "out", "both")
 _COLUMNS = (*PHASE_COLUMNS, "outer_e2e_ms")
 _SETUP_S = 3.0  # time for both replays to ask the gateway for its model and build their prompts
-CONTROL_OFFSET_MS = 25.0  # twins reach the gateway this far apart, in turn one first, then the other
+CONTROL_OFFSET_MS = 250.0  # twins reach the gateway this far apart, in turn one first, then the other
 # a request counts once every layer's spans are in: the client's, the gateway's stream, the engine's
 _COMPLETE = "ok AND client_e2e_ms IS NOT NULL AND network_out_ms IS NOT NULL AND e2e_ms IS NOT NULL"
 
@@ -113,8 +120,9 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
             pairs.append((tid_d, tid_c, sign[i]))
 
     def balanced(diff) -> float | None:
-        """Mean over the two orders of the median of `diff(delayed trace, control trace)` (None skipped)."""
-        meds = [median(diff(d, c) for d, c, s in pairs if s == order_sign) for order_sign in (1, -1)]
+        """Mean over the two orders of the Hodges-Lehmann centre of `diff(delayed trace, control
+        trace)` (None skipped)."""
+        meds = [hodges_lehmann(diff(d, c) for d, c, s in pairs if s == order_sign) for order_sign in (1, -1)]
         meds = [m for m in meds if m is not None]
         return sum(meds) / len(meds) if meds else None
 
@@ -143,14 +151,14 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
             inj = 0.0
         n = sum(1 for d, c, _ in pairs if phase_diff(col)(d, c) is not None)
         rows.append(AttributionRow(NAME, layer_of(col), col, inj, balanced(phase_diff(col)), n,
-                                   "pairs: mean over both orders of median(delayed - control)"))
+                                   "pairs: mean over both orders of HL(delayed - control)"))
 
     def med_hold(key: str, attr: str) -> float | None:
         return median(getattr(h, attr) for h in holds[key].values())
 
     details = {
-        "delay_ms": d, "direction": options.direction, "control_offset_ms": CONTROL_OFFSET_MS, "rate_per_stream": options.rate,
-        "duration_s": options.duration_s, "run_ids": runs, "proxy_logs": {k: str(v) for k, v in logs.items()},
+        "delay_ms": d, "direction": options.direction, "control_offset_ms": CONTROL_OFFSET_MS,
+        "rate_per_stream": options.rate, "duration_s": options.duration_s, "run_ids": runs, "proxy_logs": {k: str(v) for k, v in logs.items()},
         "sent": sent, "ok_client": ok, "stored": {k: len(v) for k, v in stored.items()},
         "pairs": len(pairs),
         "hold_ms_median": {k: {"in": med_hold(k, "in_ms"), "out": med_hold(k, "out_ms")} for k in runs},

@@ -24,7 +24,7 @@ from semantics import catalog
 from tailtrace.errors import UserError
 
 __all__ = ["EXPERIMENTS", "AttributionRow", "ChaosOptions", "Experiment", "ExperimentResult", "Target",
-           "experiment_named", "fetch_requests", "median", "print_table", "result_json", "run_experiment"]
+           "experiment_named", "fetch_requests", "hodges_lehmann", "median", "print_table", "result_json", "run_experiment"]
 
 # The per-request phase columns an experiment compares (docs/schema.md), in the order a request
 # lives them, with the layer each belongs to. network_in/out split the catalog's network phase.
@@ -218,6 +218,21 @@ def median(values) -> float | None:
     """Median of the non-None values (None when there are none)."""
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+def hodges_lehmann(values) -> float | None:
+    """The Hodges-Lehmann estimate of the centre of the non-None values: the median of the Walsh
+    averages (x_i + x_j) / 2, i <= j (None when there are none). As robust as the median to a
+    few wild values (breakdown 29%) and, for the noise of a shared host, nearly as precise as the
+    mean (asymptotic efficiency 0.95 against the median's 0.64 for normal noise). O(n^2) memory:
+    for the few hundred values of an experiment."""
+    import numpy as np
+
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if not x.size:
+        return None
+    i, j = np.triu_indices(x.size)
+    return float(np.median((x[i] + x[j]) / 2))
 
 
 # ---- output -----------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 collector: the injected amount lands in the right phase within max(5%, 2 ms) and less than 10% of
 it lands in any other phase.
 
-CI runs them short (net-delay 10 s of load at D = 150 ms, admission a burst of 8); the benchmark
-(bench/attribution.py) runs them at full length with D = 50 ms.
+CI runs them short (net-delay D = 200 ms both ways for 20 s and D = 150 ms out only for 10 s, at
+3 req/s per stream; admission a burst of 8); the benchmark (bench/attribution.py) runs them at
+full length with D = 50 ms. Per-request network noise on a loaded 2-core box is tens of ms at P90:
+fewer than ~30 pairs left the estimate within 5% of D only most of the time.
 """
 
 from __future__ import annotations
@@ -53,16 +55,16 @@ def _check(res, injected_each: float, worst: bool = True) -> None:
 
 
 def test_net_delay_lands_in_network_in_and_out(vllm_server, vllm_collector, gateway, tmp_path):
-    d = 150.0
+    d = 200.0
     res = run_experiment("net-delay", _target(gateway, vllm_server, vllm_collector, tmp_path),
-                         ChaosOptions(duration_s=10, rate=2.0, ms=d, direction="both", output_tokens=4))
+                         ChaosOptions(duration_s=20, rate=3.0, ms=d, direction="both", output_tokens=4))
     assert res.target_phases == ("network_in_ms", "network_out_ms")
     # the proxy's own log: it held D once per direction (jitter makes it a little more, never
     # less), the control's 0-delay proxy a fraction of a ms
     for phase in res.target_phases:
         assert d - 1 <= res.row(phase).injected_ms < d + 5, res.row(phase)
     sent = res.details["sent"]["delayed"]
-    assert sent >= 10 and res.details["pairs"] >= 0.8 * sent, res.details
+    assert sent >= 30 and res.details["pairs"] >= 0.8 * sent, res.details
     _check(res, d)
     # the E2E the client saw grew by both holds (its pair differences carry the engine's noise too)
     e2e = res.row("outer_e2e_ms")
@@ -70,9 +72,9 @@ def test_net_delay_lands_in_network_in_and_out(vllm_server, vllm_collector, gate
 
 
 def test_net_delay_out_only_leaves_the_way_in_alone(vllm_server, vllm_collector, gateway, tmp_path):
-    d = 120.0
+    d = 150.0
     res = run_experiment("net-delay", _target(gateway, vllm_server, vllm_collector, tmp_path),
-                         ChaosOptions(duration_s=6, rate=2.0, ms=d, direction="out", output_tokens=4))
+                         ChaosOptions(duration_s=10, rate=3.0, ms=d, direction="out", output_tokens=4))
     assert res.target_phases == ("network_out_ms",)
     assert res.row("network_in_ms").injected_ms == 0.0
     _check(res, d)

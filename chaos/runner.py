@@ -24,7 +24,7 @@ from semantics import catalog
 from tailtrace.errors import UserError
 
 __all__ = ["EXPERIMENTS", "AttributionRow", "ChaosOptions", "Experiment", "ExperimentResult", "Target",
-           "experiment_named", "fetch_requests", "hodges_lehmann", "median", "print_table", "result_json", "run_experiment"]
+           "experiment_named", "fetch_requests", "hodges_lehmann", "hodges_lehmann_shift", "median", "print_table", "result_json", "run_experiment"]
 
 # The per-request phase columns an experiment compares (docs/schema.md), in the order a request
 # lives them, with the layer each belongs to. network_in/out split the catalog's network phase.
@@ -218,6 +218,18 @@ def median(values) -> float | None:
     """Median of the non-None values (None when there are none)."""
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
+
+
+def hodges_lehmann_shift(xs, ys) -> float | None:
+    """The Hodges-Lehmann estimate of the shift between two samples: the median of every
+    difference x_i - y_j (None values skipped; None when either sample is empty)."""
+    import numpy as np
+
+    x = np.asarray([v for v in xs if v is not None], dtype=float)
+    y = np.asarray([v for v in ys if v is not None], dtype=float)
+    if not x.size or not y.size:
+        return None
+    return float(np.median(np.subtract.outer(x, y)))
 
 
 def hodges_lehmann(values) -> float | None:

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     preflight(cfg)
     plan = [("net-delay", ChaosOptions(duration_s=20 if args.quick else 120, rate=2.0, ms=NET_DELAY_MS,
                                        direction="both", output_tokens=8)),
-            ("admission", ChaosOptions(burst=8 if args.quick else 16, output_tokens=8))]
+            ("admission", ChaosOptions(burst=8 if args.quick else 16, output_tokens=16))]
     t0 = time.monotonic()
     stack = start_stack(cfg, console)
     results = []

@@ -83,7 +83,7 @@ def test_net_delay_out_only_leaves_the_way_in_alone(vllm_server, vllm_collector,
 def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_server, vllm_collector, tmp_path):
     # the engine is given (vllm_url): the experiment starts its own gateway with --max-concurrency 1
     res = run_experiment("admission", _target("http://unused", vllm_server, vllm_collector, tmp_path),
-                         ChaosOptions(burst=8, output_tokens=8))
+                         ChaosOptions(burst=8, output_tokens=16))
     per = res.details["per_request"]
     assert len(per) == 7 and all(p["gateway_queue_ms"] is not None for p in per), per
     # it did queue: the k-th request waited about k slot holds, each > 10 ms on this model

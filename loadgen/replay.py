@@ -60,6 +60,8 @@ class ReplayConfig:
     sends traceparent but exports nothing; tracer_provider: use this provider (tests, demo).
     slo: per-request SLO for goodput and the SLO check ("ttft_p99=2s,tpot_p99=100ms").
     spin_s: precise-sleep spin window (s), 0 for plain asyncio sleeps. timeout_s: per request.
+    start_delay_s: the schedule starts this long after the run is ready; start_at_perf_s instead
+    starts it at this `time.perf_counter()` reading (several runs in one process on one schedule).
     """
 
     trace: str = "azure-conv"
@@ -90,6 +92,7 @@ class ReplayConfig:
     extra_body: dict | None = None
     path: str = "/v1/completions"
     start_delay_s: float = 0.05
+    start_at_perf_s: float | None = None
 
 
 @dataclass
@@ -365,7 +368,7 @@ class _Runner:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          auto_decompress=False, skip_auto_headers=("User-Agent",)) as session:
             self.session = session
-            start_perf = perf() + cfg.start_delay_s
+            start_perf = perf() + cfg.start_delay_s if cfg.start_at_perf_s is None else cfg.start_at_perf_s
             if progress:
                 progress.start()
             try:

@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "loadgen.cli",          # replay, sweep
     "dashboard.cli",        # dashboard
     "tailtrace.demo",       # demo
+    "chaos.cli",            # chaos
 )
 
 

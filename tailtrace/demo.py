@@ -20,19 +20,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from semantics.catalog import QUANTILE_LABELS, format_ms
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
+from tailtrace.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
+from tailtrace.stack import StackConfig, preflight, start_stack, tailtrace_command
+from tailtrace.stack import sql_api as _sql  # _report's queries (tests point it at a store)
+from tailtrace.stack import wait_for_store as _wait_for_store
 
 __all__ = ["DemoConfig", "register", "run_demo"]
 
 DEFAULT_SPEED = 2.0
 DEFAULT_DURATION_S = 120.0
-MIN_FREE_MEMORY_GIB = 4.0
+MIN_FREE_MEMORY_GIB = _STACK_MIN_FREE_GIB
 # Above this schedule lag (P99, ms) the report warns that the host, not the stack, shaped the client times.
 LAG_WARN_MS = 50.0
 
@@ -60,51 +63,17 @@ class DemoConfig:
     vllm_args: list[str] = field(default_factory=list)
 
 
-class _Stack:
-    """The processes of one demo, stopped upstream first (load, gateway, engine, then the
-    collector, which flushes last). Safe to stop twice."""
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[str, object]] = []
-        self.sampler = None
-
-    def add(self, name: str, proc) -> None:
-        self.procs.append((name, proc))
-
-    def stop(self) -> None:
-        if self.sampler is not None:
-            try:
-                self.sampler.stop()
-            finally:
-                self.sampler = None
-        while self.procs:
-            name, proc = self.procs.pop()
-            stop_process(proc, timeout_s={"collector": 30, "vllm": 20}.get(name, 5))
+def _stack_config(cfg: DemoConfig) -> StackConfig:
+    return StackConfig(out_dir=Path(cfg.out_dir), model=cfg.model, host=cfg.host, vllm_port=cfg.vllm_port,
+                       gateway_port=cfg.gateway_port, otlp_port=cfg.otlp_port, api_port=cfg.api_port,
+                       decode_spans=cfg.decode_spans, vllm_args=list(cfg.vllm_args))
 
 
 def _preflight(cfg: DemoConfig) -> None:
-    import psutil
-
-    from tailtrace.serve import require_vllm
-
-    require_vllm()
-    avail = psutil.virtual_memory().available / 2**30
-    if avail < MIN_FREE_MEMORY_GIB:
-        raise UserError(f"too little memory: {avail:.1f} GiB available, the demo needs {MIN_FREE_MEMORY_GIB:.0f} GiB "
-                        "(vLLM's KV cache, the collector and the replay)")
-    for what, port, flag in (("vLLM server", cfg.vllm_port, "--vllm-port"), ("gateway", cfg.gateway_port, "--gateway-port"),
-                             ("collector OTLP receiver", cfg.otlp_port, "--otlp-port"),
-                             ("collector API", cfg.api_port, "--api-port")):
-        try:
-            check_port_free(cfg.host, port, what)
-        except UserError:
-            raise UserError(f"port {cfg.host}:{port} for the {what} is in use; stop what holds it or pass {flag}") from None
+    preflight(_stack_config(cfg), {"vllm": "--vllm-port", "gateway": "--gateway-port", "otlp": "--otlp-port",
+                                   "api": "--api-port"}, MIN_FREE_MEMORY_GIB)
     if cfg.dashboard:
         check_port_free(cfg.host, cfg.dashboard_port, "dashboard")
-
-
-def _tailtrace(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tailtrace", *args]
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict:
@@ -114,48 +83,15 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     not start (its log is named)."""
     from rich.console import Console
 
-    from tailtrace.serve import ServeConfig, start_sampler, start_vllm
-
     console = console or Console(width=max(160, Console().width))  # the tables need it; logs are not 80 wide
     _preflight(cfg)
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    db = out / "tailtrace.duckdb"
-    for stale in (db, Path(f"{db}.wal")):
-        stale.unlink(missing_ok=True)
-    logs = out / "logs"
-    logs.mkdir(exist_ok=True)
-    otlp = f"http://{cfg.host}:{cfg.otlp_port}"
-    api = f"http://{cfg.host}:{cfg.api_port}"
-    vllm_url = f"http://{cfg.host}:{cfg.vllm_port}"
-    gw_url = f"http://{cfg.host}:{cfg.gateway_port}"
-    stack = _Stack()
+    stack = start_stack(_stack_config(cfg), console)
+    db = stack.db
     try:
-        console.print(f"[bold]collector[/] {otlp} (OTLP), {api} (SQL API) → {db}")
-        coll = start_process(_tailtrace("collect", "--db", str(db), "--host", cfg.host, "--otlp-port", str(cfg.otlp_port),
-                                        "--api-port", str(cfg.api_port), "--scrape", f"{vllm_url}/metrics"),
-                             logs / "collector.log")
-        stack.add("collector", coll)
-        wait_http(f"{api}/healthz", 60, coll, what=f"collector (log: {logs / 'collector.log'})")
-
-        console.print(f"[bold]vLLM[/] ({cfg.model}) {vllm_url} — starting, about a minute on CPU")
-        t0 = time.monotonic()
-        vllm = start_vllm(ServeConfig(model=cfg.model, host=cfg.host, port=cfg.vllm_port, otlp_endpoint=otlp,
-                                      decode_spans=cfg.decode_spans, extra_args=cfg.vllm_args),
-                          log_path=logs / "vllm.log")
-        stack.add("vllm", vllm)
-        console.print(f"  vLLM answered after {time.monotonic() - t0:.0f} s")
-        stack.sampler = start_sampler(otlp)
-
-        gw = start_process(_tailtrace("gateway", "--upstream", vllm_url, "--host", cfg.host, "--port", str(cfg.gateway_port),
-                                      "--otlp-endpoint", otlp), logs / "gateway.log")
-        stack.add("gateway", gw)
-        wait_http(f"{gw_url}/v1/models", 60, gw, what=f"gateway (log: {logs / 'gateway.log'})")
-        console.print(f"[bold]gateway[/] {gw_url} → {vllm_url}")
-
-        result = _replay(cfg, gw_url, otlp, out, console)
-        n = _wait_for_store(api, result["run_id"], len(result["requests"]))
-        report = _report(api, result["run_id"])
+        result = _replay(cfg, stack.gateway_url, stack.otlp_url, out, console)
+        n = _wait_for_store(stack.api_url, result["run_id"], len(result["requests"]))
+        report = _report(stack.api_url, result["run_id"])
         _print_report(console, report, cfg, result, n)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
@@ -187,7 +123,7 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict
     path = out / f"{run_id}.json"
     console.print(f"[bold]replay[/] {cfg.trace}: {cfg.duration_s:.0f} s of schedule at {cfg.speed:g}x, open loop, "
                   f"through the gateway (run {run_id})")
-    cmd = _tailtrace("replay", cfg.trace, "--target", target, "--speed", str(cfg.speed), "--duration",
+    cmd = tailtrace_command("replay", cfg.trace, "--target", target, "--speed", str(cfg.speed), "--duration",
                      str(cfg.duration_s), "--start", str(cfg.start_s), "--otlp-endpoint", otlp, "--run-id", run_id,
                      "--out", str(path), *(() if cfg.progress else ("--no-progress",)))
     proc = start_process(cmd)
@@ -205,34 +141,6 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict
     if rc != 0 or not path.exists():
         raise UserError(f"the replay failed (exit {rc}); its output is above")
     return json.loads(path.read_text())
-
-
-def _sql(api: str, query: str, params=None) -> list:
-    import httpx
-
-    from collector.query.auth import bearer_headers
-
-    r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, headers=bearer_headers(),
-                   timeout=60)
-    if r.status_code != 200:
-        raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
-    return r.json()["rows"]
-
-
-def _wait_for_store(api: str, run_id: str, expected: int, timeout_s: float = 30.0) -> int:
-    """Wait until the store holds every request of the run (spans are exported in batches)."""
-    deadline = time.monotonic() + timeout_s
-    last, stable_since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        n = _sql(api, "SELECT count(*) FROM requests WHERE run_id = ? AND e2e_ms IS NOT NULL", [run_id])[0][0]
-        if n >= expected:
-            return n
-        if n != last:
-            last, stable_since = n, time.monotonic()
-        elif time.monotonic() - stable_since > 8:
-            return n
-        time.sleep(0.5)
-    return last
 
 
 def _report(api: str, run_id: str) -> dict:
@@ -304,7 +212,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
 
 
 def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
-    proc = start_process(_tailtrace("dashboard", "--db", str(db), "--host", cfg.host, "--port", str(cfg.dashboard_port)),
+    proc = start_process(tailtrace_command("dashboard", "--db", str(db), "--host", cfg.host, "--port", str(cfg.dashboard_port)),
                          Path(cfg.out_dir) / "logs" / "dashboard.log")
     try:
         wait_http(f"http://{cfg.host}:{cfg.dashboard_port}/_stcore/health", 60, proc, what="dashboard")

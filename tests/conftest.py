@@ -82,6 +82,26 @@ def vllm_server(tiny_model_dir, session_collector, tmp_path_factory):
         stop_process(proc)
 
 
+@pytest.fixture(scope="session")
+def vllm_collector(vllm_server):
+    """The session collector that `vllm_server` exports to (skips when the collector part is missing)."""
+    if vllm_server.collector is None:
+        pytest.skip("the collector part is not importable")
+    return vllm_server.collector
+
+
+@pytest.fixture
+def keep_signal_handlers():
+    """For tests that call a command in-process which installs SIGINT/SIGTERM handlers
+    (`tailtrace demo`, `tailtrace chaos`): give pytest its own back afterwards."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
 @dataclass
 class DemoRun:
     """One short real `tailtrace demo` (collector, vLLM CPU, gateway, device sampler, Azure trace):

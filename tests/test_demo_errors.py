@@ -4,21 +4,13 @@ a port in use, vLLM not installed, too little memory."""
 from __future__ import annotations
 
 import importlib.util
-import signal
 import socket
 
 import pytest
 
 from tailtrace.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _keep_signal_handlers():
-    """`tailtrace demo` installs SIGINT/SIGTERM handlers; give pytest its own back."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
+pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace demo` installs its own
 
 
 def _one_line(capsys) -> str:

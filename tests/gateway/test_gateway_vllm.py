@@ -30,10 +30,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def collector(vllm_server):
-    if vllm_server.collector is None:
-        pytest.skip("the collector part is not importable")
-    return vllm_server.collector
+def collector(vllm_collector):
+    return vllm_collector
 
 
 class _Gw:

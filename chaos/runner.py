@@ -1,0 +1,288 @@
+"""The experiment runner: where the load goes, what an experiment returns, and the table.
+
+An experiment (`Experiment`) gets a `Target` (the gateway the load goes through, the engine when
+it runs here, the collector's OTLP and SQL API URLs, a folder for its logs, and an `ExitStack`
+that stops whatever it starts) and `ChaosOptions`; it runs a steady open-loop load, injects one
+fault with its own ground truth, reads the store, and returns an `ExperimentResult`: one
+`AttributionRow` per phase, the amount injected into it (0 for every phase the fault must not
+touch) beside what the store attributes to it.
+
+Adding an experiment: a module with `run(target, options) -> ExperimentResult`, and one entry
+in `EXPERIMENTS` (whether it works against a user's gateway URL, i.e. needs no control of the
+engine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from semantics import catalog
+from tailtrace.errors import UserError
+
+__all__ = ["EXPERIMENTS", "AttributionRow", "ChaosOptions", "Experiment", "ExperimentResult", "Target",
+           "experiment_named", "fetch_requests", "hodges_lehmann", "hodges_lehmann_shift", "median", "print_table", "result_json", "run_experiment"]
+
+# The per-request phase columns an experiment compares (docs/schema.md), in the order a request
+# lives them, with the layer each belongs to. network_in/out split the catalog's network phase.
+PHASE_COLUMNS: tuple[str, ...] = ("network_in_ms", "gateway_ms", "gateway_queue_ms", "frontend_ms", "queue_ms",
+                                  "prefill_ms", "preempted_ms", "decode_ms", "network_out_ms", "unattributed_ms")
+
+
+def layer_of(column: str) -> str:
+    """The layer label (semantics.catalog) of a `requests` phase column; network_in/out_ms are
+    the network phase's (gateway and infrastructure); outer_e2e_ms is "end to end"."""
+    if column in ("network_in_ms", "network_out_ms"):
+        column = "network_ms"
+    if column == "outer_e2e_ms":
+        return "end to end"
+    return catalog.phase_by_column(column).layer.label
+
+
+@dataclass
+class Target:
+    """Where an experiment runs. `gateway_url`: the gateway the load goes to (base URL);
+    `vllm_url`: the engine, when this run controls it (the embedded stack, tests), else None;
+    `otlp_url`: the collector's OTLP/HTTP base URL (client spans, gateways started here);
+    `api_url`: its SQL API; `out_dir`: logs and ground-truth files; `cleanup`: stops everything
+    the experiment starts (LIFO, also on Ctrl-C); `model`: served model name (None: the target's first)."""
+
+    gateway_url: str
+    otlp_url: str
+    api_url: str
+    out_dir: Path
+    vllm_url: str | None = None
+    model: str | None = None
+    cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    @property
+    def remote(self) -> bool:
+        """True when the engine is not under this run's control (a user's URLs)."""
+        return self.vllm_url is None
+
+
+@dataclass
+class ChaosOptions:
+    """Every experiment's knobs. duration_s: seconds of steady load; rate: req/s per stream;
+    ms: the injected delay (net-delay); direction: in | out | both; burst: requests in the
+    admission burst; input_tokens/output_tokens: the shape of every request; seed: arrivals."""
+
+    duration_s: float = 30.0
+    rate: float = 2.0
+    ms: float = 50.0
+    direction: str = "both"
+    burst: int = 12
+    input_tokens: int = 16
+    output_tokens: int = 8
+    seed: int = 0
+
+
+@dataclass
+class AttributionRow:
+    """One phase of one experiment: `injected_ms` what the fault put there by its ground truth (0
+    where nothing must land), `attributed_ms` what the store shows (each experiment says how it
+    aggregates), `error_ms` = attributed - injected, `n` requests compared, `note` how it was computed,
+    `worst_ms` the worst single request's error where the row compares request by request."""
+
+    experiment: str
+    layer: str
+    phase: str
+    injected_ms: float
+    attributed_ms: float | None
+    n: int
+    note: str = ""
+    worst_ms: float | None = None
+
+    @property
+    def error_ms(self) -> float | None:
+        return None if self.attributed_ms is None else self.attributed_ms - self.injected_ms
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict, `error_ms` included."""
+        return {**asdict(self), "error_ms": self.error_ms}
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment measured: `rows` (the table), `injected_ms` the amount the fault injected
+    (what errors are a share of), `target_phases` the phases it injected into, `details`
+    (run ids, counts, per-request ground truth, JSON-ready)."""
+
+    experiment: str
+    rows: list[AttributionRow]
+    injected_ms: float
+    target_phases: tuple[str, ...]
+    details: dict = field(default_factory=dict)
+
+    def row(self, phase: str) -> AttributionRow:
+        """The row of `phase` (a column name). KeyError if absent."""
+        for r in self.rows:
+            if r.phase == phase:
+                return r
+        raise KeyError(phase)
+
+    def worst_error_ms(self) -> float:
+        """The largest |error| (ms) over every phase's row, a single request's where a row has one
+        (`worst_ms`); outer_e2e_ms is not a phase and is left out."""
+        errs = [abs(e) for r in self.rows if r.phase != "outer_e2e_ms" for e in (r.error_ms, r.worst_ms)
+                if e is not None]
+        return max(errs) if errs else float("nan")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict: rows, injected amount, worst error (ms and share of the injected amount), details."""
+        worst = self.worst_error_ms()
+        return {"experiment": self.experiment, "injected_ms": self.injected_ms,
+                "target_phases": list(self.target_phases), "worst_error_ms": worst,
+                "worst_error_share": worst / self.injected_ms if self.injected_ms else None,
+                "rows": [r.to_dict() for r in self.rows], "details": self.details}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """An entry of the registry: `remote` when it needs no control of the engine (it can run
+    against a user's gateway); `run` None while it is planned but not built."""
+
+    name: str
+    help: str
+    remote: bool
+    run: Callable[[Target, ChaosOptions], ExperimentResult] | None
+
+
+def _net_delay(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import net_delay
+
+    return net_delay.run(target, options)
+
+
+def _admission(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import admission
+
+    return admission.run(target, options)
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("net-delay", "a TCP delay proxy between client and gateway (--ms D, --direction)", True, _net_delay),
+    Experiment("admission", "a gateway concurrency limit of 1 under a burst (--burst N)", True, _admission),
+    Experiment("replica-kill", "SIGKILL one of two vLLM replicas mid-run (planned)", False, None),
+    Experiment("cpu-contention", "a CPU hog on vLLM's worker core (planned)", False, None),
+    Experiment("long-prompt", "one 14k-token prompt into steady traffic (planned)", False, None),
+    Experiment("kv-pressure", "vLLM with a small KV cache (planned)", False, None),
+)}
+
+
+def remote_names() -> list[str]:
+    """Names of the experiments that work against a user's gateway URL."""
+    return [e.name for e in EXPERIMENTS.values() if e.remote]
+
+
+def experiment_named(name: str, remote: bool = False) -> Experiment:
+    """The runnable experiment `name`. Raises `UserError` for an unknown name, one not built yet,
+    or (`remote`) one that needs the embedded engine, naming those that work remotely."""
+    exp = EXPERIMENTS.get(name)
+    runnable = [e.name for e in EXPERIMENTS.values() if e.run is not None]
+    if exp is None:
+        raise UserError(f"unknown experiment {name!r}; one of {', '.join(runnable)}")
+    if remote and not exp.remote:
+        raise UserError(f"{name} needs the embedded engine (it controls vLLM); against a user's --gateway only "
+                        f"{' and '.join(remote_names())} work remotely")
+    if exp.run is None:
+        raise UserError(f"{name} is not built yet; one of {', '.join(runnable)}")
+    return exp
+
+
+def run_experiment(name: str, target: Target, options: ChaosOptions) -> ExperimentResult:
+    """Run experiment `name` on `target`; stops what it started before returning (or raising).
+    Raises `UserError` (bad name, a target down), KeyboardInterrupt on Ctrl-C."""
+    exp = experiment_named(name, remote=target.remote)
+    with target.cleanup:
+        return exp.run(target, options)
+
+
+# ---- reading the store ------------------------------------------------------------------------
+
+def fetch_requests(api_url: str, run_id: str, columns: tuple[str, ...]) -> list[dict]:
+    """The ok requests of `run_id` as dicts of trace_id and `columns`, from the collector's SQL
+    API (`tailtrace.stack.sql_api`; raises `UserError` when it is down)."""
+    from tailtrace.stack import sql_api
+
+    cols = ", ".join(columns)
+    rows = sql_api(api_url, f"SELECT trace_id, {cols} FROM requests WHERE run_id = ? AND ok ORDER BY arrival_time",
+                   [run_id])
+    return [dict(zip(("trace_id", *columns), r)) for r in rows]
+
+
+def median(values) -> float | None:
+    """Median of the non-None values (None when there are none)."""
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def hodges_lehmann_shift(xs, ys) -> float | None:
+    """The Hodges-Lehmann estimate of the shift between two samples: the median of every
+    difference x_i - y_j (None values skipped; None when either sample is empty)."""
+    import numpy as np
+
+    x = np.asarray([v for v in xs if v is not None], dtype=float)
+    y = np.asarray([v for v in ys if v is not None], dtype=float)
+    if not x.size or not y.size:
+        return None
+    return float(np.median(np.subtract.outer(x, y)))
+
+
+def hodges_lehmann(values) -> float | None:
+    """The Hodges-Lehmann estimate of the centre of the non-None values: the median of the Walsh
+    averages (x_i + x_j) / 2, i <= j (None when there are none). As robust as the median to a
+    few wild values (breakdown 29%) and, for the noise of a shared host, nearly as precise as the
+    mean (asymptotic efficiency 0.95 against the median's 0.64 for normal noise). O(n^2) memory:
+    for the few hundred values of an experiment."""
+    import numpy as np
+
+    x = np.asarray([v for v in values if v is not None], dtype=float)
+    if not x.size:
+        return None
+    i, j = np.triu_indices(x.size)
+    return float(np.median((x[i] + x[j]) / 2))
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def print_table(results: list[ExperimentResult], console=None) -> None:
+    """Print the attribution table (experiment, layer, phase, injected, attributed, error, its
+    share of the injected amount, the worst request's error, n) with rich, then each experiment's
+    worst error."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(150, Console().width))  # a log is not 80 wide
+    t = Table(title="Injected vs attributed (ms)")
+    for col, just in (("experiment", "left"), ("layer", "left"), ("phase", "left"), ("injected", "right"),
+                      ("attributed", "right"), ("error", "right"), ("error %", "right"), ("worst request", "right"),
+                      ("n", "right")):
+        t.add_column(col, justify=just)
+    for res in results:
+        for r in res.rows:
+            err = r.error_ms
+            share = "" if err is None or not res.injected_ms else f"{100 * err / res.injected_ms:+.1f}%"
+            style = "bold" if r.phase in res.target_phases else None
+            t.add_row(r.experiment, r.layer, r.phase, _ms(r.injected_ms), _ms(r.attributed_ms),
+                      "—" if err is None else f"{err:+.2f}", share,
+                      "" if r.worst_ms is None else f"{r.worst_ms:+.2f}", str(r.n), style=style)
+    console.print(t)
+    for res in results:
+        worst = res.worst_error_ms()
+        console.print(f"{res.experiment}: injected {res.injected_ms:.2f} ms into {', '.join(res.target_phases)}; "
+                      f"worst error {worst:.2f} ms ({100 * worst / res.injected_ms:.1f}% of it)", soft_wrap=True)
+
+
+def result_json(results: list[ExperimentResult]) -> dict:
+    """The JSON document `--json` writes: every experiment and the worst error over all of them."""
+    shares = [r.worst_error_ms() / r.injected_ms for r in results if r.injected_ms]
+    return {"experiments": [r.to_dict() for r in results],
+            "worst_error_share": max(shares) if shares else None}

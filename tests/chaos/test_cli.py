@@ -1,0 +1,128 @@
+"""`tailtrace chaos` refuses bad input with one line and exit 2, says which experiments work
+against a user's gateway, and on Ctrl-C stops every process it started (the delay proxies too).
+No vLLM: the remote mode runs against loadgen's stub server and the session collector."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from tailtrace.cli import main
+from tailtrace.procs import free_port, start_process, stop_process
+from tests.conftest import kill_marked, marked_env, marked_processes
+
+pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace chaos` installs its own
+
+
+def _rc(argv: list[str]) -> int:
+    """`tailtrace ARGV`'s exit status (argparse's own errors exit through SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err and err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["chaos", "no-such-thing"], ["unknown experiment 'no-such-thing'", "net-delay", "admission"]),
+    (["chaos", "net-delay", "--ms", "0"], ["--ms must be a number > 0", "'0'"]),
+    (["chaos", "net-delay", "--ms", "-5"], ["--ms must be a number > 0", "'-5'"]),
+    (["chaos", "net-delay", "--ms", "abc"], ["--ms must be a number > 0", "'abc'"]),
+    (["chaos", "net-delay", "--ms", "nan"], ["--ms must be a number > 0"]),
+    (["chaos", "net-delay", "--ms", "inf"], ["--ms must be a number > 0"]),
+    (["chaos", "net-delay", "--direction", "sideways"], ["--direction", "invalid choice"]),
+    (["chaos", "net-delay", "--duration", "0"], ["--duration must be a number > 0"]),
+    (["chaos", "admission", "--burst", "1"], ["--burst must be at least 2"]),
+    (["chaos", "net-delay", "--gateway", "http://127.0.0.1:1"], ["--gateway needs --collector-api"]),
+    (["chaos", "net-delay", "--gateway", "ftp://x", "--collector-api", "http://127.0.0.1:1"], ["--gateway", "http"]),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert _rc(argv) == 2
+    err = _one_line(capsys)
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("name", ["replica-kill", "cpu-contention", "long-prompt", "kv-pressure"])
+def test_engine_experiments_refuse_a_users_gateway_naming_the_remote_ones(name, capsys):
+    assert _rc(["chaos", name, "--gateway", "http://127.0.0.1:1", "--collector-api", "http://127.0.0.1:2"]) == 2
+    err = _one_line(capsys)
+    assert f"{name} needs the embedded engine" in err and "net-delay and admission work remotely" in err
+
+
+def test_targets_that_are_down(session_collector, capsys):
+    down = f"http://127.0.0.1:{free_port()}"
+    assert _rc(["chaos", "net-delay", "--gateway", down, "--collector-api", down]) == 2
+    assert "cannot reach the collector API" in _one_line(capsys)
+    if session_collector is None:
+        pytest.skip("the collector part is not importable")
+    for exp in ("net-delay", "admission"):
+        assert _rc(["chaos", exp, "--gateway", down, "--collector-api", session_collector.api_url]) == 2
+        err = _one_line(capsys)
+        assert f"--gateway {down}" in err and "cannot reach" in err, err
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
+    if session_collector is None:
+        pytest.skip("the collector part is not importable")
+    stub_port = free_port()
+    stub = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(stub_port), "--itl-ms", "5"])
+    mark = uuid.uuid4().hex
+    out = tmp_path / "chaos"
+    log = tmp_path / "chaos.log"
+    cmd = [sys.executable, "-m", "tailtrace", "chaos", "net-delay", "--ms", "40", "--duration", "120",
+           "--gateway", f"http://127.0.0.1:{stub_port}", "--collector-api", session_collector.api_url,
+           "--otlp-endpoint", session_collector.otlp_url, "--out", str(out)]
+    try:
+        deadline = time.monotonic() + 20
+        while not _listening(stub_port):
+            assert time.monotonic() < deadline, "the stub server did not start"
+            time.sleep(0.1)
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=marked_env(mark))
+        # both proxies up and traffic flowing through them: their logs (flushed every 0.5 s) have chunks
+        deadline = time.monotonic() + 60
+        while not (len(list(out.glob("*.proxy.jsonl"))) == 2
+                   and all(p.stat().st_size > 0 for p in out.glob("*.proxy.jsonl"))):
+            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.2)
+        proxies = [p for p in marked_processes(mark) if "chaos.proxy" in " ".join(p.cmdline())]
+        assert len(proxies) == 2
+        ports = [int(p.cmdline()[p.cmdline().index("--listen-port") + 1]) for p in proxies]
+        assert all(_listening(port) for port in ports)
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after SIGINT:\n{log.read_text(errors='replace')[-2000:]}")
+        text = log.read_text(errors="replace")
+        assert rc == 130, text[-2000:]
+        assert "interrupted" in text and "Traceback" not in text, text[-2000:]
+        time.sleep(0.5)
+        assert not marked_processes(mark)
+        assert not any(_listening(port) for port in ports)  # the proxies are gone
+    finally:
+        kill_marked(mark)
+        stop_process(stub, 5)

@@ -90,11 +90,13 @@ def _run(args, options, remote: bool):
         _check_gateway(gateway, args.model)
         target = Target(gateway_url=gateway, otlp_url=otlp, api_url=api, out_dir=out, model=args.model)
         return run_experiment(args.experiment, target, options)
+    from chaos.runner import experiment_named
     from tailtrace.procs import free_port
     from tailtrace.stack import StackConfig, preflight, start_stack
 
     cfg = StackConfig(out_dir=out, model=args.model or "tiny", vllm_port=free_port(), gateway_port=free_port(),
-                      otlp_port=free_port(), api_port=free_port(), sampler=False)
+                      otlp_port=free_port(), api_port=free_port(), sampler=False,
+                      vllm_args=list(experiment_named(args.experiment).vllm_args))
     preflight(cfg)
     stack = start_stack(cfg, console)
     target = Target(gateway_url=stack.gateway_url, otlp_url=stack.otlp_url, api_url=stack.api_url,
@@ -129,14 +131,16 @@ def _check_api(api: str) -> None:
 def register(sub) -> None:
     """Register `tailtrace chaos`."""
     p = sub.add_parser("chaos", help="fault experiments with a known answer: injected vs attributed latency")
-    p.add_argument("experiment", metavar="EXPERIMENT", help="net-delay or admission (remote-capable both)")
+    p.add_argument("experiment", metavar="EXPERIMENT",
+                   help="net-delay, admission (both work against a user's --gateway too) or kv-pressure (embedded)")
     p.add_argument("--duration", type=_positive("--duration"), default=30.0,
                    help="seconds of steady load (net-delay; default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the table (and per-request truth) as JSON")
     p.add_argument("--ms", type=_positive("--ms"), default=50.0, help="net-delay: the delay D, ms (default 50)")
     p.add_argument("--direction", choices=("in", "out", "both"), default="both", help="net-delay: which way")
     p.add_argument("--rate", type=_positive("--rate"), default=2.0, help="req/s of each stream (default 2)")
-    p.add_argument("--burst", type=int, default=12, help="admission: requests in the burst (default 12)")
+    p.add_argument("--burst", type=int, default=12,
+                   help="admission, kv-pressure: requests in the burst (default 12)")
     p.add_argument("--input-tokens", type=int, default=16, help="prompt tokens of every request (default 16)")
     p.add_argument("--output-tokens", type=int, default=8, help="output tokens of every request (default 8)")
     p.add_argument("--seed", type=int, default=0)

@@ -143,12 +143,14 @@ class ExperimentResult:
 @dataclass(frozen=True)
 class Experiment:
     """An entry of the registry: `remote` when it needs no control of the engine (it can run
-    against a user's gateway); `run` None while it is planned but not built."""
+    against a user's gateway); `run` None while it is planned but not built; `vllm_args` the vLLM
+    flags the embedded stack starts its engine with for it."""
 
     name: str
     help: str
     remote: bool
     run: Callable[[Target, ChaosOptions], ExperimentResult] | None
+    vllm_args: tuple[str, ...] = ()  # flags the embedded engine needs for this experiment
 
 
 def _net_delay(target: Target, options: ChaosOptions) -> ExperimentResult:
@@ -163,13 +165,25 @@ def _admission(target: Target, options: ChaosOptions) -> ExperimentResult:
     return admission.run(target, options)
 
 
+def _kv_pressure(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import kv_pressure
+
+    return kv_pressure.run(target, options)
+
+
+# chaos/kv_pressure.py's engine: 40 KV blocks of 32 tokens (kept here so that listing the
+# experiments imports no experiment)
+_KV_PRESSURE_VLLM_ARGS = ("--max-model-len", "1024", "--num-gpu-blocks-override", "40", "--block-size", "32")
+
+
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("net-delay", "a TCP delay proxy between client and gateway (--ms D, --direction)", True, _net_delay),
     Experiment("admission", "a gateway concurrency limit of 1 under a burst (--burst N)", True, _admission),
     Experiment("replica-kill", "SIGKILL one of two vLLM replicas mid-run (planned)", False, None),
     Experiment("cpu-contention", "a CPU hog on vLLM's worker core (planned)", False, None),
     Experiment("long-prompt", "one 14k-token prompt into steady traffic (planned)", False, None),
-    Experiment("kv-pressure", "vLLM with a small KV cache (planned)", False, None),
+    Experiment("kv-pressure", "vLLM with a KV cache of 40 blocks under a burst (--burst N): its preemption "
+               "counter against the store's", False, _kv_pressure, _KV_PRESSURE_VLLM_ARGS),
 )}
 
 

@@ -9,7 +9,8 @@ import uuid
 import httpx
 import pytest
 
-from tailtrace.procs import stop_process
+from chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
+from tailtrace.procs import free_port, start_process, stop_process, wait_http
 from tests.conftest import start_test_vllm
 from tests.engine.test_vllm_plugin import _stream
 from tests.helpers import poll_sql, sql
@@ -22,9 +23,10 @@ def small_kv_server(tiny_model_dir, session_collector, tmp_path_factory):
     if session_collector is None:
         pytest.skip("collector part missing")
     log = tmp_path_factory.mktemp("vllm-small-kv") / "vllm.log"
-    # 40 blocks of 32 tokens = 1,280 tokens of KV cache for 8 requests of 400 tokens each.
-    proc, url = start_test_vllm(tiny_model_dir, session_collector.otlp_url, log, decode_spans="off", extra_args=[
-        "--max-model-len", "1024", "--num-gpu-blocks-override", "40", "--block-size", "32"])
+    # 40 blocks of 32 tokens = 1,280 tokens of KV cache for 8 requests of 400 tokens each: the
+    # engine `tailtrace chaos kv-pressure` starts (one definition, in its registry entry)
+    proc, url = start_test_vllm(tiny_model_dir, session_collector.otlp_url, log, decode_spans="off",
+                                extra_args=list(EXPERIMENTS["kv-pressure"].vllm_args))
     try:
         yield url
     finally:
@@ -61,3 +63,30 @@ def test_forced_preemption_yields_preempted_spans_and_counts(small_kv_server, se
     text = httpx.get(f"{small_kv_server}/metrics", timeout=10).text
     m = re.search(r'^vllm:num_preemptions_total\{[^}]*\} ([0-9.e+]+)$', text, re.MULTILINE)
     assert m and int(float(m.group(1))) == total
+
+
+def test_chaos_kv_pressure_counts_every_preemption(small_kv_server, session_collector, tmp_path):
+    """`tailtrace chaos kv-pressure`'s experiment on the small-KV engine: vLLM's own preemption
+    counter (its increase over the burst) equals the store's sum of `preemptions`, preempted_ms > 0
+    exactly for the preempted requests, and every request's engine phases still tile its E2E."""
+    import sys
+
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    gw = start_process([sys.executable, "-m", "tailtrace", "gateway", "--upstream", small_kv_server, "--port",
+                        str(port), "--otlp-endpoint", session_collector.otlp_url], log)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/gateway/status", 60, gw, what=f"gateway (log: {log})")
+        target = Target(gateway_url=f"http://127.0.0.1:{port}", otlp_url=session_collector.otlp_url,
+                        api_url=session_collector.api_url, out_dir=tmp_path / "chaos", vllm_url=small_kv_server)
+        res = run_experiment("kv-pressure", target, ChaosOptions(burst=8))
+    finally:
+        stop_process(gw, 15)
+    pre = res.row("preemptions")
+    assert pre.injected_ms >= 1 and pre.attributed_ms == pre.injected_ms, (pre, res.details)
+    marked = res.row("preempted requests")
+    assert marked.injected_ms >= 1 and marked.attributed_ms == marked.injected_ms, (marked, res.details)
+    assert res.row("engine tiling").attributed_ms == 0, res.details
+    per = res.details["per_request"]
+    assert len(per) == 8 and all((r["preempted_ms"] > 0) == (r["preemptions"] > 0) for r in per)
+    assert res.worst_error_ms() == 0

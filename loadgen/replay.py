@@ -62,6 +62,8 @@ class ReplayConfig:
     spin_s: precise-sleep spin window (s), 0 for plain asyncio sleeps. timeout_s: per request.
     start_delay_s: the schedule starts this long after the run is ready; start_at_perf_s instead
     starts it at this `time.perf_counter()` reading (several runs in one process on one schedule).
+    progress: show progress on stderr (a bar on a terminal, else a plain line every
+    `progress_interval_s` seconds).
     """
 
     trace: str = "azure-conv"
@@ -86,6 +88,7 @@ class ReplayConfig:
     run_id: str | None = None
     timeout_s: float = 600.0
     progress: bool = False
+    progress_interval_s: float = 10.0
     spin_s: float = 0.002
     use_uvloop: bool = True
     token_range: tuple[int, int] = (3, 2000)
@@ -362,7 +365,7 @@ class _Runner:
         timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=10)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30)
         tasks: set[asyncio.Task] = set()
-        progress = _Progress(len(self.plan), self) if cfg.progress else None
+        progress = _Progress(len(self.plan), self, cfg.progress_interval_s) if cfg.progress else None
         interrupted = False
         perf = time.perf_counter
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
@@ -561,33 +564,56 @@ class _Runner:
 
 
 class _Progress:
-    """A rich progress bar refreshed from the loop every 0.5 s (no refresh thread: a thread
-    taking the GIL at random moments would show up as schedule lag)."""
+    """Progress from the loop (no refresh thread: a thread taking the GIL at random moments would
+    show up as schedule lag): on a terminal a rich bar refreshed every 0.5 s; otherwise (a log, CI,
+    `make demo > file`) one plain line every `interval_s` seconds and one at the end:
+    sent / done / in flight / failed, elapsed, and the offered (sent) against the achieved
+    (completed) request rate."""
 
-    def __init__(self, total: int, runner: _Runner):
+    def __init__(self, total: int, runner: _Runner, interval_s: float = 10.0):
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.runner = runner
-        self.progress = Progress(
-            TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=Console(file=sys.stderr), auto_refresh=False, transient=False,
-        )
-        self.task_id = self.progress.add_task("replay", total=total, info="")
+        self.total = total
+        self.console = Console(file=sys.stderr)
+        self.interval_s = interval_s
+        self.progress = None
+        if self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"), console=self.console, auto_refresh=False, transient=False,
+            )
+            self.task_id = self.progress.add_task("replay", total=total, info="")
         self._task = None
+        self._t0 = time.perf_counter()
 
     def start(self) -> None:
-        self.progress.start()
+        self._t0 = time.perf_counter()
+        if self.progress is not None:
+            self.progress.start()
         self._task = asyncio.create_task(self._tick())
 
     async def _tick(self) -> None:
         while True:
+            await asyncio.sleep(0.5 if self.progress is not None else self.interval_s)
             self._update()
-            await asyncio.sleep(0.5)
+
+    def line(self) -> str:
+        """The plain progress line: 'replay: sent 120/900, done 95, in flight 25, failed 0, 60 s,
+        offered 2.00 req/s, achieved 1.58 req/s'."""
+        r = self.runner
+        el = max(time.perf_counter() - self._t0, 1e-9)
+        return (f"replay: sent {len(r.records)}/{self.total}, done {r.done}, in flight {r.outstanding}, "
+                f"failed {r.failed}, {el:.0f} s, offered {len(r.records) / el:.2f} req/s, "
+                f"achieved {(r.done - r.failed) / el:.2f} req/s")
 
     def _update(self) -> None:
         r = self.runner
+        if self.progress is None:
+            print(self.line(), file=sys.stderr, flush=True)
+            return
         self.progress.update(self.task_id, completed=r.done,
                              info=f"sent {len(r.records)}  outstanding {r.outstanding}  errors {r.failed}")
         self.progress.refresh()
@@ -596,4 +622,5 @@ class _Progress:
         if self._task:
             self._task.cancel()
         self._update()
-        self.progress.stop()
+        if self.progress is not None:
+            self.progress.stop()

@@ -165,3 +165,19 @@ def test_cli_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_progress_off_a_terminal_is_a_plain_line_per_interval(stub, tmp_path, capsys):
+    """Not a TTY (a log, CI): one plain line per interval and one at the end, with sent / done /
+    in flight / failed and the offered against the achieved rate; no bar escape codes."""
+    res = run_replay(ReplayConfig(trace=_trace(tmp_path, n=30, gap_ms=50, out=10), target=stub, speed=1.0,
+                                  spans=False, slo=None, jitter="none", progress=True, progress_interval_s=0.4))
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("replay: ")]
+    assert len(lines) >= 3, err  # ~1.5 s of schedule + the stream: several intervals, then the last line
+    assert "\x1b[" not in err
+    assert lines[-1].startswith("replay: sent 30/30, done 30, in flight 0, failed 0, ")
+    assert "offered " in lines[-1] and "achieved " in lines[-1]
+    sent = [int(ln.split()[2].split("/")[0]) for ln in lines]
+    assert sent == sorted(sent) and sent[0] < 30  # the first line came while the run was sending
+    assert res.summary.completed == 30

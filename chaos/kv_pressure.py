@@ -107,4 +107,4 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
                "vllm_preemptions_after": after, "per_request": [
                    {"trace_id": r[0], "preemptions": r[1], "preempted_ms": r[2], "e2e_ms": r[3], "phases_ms": r[4]}
                    for r in rows]}
-    return ExperimentResult(NAME, out, injected, ("preemptions",), details)
+    return ExperimentResult(NAME, out, injected, ("preemptions",), details, unit="count")

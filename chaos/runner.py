@@ -109,13 +109,15 @@ class AttributionRow:
 class ExperimentResult:
     """What an experiment measured: `rows` (the table), `injected_ms` the amount the fault injected
     (what errors are a share of), `target_phases` the phases it injected into, `details`
-    (run ids, counts, per-request ground truth, JSON-ready)."""
+    (run ids, counts, per-request ground truth, JSON-ready), `unit` that of the injected and
+    attributed amounts (ms, or "count" where the truth is a count)."""
 
     experiment: str
     rows: list[AttributionRow]
     injected_ms: float
     target_phases: tuple[str, ...]
     details: dict = field(default_factory=dict)
+    unit: str = "ms"  # of the injected/attributed columns ("count" for kv-pressure)
 
     def row(self, phase: str) -> AttributionRow:
         """The row of `phase` (a column name). KeyError if absent."""
@@ -134,7 +136,7 @@ class ExperimentResult:
     def to_dict(self) -> dict:
         """JSON-ready dict: rows, injected amount, worst error (ms and share of the injected amount), details."""
         worst = self.worst_error_ms()
-        return {"experiment": self.experiment, "injected_ms": self.injected_ms,
+        return {"experiment": self.experiment, "unit": self.unit, "injected_ms": self.injected_ms,
                 "target_phases": list(self.target_phases), "worst_error_ms": worst,
                 "worst_error_share": worst / self.injected_ms if self.injected_ms else None,
                 "rows": [r.to_dict() for r in self.rows], "details": self.details}
@@ -275,7 +277,8 @@ def print_table(results: list[ExperimentResult], console=None) -> None:
     from rich.table import Table
 
     console = console or Console(width=max(150, Console().width))  # a log is not 80 wide
-    t = Table(title="Injected vs attributed (ms)")
+    units = sorted({res.unit for res in results})
+    t = Table(title=f"Injected vs attributed ({', '.join(units)})")
     for col, just in (("experiment", "left"), ("layer", "left"), ("phase", "left"), ("injected", "right"),
                       ("attributed", "right"), ("error", "right"), ("error %", "right"), ("worst request", "right"),
                       ("n", "right")):
@@ -291,8 +294,9 @@ def print_table(results: list[ExperimentResult], console=None) -> None:
     console.print(t)
     for res in results:
         worst = res.worst_error_ms()
-        console.print(f"{res.experiment}: injected {res.injected_ms:.2f} ms into {', '.join(res.target_phases)}; "
-                      f"worst error {worst:.2f} ms ({100 * worst / res.injected_ms:.1f}% of it)", soft_wrap=True)
+        u = res.unit
+        console.print(f"{res.experiment}: injected {res.injected_ms:.2f} {u} into {', '.join(res.target_phases)}; "
+                      f"worst error {worst:.2f} {u} ({100 * worst / res.injected_ms:.1f}% of it)", soft_wrap=True)
 
 
 def result_json(results: list[ExperimentResult]) -> dict:

@@ -68,26 +68,15 @@ def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None
             out.close()
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0, *, leader_signal: int | None = None,
-                 leader_grace_s: float = 0.0) -> int | None:
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:
     """SIGTERM the process group of `proc`, wait up to `timeout_s`, then SIGKILL the group.
 
-    With `leader_signal` (e.g. SIGINT for vLLM's API server, which then stops its engine processes
-    itself), that signal goes to `proc` alone first, and it gets `leader_grace_s` seconds to exit
-    before the group is signalled: a server that stops its own children that way logs no error
-    about children killed under it. Safe to call twice and on a process that already exited.
-    Returns the exit status.
+    Safe to call twice and on a process that already exited. Returns the exit status.
     """
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         pgid = None
-    if leader_signal is not None and proc.poll() is None:
-        try:
-            os.kill(proc.pid, leader_signal)
-            proc.wait(timeout=leader_grace_s)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
     if pgid is not None and proc.poll() is None:
         try:
             os.killpg(pgid, signal.SIGTERM)

@@ -95,14 +95,8 @@ def vllm_env(cfg: ServeConfig, base: dict | None = None) -> dict:
     return env
 
 
-# vLLM's --shutdown-timeout: on SIGINT/SIGTERM its API server drains its engine for up to this long
-# (vLLM's default, 0, aborts at once and logs an EngineDeadError traceback as it goes)
-VLLM_SHUTDOWN_TIMEOUT_S = 5
-
-
 def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> list[str]:
-    """The argv that starts vLLM's OpenAI server for `cfg` (with `--shutdown-timeout
-    VLLM_SHUTDOWN_TIMEOUT_S` unless `cfg.extra_args` sets one)."""
+    """The argv that starts vLLM's OpenAI server for `cfg`."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
         "--model", model_path,
@@ -115,8 +109,6 @@ def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> 
         cmd.append("--enable-logging-iteration-details")
     if served_name:
         cmd += ["--served-model-name", served_name]
-    if not any(a == "--shutdown-timeout" or a.startswith("--shutdown-timeout=") for a in cfg.extra_args):
-        cmd += ["--shutdown-timeout", str(VLLM_SHUTDOWN_TIMEOUT_S)]
     return cmd + list(cfg.extra_args)
 
 

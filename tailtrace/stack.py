@@ -13,7 +13,6 @@ the collector's SQL API (`sql_api`, `wait_for_store`).
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,6 @@ from pathlib import Path
 
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
-from tailtrace.serve import VLLM_SHUTDOWN_TIMEOUT_S
 
 __all__ = ["MIN_FREE_MEMORY_GIB", "Stack", "StackConfig", "preflight", "sql_api", "start_stack", "tailtrace_command",
            "wait_for_store"]
@@ -83,12 +81,7 @@ class Stack:
                 self.sampler = None
         while self.procs:
             name, proc = self.procs.pop()
-            if name == "vllm":
-                # the way vLLM expects: SIGINT to its API server, which drains and stops its engine
-                # (serve.VLLM_SHUTDOWN_TIMEOUT_S), before anything reaches the whole group
-                stop_process(proc, 20, leader_signal=signal.SIGINT, leader_grace_s=VLLM_SHUTDOWN_TIMEOUT_S + 10)
-            else:
-                stop_process(proc, timeout_s={"collector": 30}.get(name, 5))
+            stop_process(proc, timeout_s={"collector": 30, "vllm": 20}.get(name, 5))
 
 
 def preflight(cfg: StackConfig, flags: dict[str, str] | None = None, min_free_gib: float = MIN_FREE_MEMORY_GIB) -> None:

@@ -60,10 +60,6 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
     assert con.execute("SELECT count(*) FROM device_samples WHERE source = 'cpu'").fetchone()[0] > 0
     # the printed request count is the store's
     assert f"{n} in the store" in text
-    # vLLM was stopped the way it expects (SIGINT to its API server, which drains its engine):
-    # its log ends without an EngineDeadError traceback (issue 21)
-    log = (demo_run.db.parent / "logs" / "vllm.log").read_text(errors="replace")
-    assert "shutdown" in log and "EngineDeadError" not in log, log[-3000:]
 
 
 def test_demo_stops_everything_on_ctrl_c(tmp_path):

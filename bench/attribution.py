@@ -1,8 +1,10 @@
 """Attribution: every `tailtrace chaos` experiment at full length on one embedded stack, the
 table of injected vs attributed latency, and one figure, the worst attribution error.
 
-    .venv/bin/python bench/attribution.py                 # net-delay D = 50 ms (both ways, 120 s), admission burst 16
-    .venv/bin/python bench/attribution.py --quick         # 20 s and a burst of 8
+    .venv/bin/python bench/attribution.py                 # net-delay D = 50 ms (both ways, 120 s), admission burst 16,
+                                                          # long-prompt 14,000 tokens into 60 s at 2 req/s
+                                                          # cpu-contention 60 s with a 20 s hog
+    .venv/bin/python bench/attribution.py --quick         # 20 s, a burst of 8, 30 s with a 10 s hog
     .venv/bin/python bench/attribution.py --json out.json
 
 It starts the stack as `tailtrace demo` does (collector, vLLM CPU with the tiny model, gateway)
@@ -42,11 +44,17 @@ def main(argv=None) -> int:
     console = Console(width=150)
     out = Path(args.out or tempfile.mkdtemp(prefix="tailtrace-attribution-"))
     cfg = StackConfig(out_dir=out, vllm_port=free_port(), gateway_port=free_port(), otlp_port=free_port(),
-                      api_port=free_port(), sampler=False)
+                      api_port=free_port(), grpc_port=0, sampler=False)
     preflight(cfg)
     plan = [("net-delay", ChaosOptions(duration_s=20 if args.quick else 120, rate=2.0, ms=NET_DELAY_MS,
                                        direction="both", output_tokens=8)),
-            ("admission", ChaosOptions(burst=8 if args.quick else 16, output_tokens=16))]
+            ("admission", ChaosOptions(burst=8 if args.quick else 16, output_tokens=16)),
+            ("long-prompt", ChaosOptions(duration_s=20 if args.quick else 60, rate=2.0, output_tokens=64,
+                                         prompt_tokens=14_000)),
+            # replica-kill: 60 s (20 s quick) at 2 req/s; it starts a second vLLM twice (~2.5 min more)
+            ("replica-kill", ChaosOptions(duration_s=20 if args.quick else 60, rate=2.0)),
+            ("cpu-contention", ChaosOptions(duration_s=30 if args.quick else 60, seconds=10 if args.quick else 20,
+                                            rate=2.0, output_tokens=16))]
     t0 = time.monotonic()
     stack = start_stack(cfg, console)
     results = []
@@ -54,7 +62,7 @@ def main(argv=None) -> int:
         for name, options in plan:
             console.print(f"[bold]{name}[/] ...")
             target = Target(gateway_url=stack.gateway_url, otlp_url=stack.otlp_url, api_url=stack.api_url,
-                            out_dir=out / name, vllm_url=stack.vllm_url, model="tiny")
+                            out_dir=out / name, vllm_url=stack.vllm_url, model="tiny", vllm_pid=stack.vllm_pid)
             results.append(run_experiment(name, target, options))
     finally:
         stack.stop()

@@ -2,10 +2,11 @@
 collector's DuckDB file, beside the limit of this machine (protobuf decoding alone of the same
 payloads), measured in one run.
 
-    .venv/bin/python bench/ingest.py [--quick] [--seconds 15] [--senders 6]
+    .venv/bin/python bench/ingest.py [--quick] [--seconds 15] [--senders 6] [--protocol both|http|grpc]
 
 It starts the real `tailtrace collect` (subprocess, free ports, a temporary file), sends
-pre-serialized payloads from a separate process with keep-alive connections, counts the rows
+pre-serialized payloads from separate processes over OTLP/HTTP (keep-alive connections) and/or
+OTLP/gRPC (one channel each, the raw bytes as the Export request), counts the rows
 committed in DuckDB (spans + engine_steps) over the timed window, and prints:
   spans/s stored, decode-only spans/s (ExportTraceServiceRequest.FromString, one core),
   and their ratio. Goal (issue 3): >= 100,000 spans/s and >= 50 % of the decode-only limit.
@@ -13,7 +14,8 @@ Beside them, each stage alone on one core: decode + conversion to Arrow (slow an
 and the store alone (`DuckDBStore._commit` of batches converted beforehand, 1 and --senders
 batches per transaction: the writer commits what is queued, at most one per sender), so the
 ceiling of each side is printed next to the end-to-end rate. The API's /healthz counters give the
-batches per commit of the end-to-end run.
+batches per commit of the end-to-end run. With `--protocol both` (the default) the end-to-end run is
+made once per protocol, into a fresh collector each, and printed side by side (gRPC / HTTP ratio).
 
 A request mixes the spans of one LLM request through every layer: client.request, the gateway's
 server span, gateway.admission, gateway.upstream, gateway.stream, llm.request (with the compact
@@ -269,13 +271,44 @@ def _sender(port: int, payloads: list[bytes], stop_at: float, q) -> None:
     q.put((ok, refused))
 
 
+def _grpc_sender(target: str, payloads: list[bytes], stop_at: float, q) -> None:
+    """`_sender` over OTLP/gRPC: each payload as one TraceService/Export RPC (raw bytes), retried
+    after RESOURCE_EXHAUSTED / UNAVAILABLE (its RetryInfo delay x 0.05, as `_sender` scales Retry-After)."""
+    import grpc
+    from google.rpc import error_details_pb2
+
+    from collector.receiver.otlp_export import SIGNALS
+
+    ok = refused = 0
+    with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", -1)]) as ch:
+        export = ch.unary_unary(f"/{SIGNALS['traces'].grpc_service}/Export")
+        for p in payloads:
+            if time.time() >= stop_at:
+                break
+            while True:
+                try:
+                    export(p, timeout=60)
+                    ok += 1
+                    break
+                except grpc.RpcError as exc:
+                    if exc.code() not in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE):
+                        raise RuntimeError(f"gRPC {exc.code().name}: {exc.details()}") from None
+                    refused += 1
+                    info = dict(exc.trailing_metadata() or ()).get("google.rpc.retryinfo-bin")
+                    delay = error_details_pb2.RetryInfo.FromString(info).retry_delay.seconds if info else 1
+                    time.sleep(delay * 0.05)
+    q.put((ok, refused))
+
+
 def _count(h) -> int:
     return h.sql("SELECT (SELECT count(*) FROM spans) + (SELECT count(*) FROM engine_steps)")[0][0]
 
 
-def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool) -> tuple[float, int, int, bool]:
+def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool,
+           protocol: str = "http") -> tuple[float, int, int, bool]:
     """(spans/s stored, batches acknowledged, retries, every acknowledged span stored) of a real
-    `tailtrace collect` fed by `senders` processes for `secs` seconds."""
+    `tailtrace collect` fed by `senders` processes for `secs` seconds over `protocol` ("http" or
+    "grpc")."""
     from collector.testing import start_collector
 
     os.environ["TAILTRACE_COLLECTOR_FASTPATH"] = "1" if fast else "0"
@@ -288,7 +321,8 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool) -> tupl
             stop_at = time.time() + secs
             before = _count(h)
             t0 = time.perf_counter()
-            procs = [ctx.Process(target=_sender, args=(h.otlp_port, p, stop_at, q)) for p in per]
+            target, dest = (_grpc_sender, h.grpc_target) if protocol == "grpc" else (_sender, h.otlp_port)
+            procs = [ctx.Process(target=target, args=(dest, p, stop_at, q)) for p in per]
             for p in procs:
                 p.start()
             res = [q.get(timeout=secs + 120) for _ in procs]
@@ -303,7 +337,7 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool) -> tupl
 
             with urllib.request.urlopen(f"{h.api_url}/healthz", timeout=10) as r:
                 st = json.loads(r.read())
-            print(f"  ({'fast' if fast else 'slow'} run: {ok} batches in {st['commits']} commits, "
+            print(f"  ({protocol} {'fast' if fast else 'slow'} run: {ok} batches in {st['commits']} commits, "
                   f"{ok / max(st['commits'], 1):.1f} batches per commit)")
         finally:
             h.stop()
@@ -314,7 +348,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="short run (about 40 s in all)")
     ap.add_argument("--seconds", type=float, default=15.0, help="timed ingest window")
-    ap.add_argument("--senders", type=int, default=6, help="concurrent HTTP connections")
+    ap.add_argument("--senders", type=int, default=6, help="concurrent senders (HTTP connections or gRPC channels)")
+    ap.add_argument("--protocol", choices=("both", "http", "grpc"), default="both",
+                    help="end-to-end runs over OTLP/HTTP, OTLP/gRPC or both side by side (default both)")
     args = ap.parse_args()
     secs = 4.0 if args.quick else args.seconds
     n_payloads = int(secs * 400) + 50  # room for 200k spans/s
@@ -327,8 +363,10 @@ def main() -> int:
     slow = convert_only(payloads, cs, fast=False)
     fast = convert_only(payloads, cs, fast=True)
     stores = {g: store_only(payloads, cs, g) for g in (1, args.senders)}
-    e2e_fast, ok, refused, all_ok = ingest(payloads, secs, args.senders, fast=True)
-    e2e_slow, ok2, _, all_ok2 = ingest(payloads, min(secs, 4.0), args.senders, fast=False)
+    protocols = ("http", "grpc") if args.protocol == "both" else (args.protocol,)
+    e2e = {proto: ingest(payloads, secs, args.senders, fast=True, protocol=proto) for proto in protocols}
+    slow_proto = protocols[0]
+    e2e_slow, ok2, _, all_ok2 = ingest(payloads, min(secs, 4.0), args.senders, fast=False, protocol=slow_proto)
     print(f"decode-only limit:        {dec:12,.0f} spans/s  (protobuf FromString, one core)")
     print(f"decode + convert, slow:   {slow:12,.0f} spans/s  (enrich.traces_to_batch, one core)  "
           f"{slow / dec:6.1%} of the limit")
@@ -337,10 +375,15 @@ def main() -> int:
     for g, rate in stores.items():
         print(f"store only, {g} per commit:{rate:10,.0f} spans/s  (DuckDBStore._commit of converted batches, "
               f"{rate / dec:5.1%} of the limit)")
-    print(f"ingest HTTP->DuckDB, fast:{e2e_fast:12,.0f} spans/s  {e2e_fast / dec:6.1%} of the limit   "
-          f"x{e2e_fast / e2e_slow:.1f} vs slow  (acked {ok} batches, {refused} retries after 429/503, "
-          f"all acked stored: {'yes' if all_ok else 'NO'})")
-    print(f"ingest HTTP->DuckDB, slow:{e2e_slow:12,.0f} spans/s  {e2e_slow / dec:6.1%} of the limit   "
+    names = {"http": "HTTP", "grpc": "gRPC"}
+    for proto, (rate, ok, refused, all_ok) in e2e.items():
+        vs = f"x{rate / e2e_slow:.1f} vs slow" if proto == slow_proto else f"x{rate / e2e['http'][0]:.2f} vs HTTP" \
+            if "http" in e2e else ""
+        print(f"ingest {names[proto]}->DuckDB, fast:{rate:12,.0f} spans/s  {rate / dec:6.1%} of the limit   "
+              f"{vs}  (acked {ok} batches, {refused} retries after "
+              f"{'429/503' if proto == 'http' else 'RESOURCE_EXHAUSTED/UNAVAILABLE'}, "
+              f"all acked stored: {'yes' if all_ok else 'NO'})")
+    print(f"ingest {names[slow_proto]}->DuckDB, slow:{e2e_slow:12,.0f} spans/s  {e2e_slow / dec:6.1%} of the limit   "
           f"(acked {ok2} batches, all acked stored: {'yes' if all_ok2 else 'NO'})")
     print("goal (issue 3): ingest >= 100,000 spans/s and >= 50 % of the decode-only limit")
     return 0

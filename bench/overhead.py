@@ -204,7 +204,7 @@ def main() -> int:
                       f"P50 {res['itl_p50']:.2f} ms, P99 {res['itl_p99']:.2f} ms", flush=True)
     finally:
         for proc, _ in servers.values():
-            stop_process(proc)
+            stop_process(proc, 20, interrupt_first=True)
         if coll:
             coll.stop()
 

@@ -74,7 +74,7 @@ def main() -> int:
                       + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in gaps.items()), flush=True)
     finally:
         for proc, _ in servers.values():
-            stop_process(proc)
+            stop_process(proc, 20, interrupt_first=True)
     print("\nworst gap over the rounds, per probe (an unpinned probe is what tailtrace's own processes see;")
     print("a probe pinned to the engine's core cannot move away from it)")
     for name in ("pinned", "free"):

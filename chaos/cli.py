@@ -40,9 +40,22 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         raise UserError("--collector-api goes with --gateway (a user's stack); without them the embedded stack runs")
     if args.burst < 2:
         raise UserError(f"--burst must be at least 2, not {args.burst}")
+    if args.experiment == "long-prompt":  # N must fit the model (the engine's max_model_len is checked again)
+        from chaos.long_prompt import check_prompt_tokens
+        from tailtrace.model import TINY
+
+        check_prompt_tokens(args.prompt_tokens, TINY["max_position_embeddings"] if (args.model or "tiny") == "tiny"
+                            else None)
+    output_tokens = args.output_tokens if args.output_tokens is not None else \
+        (64 if args.experiment == "long-prompt" else 8)  # long-prompt: decodes running when the long prompt comes
     options = ChaosOptions(duration_s=args.duration, rate=args.rate, ms=args.ms, direction=args.direction,
-                           burst=args.burst, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-                           seed=args.seed)
+                           burst=args.burst, input_tokens=args.input_tokens, output_tokens=output_tokens,
+                           seed=args.seed, prompt_tokens=args.prompt_tokens, seconds=args.seconds)
+    if args.experiment == "cpu-contention":  # before the stack starts: one line, exit 2
+        from chaos.cpu_contention import check_options, check_realtime
+
+        check_options(options)
+        check_realtime()
 
     def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C (see tailtrace demo)
         signal.raise_signal(signal.SIGINT)
@@ -51,12 +64,17 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
     stop_on_sigint()
     signal.signal(signal.SIGTERM, _on_term)
+    from chaos.load import show_progress
+
+    show_progress(not args.no_progress)
     try:
         results = [_run(args, options, remote)]
     except KeyboardInterrupt:
         print("tailtrace chaos: interrupted; every process it started is stopped and the proxy removed",
               file=sys.stderr)
         return 130
+    finally:
+        show_progress(False)  # a process that goes on (tests, an embedding program) gets it off again
     from chaos.runner import print_table, result_json
 
     print_table(results)
@@ -95,12 +113,13 @@ def _run(args, options, remote: bool):
     from tailtrace.stack import StackConfig, preflight, start_stack
 
     cfg = StackConfig(out_dir=out, model=args.model or "tiny", vllm_port=free_port(), gateway_port=free_port(),
-                      otlp_port=free_port(), api_port=free_port(), sampler=False,
+                      otlp_port=free_port(), api_port=free_port(), grpc_port=0, sampler=False,
                       vllm_args=list(experiment_named(args.experiment).vllm_args))
     preflight(cfg)
     stack = start_stack(cfg, console)
     target = Target(gateway_url=stack.gateway_url, otlp_url=stack.otlp_url, api_url=stack.api_url,
-                    out_dir=out, vllm_url=stack.vllm_url, model="tiny" if cfg.model == "tiny" else None)
+                    out_dir=out, vllm_url=stack.vllm_url, model="tiny" if cfg.model == "tiny" else None,
+                    vllm_pid=stack.vllm_pid)
     target.cleanup.callback(stack.stop)  # the stack stops last (LIFO), after what the experiment started
     console.print(f"[bold]chaos[/] {args.experiment} (store: {stack.db})")
     return run_experiment(args.experiment, target, options)
@@ -130,20 +149,30 @@ def _check_api(api: str) -> None:
 
 def register(sub) -> None:
     """Register `tailtrace chaos`."""
+    from chaos.runner import EXPERIMENTS, remote_names
+
     p = sub.add_parser("chaos", help="fault experiments with a known answer: injected vs attributed latency")
     p.add_argument("experiment", metavar="EXPERIMENT",
-                   help="net-delay, admission (both work against a user's --gateway too) or kv-pressure (embedded)")
+                   help=f"one of {', '.join(EXPERIMENTS)}; {' and '.join(remote_names())} also work against a "
+                        "user's --gateway, the others on the embedded stack")
     p.add_argument("--duration", type=_positive("--duration"), default=30.0,
-                   help="seconds of steady load (net-delay; default 30)")
+                   help="seconds of steady load (net-delay, replica-kill, cpu-contention; default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the table (and per-request truth) as JSON")
     p.add_argument("--ms", type=_positive("--ms"), default=50.0, help="net-delay: the delay D, ms (default 50)")
     p.add_argument("--direction", choices=("in", "out", "both"), default="both", help="net-delay: which way")
     p.add_argument("--rate", type=_positive("--rate"), default=2.0, help="req/s of each stream (default 2)")
     p.add_argument("--burst", type=int, default=12,
                    help="admission, kv-pressure: requests in the burst (default 12)")
+    p.add_argument("--seconds", type=_positive("--seconds"), default=10.0,
+                   help="cpu-contention: how long the CPU hog spins, mid-load (< --duration; default 10)")
     p.add_argument("--input-tokens", type=int, default=16, help="prompt tokens of every request (default 16)")
-    p.add_argument("--output-tokens", type=int, default=8, help="output tokens of every request (default 8)")
+    p.add_argument("--output-tokens", type=int, default=None,
+                   help="output tokens of every request (default 8; long-prompt: of the steady stream, 64)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress of the load (else a bar on a terminal, a plain line every 10 s otherwise)")
+    p.add_argument("--prompt-tokens", type=int, default=14_000,
+                   help="long-prompt: the long prompt's length in tokens (default 14000; must fit max_model_len)")
     p.add_argument("--gateway", default=None, metavar="URL", help="a user's gateway (remote mode)")
     p.add_argument("--collector-api", default=None, metavar="URL", help="that stack's collector SQL API")
     p.add_argument("--otlp-endpoint", default=None, metavar="URL",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from loadgen.replay import ReplayConfig, ReplayResult, run_replay_async
 
-__all__ = ["burst_config", "poisson_offsets_ms", "run_streams", "shape_trace"]
+__all__ = ["burst_config", "poisson_offsets_ms", "run_streams", "shape_trace", "show_progress"]
 
 
 def shape_trace(path: Path, input_tokens: int, output_tokens: int, offsets_ms=(0.0,)) -> Path:
@@ -46,10 +46,25 @@ def burst_config(trace: Path, target: str, run_id: str, otlp_url: str, model: st
                         run_id=run_id, slo=None, jitter="none", timeout_s=120.0, start_at_perf_s=start_at_perf_s)
 
 
+_progress = {"on": False}
+
+
+def show_progress(on: bool = True) -> None:
+    """Let every later `run_streams` show its first stream's progress on stderr (a bar on a
+    terminal, else a plain line every 10 s: sent / done / in flight / failed, elapsed, offered vs
+    achieved rate; loadgen's). `tailtrace chaos` turns it on; tests and benchmarks leave it off."""
+    _progress["on"] = bool(on)
+
+
 def run_streams(configs: list[ReplayConfig]) -> list[ReplayResult]:
     """Run the replays of `configs` at the same time in one event loop (uvloop when installed);
-    return their results in order. Raises `UserError` (bad config, target down) and
-    KeyboardInterrupt when Ctrl-C interrupted them (their outstanding requests are cancelled)."""
+    return their results in order. With `show_progress()` on, the first one shows its progress.
+    Raises `UserError` (bad config, target down) and KeyboardInterrupt when Ctrl-C interrupted
+    them (their outstanding requests are cancelled)."""
+    import dataclasses
+
+    if _progress["on"] and configs:
+        configs = [dataclasses.replace(configs[0], progress=True), *configs[1:]]
     try:
         import uvloop
         loop_factory = uvloop.new_event_loop

@@ -48,7 +48,8 @@ class Target:
     `vllm_url`: the engine, when this run controls it (the embedded stack, tests), else None;
     `otlp_url`: the collector's OTLP/HTTP base URL (client spans, gateways started here);
     `api_url`: its SQL API; `out_dir`: logs and ground-truth files; `cleanup`: stops everything
-    the experiment starts (LIFO, also on Ctrl-C); `model`: served model name (None: the target's first)."""
+    the experiment starts (LIFO, also on Ctrl-C); `model`: served model name (None: the target's first);
+    `vllm_pid`: the engine's API server process, when this run started it (cpu-contention needs it)."""
 
     gateway_url: str
     otlp_url: str
@@ -56,6 +57,7 @@ class Target:
     out_dir: Path
     vllm_url: str | None = None
     model: str | None = None
+    vllm_pid: int | None = None
     cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
@@ -68,7 +70,9 @@ class Target:
 class ChaosOptions:
     """Every experiment's knobs. duration_s: seconds of steady load; rate: req/s per stream;
     ms: the injected delay (net-delay); direction: in | out | both; burst: requests in the
-    admission burst; input_tokens/output_tokens: the shape of every request; seed: arrivals."""
+    admission burst; input_tokens/output_tokens: the shape of every request; seed: arrivals;
+    prompt_tokens: the long prompt's length (long-prompt);
+    seconds: how long the CPU hog spins (cpu-contention)."""
 
     duration_s: float = 30.0
     rate: float = 2.0
@@ -78,6 +82,8 @@ class ChaosOptions:
     input_tokens: int = 16
     output_tokens: int = 8
     seed: int = 0
+    prompt_tokens: int = 14_000
+    seconds: float = 10.0
 
 
 @dataclass
@@ -85,7 +91,9 @@ class AttributionRow:
     """One phase of one experiment: `injected_ms` what the fault put there by its ground truth (0
     where nothing must land), `attributed_ms` what the store shows (each experiment says how it
     aggregates), `error_ms` = attributed - injected, `n` requests compared, `note` how it was computed,
-    `worst_ms` the worst single request's error where the row compares request by request."""
+    `worst_ms` the worst single request's error where the row compares request by request;
+    `scored` False for a row shown for context (a step time, a window's edge), whose error is no
+    attribution error: it is left out of the worst error and its share."""
 
     experiment: str
     layer: str
@@ -95,6 +103,7 @@ class AttributionRow:
     n: int
     note: str = ""
     worst_ms: float | None = None
+    scored: bool = True
 
     @property
     def error_ms(self) -> float | None:
@@ -128,8 +137,8 @@ class ExperimentResult:
 
     def worst_error_ms(self) -> float:
         """The largest |error| (ms) over every phase's row, a single request's where a row has one
-        (`worst_ms`); outer_e2e_ms is not a phase and is left out."""
-        errs = [abs(e) for r in self.rows if r.phase != "outer_e2e_ms" for e in (r.error_ms, r.worst_ms)
+        (`worst_ms`); outer_e2e_ms is not a phase and is left out, as are rows not `scored`."""
+        errs = [abs(e) for r in self.rows if r.phase != "outer_e2e_ms" and r.scored for e in (r.error_ms, r.worst_ms)
                 if e is not None]
         return max(errs) if errs else float("nan")
 
@@ -167,6 +176,24 @@ def _admission(target: Target, options: ChaosOptions) -> ExperimentResult:
     return admission.run(target, options)
 
 
+def _long_prompt(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import long_prompt
+
+    return long_prompt.run(target, options)
+
+
+def _replica_kill(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import replica_kill
+
+    return replica_kill.run(target, options)
+
+
+def _cpu_contention(target: Target, options: ChaosOptions) -> ExperimentResult:
+    from chaos import cpu_contention
+
+    return cpu_contention.run(target, options)
+
+
 def _kv_pressure(target: Target, options: ChaosOptions) -> ExperimentResult:
     from chaos import kv_pressure
 
@@ -181,9 +208,11 @@ _KV_PRESSURE_VLLM_ARGS = ("--max-model-len", "1024", "--num-gpu-blocks-override"
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("net-delay", "a TCP delay proxy between client and gateway (--ms D, --direction)", True, _net_delay),
     Experiment("admission", "a gateway concurrency limit of 1 under a burst (--burst N)", True, _admission),
-    Experiment("replica-kill", "SIGKILL one of two vLLM replicas mid-run (planned)", False, None),
-    Experiment("cpu-contention", "a CPU hog on vLLM's worker core (planned)", False, None),
-    Experiment("long-prompt", "one 14k-token prompt into steady traffic (planned)", False, None),
+    Experiment("replica-kill", "SIGKILL one of two vLLM replicas mid-run and restart it (--duration S, "
+               "--rate R): failed requests, missing engine spans", False, _replica_kill),
+    Experiment("cpu-contention", "a CPU hog on vLLM's worker core for --seconds T mid-load", False, _cpu_contention),
+    Experiment("long-prompt", "one long prompt (--prompt-tokens N, default 14000) into steady traffic: its "
+               "chunked prefill's co-scheduled decode steps and their ITL rise", False, _long_prompt),
     Experiment("kv-pressure", "vLLM with a KV cache of 40 blocks under a burst (--burst N): its preemption "
                "counter against the store's", False, _kv_pressure, _KV_PRESSURE_VLLM_ARGS),
 )}
@@ -211,10 +240,18 @@ def experiment_named(name: str, remote: bool = False) -> Experiment:
 
 def run_experiment(name: str, target: Target, options: ChaosOptions) -> ExperimentResult:
     """Run experiment `name` on `target`; stops what it started before returning (or raising).
+    `details["window"]` ({start_unix_ns, end_unix_ns}) is the experiment's own when it set one,
+    else the whole run's (what the diagnosis of its store reads).
     Raises `UserError` (bad name, a target down), KeyboardInterrupt on Ctrl-C."""
+    import time
+
     exp = experiment_named(name, remote=target.remote)
+    t0 = time.time_ns()
     with target.cleanup:
-        return exp.run(target, options)
+        res = exp.run(target, options)
+    # the whole experiment's time (load, fault, control) unless it says more precisely
+    res.details.setdefault("window", {"start_unix_ns": t0, "end_unix_ns": time.time_ns()})
+    return res
 
 
 # ---- reading the store ------------------------------------------------------------------------
@@ -286,7 +323,7 @@ def print_table(results: list[ExperimentResult], console=None) -> None:
     for res in results:
         for r in res.rows:
             err = r.error_ms
-            share = "" if err is None or not res.injected_ms else f"{100 * err / res.injected_ms:+.1f}%"
+            share = "" if err is None or not res.injected_ms or not r.scored else f"{100 * err / res.injected_ms:+.1f}%"
             style = "bold" if r.phase in res.target_phases else None
             t.add_row(r.experiment, r.layer, r.phase, _ms(r.injected_ms), _ms(r.attributed_ms),
                       "—" if err is None else f"{err:+.2f}", share,

@@ -9,6 +9,7 @@ import os
 
 from collector.query.auth import bearer_headers
 from tailtrace.errors import UserError
+from tailtrace.procs import env_port_default
 from tailtrace.urls import check_http_url
 
 __all__ = ["register"]
@@ -18,21 +19,26 @@ DEFAULT_API = "http://127.0.0.1:9464"
 
 def register(sub) -> None:
     """Add `collect`, `sql` and `export` to the `tailtrace` sub-parsers."""
-    p = sub.add_parser("collect", help="receive OTLP/HTTP into a DuckDB file and serve SQL on it",
-                       description="OTLP/HTTP receiver (/v1/traces, /v1/metrics; protobuf or JSON; gzip) "
-                                   "writing into one DuckDB file, plus the SQL API, /metrics and /healthz.")
+    p = sub.add_parser("collect", help="receive OTLP (HTTP and gRPC) into a DuckDB file and serve SQL on it",
+                       description="OTLP/HTTP receiver (/v1/traces, /v1/metrics; protobuf or JSON; gzip) and "
+                                   "OTLP/gRPC receiver (TraceService, MetricsService; gzip) writing into one "
+                                   "DuckDB file, plus the SQL API, /metrics and /healthz.")
     p.add_argument("--db", default=os.environ.get("TAILTRACE_DB", "tailtrace.duckdb"),
                    help="DuckDB file (created if missing; env TAILTRACE_DB; default tailtrace.duckdb)")
     p.add_argument("--host", default=os.environ.get("TAILTRACE_COLLECTOR_HOST", "127.0.0.1"),
-                   help="address both servers bind (default 127.0.0.1)")
-    p.add_argument("--otlp-port", type=int, default=int(os.environ.get("TAILTRACE_OTLP_PORT", "4318")),
-                   help="OTLP/HTTP port (default 4318)")
-    p.add_argument("--api-port", type=int, default=int(os.environ.get("TAILTRACE_API_PORT", "9464")),
-                   help="SQL API, /metrics and /healthz port (default 9464)")
+                   help="address the OTLP/HTTP, OTLP/gRPC and API servers bind (default 127.0.0.1)")
+    p.add_argument("--otlp-port", type=int, default=env_port_default("TAILTRACE_OTLP_PORT", 4318),
+                   help="OTLP/HTTP port (env TAILTRACE_OTLP_PORT; default 4318)")
+    p.add_argument("--grpc-port", type=int, default=env_port_default("TAILTRACE_GRPC_PORT", 4317),
+                   help="OTLP/gRPC port, same host (env TAILTRACE_GRPC_PORT; default 4317; 0 turns the gRPC "
+                        "receiver off)")
+    p.add_argument("--api-port", type=int, default=env_port_default("TAILTRACE_API_PORT", 9464),
+                   help="SQL API, /metrics and /healthz port (env TAILTRACE_API_PORT; default 9464)")
     p.add_argument("--retention", default=os.environ.get("TAILTRACE_RETENTION"),
                    help="drop rows older than this, e.g. 7d, 12h (default: keep everything)")
     p.add_argument("--max-body-mb", type=float, default=16.0,
-                   help="largest OTLP request body, compressed or not, in MiB (413 above; default 16)")
+                   help="largest OTLP request body or gRPC message, compressed or not, in MiB (HTTP 413, "
+                        "gRPC RESOURCE_EXHAUSTED above; default 16)")
     p.add_argument("--memory-limit-mb", type=int, default=2048,
                    help="resident memory above which OTLP requests get 503 + Retry-After (default 2048)")
     p.add_argument("--duckdb-memory-mb", type=int, default=1024, help="DuckDB's memory_limit (default 1024)")
@@ -45,6 +51,9 @@ def register(sub) -> None:
     p.add_argument("--scrape", action="append", default=[], metavar="URL",
                    help="Prometheus endpoint to scrape into metric_points (repeatable)")
     p.add_argument("--scrape-interval", type=float, default=1.0, help="scrape interval, s (default 1.0)")
+    p.add_argument("--scrape-buckets", action="store_true",
+                   help="also store the scraped histograms' _bucket series (left out by default: tailtrace's "
+                        "latency tails are exact, from spans; OTLP histograms always keep their buckets)")
     p.set_defaults(func=_collect)
 
     q = sub.add_parser("sql", help="run one read-only SQL query on the store",
@@ -52,7 +61,10 @@ def register(sub) -> None:
                                    "default) or on a DuckDB file no collector holds (--db).")
     q.add_argument("query", help='e.g. "SELECT quantile_cont(e2e_ms, 0.99) FROM requests"')
     g = q.add_mutually_exclusive_group()
-    g.add_argument("--db", help="DuckDB file (read-only; fails while a collector holds it: use --api)")
+    g.add_argument("--store", help="store URL: duckdb:///path | chdb:///dir | clickhouse://host:8123/db (the query "
+                                   "runs in that engine's SQL; on ClickHouse under readonly=1)")
+    g.add_argument("--db", help="DuckDB file (read-only; fails while a collector holds it: use --api); "
+                                "the short form of --store duckdb:///path")
     g.add_argument("--api", help=f"collector API base URL (default $TAILTRACE_API_URL or {DEFAULT_API})")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
     q.add_argument("--timeout", type=float, default=30.0, help="statement timeout, s (--db; default 30)")
@@ -82,8 +94,14 @@ def _collect(args) -> int:
     for name in ("otlp_port", "api_port"):
         if not 0 < getattr(args, name) < 65536:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} is not a TCP port")
-    if args.otlp_port == args.api_port:
-        raise UserError("--otlp-port and --api-port must differ")
+    if not 0 <= args.grpc_port < 65536:
+        raise UserError(f"--grpc-port {args.grpc_port} is not a TCP port (0 turns the gRPC receiver off)")
+    ports = {"--otlp-port": args.otlp_port, "--api-port": args.api_port, "--grpc-port": args.grpc_port or None}
+    taken = {}
+    for flag, port in ports.items():
+        if port is not None and port in taken:
+            raise UserError(f"{taken[port]} and {flag} must differ (both {port})")
+        taken.setdefault(port, flag)
     if not (0 < args.max_body_mb < 1024 and args.max_rows > 0 and 0 < args.query_timeout < 86400):
         raise UserError("--max-body-mb (under 1024), --max-rows and --query-timeout (seconds, under a day) "
                         "must be positive numbers")
@@ -93,6 +111,8 @@ def _collect(args) -> int:
         raise UserError("--max-inflight must be at least 1 (0 would refuse every OTLP request)")
     if args.memory_limit_mb < 64 or args.duckdb_memory_mb < 64:
         raise UserError("--memory-limit-mb and --duckdb-memory-mb must be at least 64")
+    if args.scrape_buckets and not args.scrape:
+        raise UserError("--scrape-buckets needs --scrape URL (it keeps the _bucket series of scraped histograms)")
     if args.scrape:
         try:
             import collector.scrape  # noqa: F401
@@ -101,11 +121,12 @@ def _collect(args) -> int:
                 raise UserError("--scrape needs collector.scrape, which is not installed in this build") from None
             raise
     cfg = CollectorConfig(
-        db=args.db, host=args.host, otlp_port=args.otlp_port, api_port=args.api_port, retention_s=retention,
+        db=args.db, host=args.host, otlp_port=args.otlp_port, api_port=args.api_port, grpc_port=args.grpc_port,
+        retention_s=retention,
         max_body_bytes=int(args.max_body_mb * 2**20), memory_limit_mb=args.memory_limit_mb,
         duckdb_memory_mb=args.duckdb_memory_mb, max_pending_rows=args.max_pending_rows,
         max_inflight=args.max_inflight, query_timeout_s=args.query_timeout, max_rows=args.max_rows,
-        scrape=tuple(args.scrape), scrape_interval_s=args.scrape_interval,
+        scrape=tuple(args.scrape), scrape_interval_s=args.scrape_interval, scrape_buckets=args.scrape_buckets,
     )
     return run_collector(cfg)
 
@@ -115,7 +136,26 @@ def _sql(args) -> int:
         raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
     if not (0 < args.timeout < 86400 and args.max_rows > 0):
         raise UserError("--timeout (seconds, under a day) and --max-rows must be positive")
-    if args.db:
+    store = None
+    if args.store:
+        from collector.clickhouse.store_url import parse_store_url
+
+        store = parse_store_url(args.store)
+        if store.kind == "duckdb":
+            args.db, store = str(store.path), None
+    if store is not None:
+        from collector.clickhouse.query import run_readonly
+        from collector.clickhouse.store_url import check_schema, connect_clickhouse
+        from collector.query.api import to_json_value
+
+        client = connect_clickhouse(store)
+        try:
+            check_schema(client, store)
+            res = run_readonly(client, args.query, timeout_s=args.timeout, max_rows=args.max_rows)
+        finally:
+            client.close()
+        out = {**res, "rows": [[to_json_value(v) for v in r] for r in res["rows"]]}
+    elif args.db:
         import duckdb
 
         from collector.query.readonly import QueryRefused, QueryTimeout, run_guarded

@@ -1,6 +1,7 @@
-"""`tailtrace collect`: the store, the OTLP/HTTP receiver and the API server in one process.
+"""`tailtrace collect`: the store, the OTLP/HTTP and OTLP/gRPC receivers and the API server in one
+process, one asyncio event loop (uvicorn and grpc.aio) and one store writer.
 
-Start downstream first (store, then receiver and API), stop upstream first (receiver: its
+Start downstream first (store, then receivers and API), stop upstream first (both receivers: their
 in-flight requests finish and are committed; then API; then the store flushes, refreshes
 `requests` and checkpoints). SIGTERM and SIGINT stop cleanly.
 """
@@ -34,10 +35,10 @@ def parse_duration_s(text: str) -> float:
 class CollectorConfig:
     """Settings of one collector process (see `tailtrace collect --help` and docs/collector.md)."""
 
-    def __init__(self, db, host="127.0.0.1", otlp_port=4318, api_port=9464, retention_s=None,
+    def __init__(self, db, host="127.0.0.1", otlp_port=4318, api_port=9464, grpc_port=4317, retention_s=None,
                  max_body_bytes=16 * 2**20, memory_limit_mb=2048, duckdb_memory_mb=1024,
                  max_pending_rows=200_000, max_inflight=32, query_timeout_s=10.0, max_rows=10_000,
-                 scrape=(), scrape_interval_s=1.0, dedup_window=1_000_000):
+                 scrape=(), scrape_interval_s=1.0, scrape_buckets=False, dedup_window=1_000_000):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -62,8 +63,10 @@ def run_collector(cfg: CollectorConfig) -> int:
 
     from collector.processor.limiter import AdmissionLimiter
     from collector.query.api import make_api_app
+    from collector.receiver.otlp_grpc import OtlpGrpcReceiver
     from collector.receiver.otlp_http import make_otlp_app
     from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.errors import UserError
     from tailtrace.procs import check_port_free
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -71,6 +74,8 @@ def run_collector(cfg: CollectorConfig) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per scrape; failures still show
     check_port_free(cfg.host, cfg.otlp_port, "collector's OTLP receiver (--otlp-port)")
     check_port_free(cfg.host, cfg.api_port, "collector's API (--api-port)")
+    if cfg.grpc_port:
+        check_port_free(cfg.host, cfg.grpc_port, "collector's OTLP/gRPC receiver (--grpc-port)")
     scraper = None
     store = DuckDBStore(cfg.db, memory_limit_mb=cfg.duckdb_memory_mb, retention_s=cfg.retention_s,
                         max_pending_rows=cfg.max_pending_rows, dedup_window=cfg.dedup_window).start()
@@ -82,9 +87,12 @@ def run_collector(cfg: CollectorConfig) -> int:
         if cfg.scrape:
             from collector.scrape import Scraper  # checked importable by the CLI
 
-            scraper = Scraper(list(cfg.scrape), store.sink, cfg.scrape_interval_s)
+            scraper = Scraper(list(cfg.scrape), store.sink, cfg.scrape_interval_s, keep_buckets=cfg.scrape_buckets)
             scraper.start()
-        otlp = _Server(uvicorn.Config(make_otlp_app(store, limiter, cfg.max_body_bytes), host=cfg.host,
+        grpc_rx = (OtlpGrpcReceiver(store, limiter, cfg.host, cfg.grpc_port, cfg.max_body_bytes)
+                   if cfg.grpc_port else None)
+        health = {"grpc": grpc_rx.stats} if grpc_rx else {}
+        otlp = _Server(uvicorn.Config(make_otlp_app(store, limiter, cfg.max_body_bytes, health), host=cfg.host,
                                       port=cfg.otlp_port, log_level="warning", access_log=False,
                                       lifespan="off", timeout_graceful_shutdown=30))
         api = _Server(uvicorn.Config(make_api_app(store, timeout_s=cfg.query_timeout_s, max_rows=cfg.max_rows),
@@ -93,16 +101,31 @@ def run_collector(cfg: CollectorConfig) -> int:
 
         async def main():
             loop = asyncio.get_running_loop()
+            if grpc_rx is not None:
+                try:
+                    await grpc_rx.start()
+                except OSError as exc:
+                    raise UserError(f"{exc} for the collector's OTLP/gRPC receiver (--grpc-port); "
+                                    "pick another port, or --grpc-port 0 to turn it off") from None
+            grpc_stop = []
 
             def ask_stop():
                 otlp.should_exit = True
+                if grpc_rx is not None and not grpc_stop:   # both receivers drain at once
+                    grpc_stop.append(asyncio.ensure_future(grpc_rx.stop(30)))
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, ask_stop)
             api_task = asyncio.create_task(api.serve())
-            log.info("collector: OTLP/HTTP on http://%s:%d, API on http://%s:%d, store %s",
-                     cfg.host, cfg.otlp_port, cfg.host, cfg.api_port, cfg.db)
-            await otlp.serve()          # returns after SIGTERM, once in-flight requests are answered
+            grpc_at = f", OTLP/gRPC on {cfg.host}:{cfg.grpc_port}" if grpc_rx else ", OTLP/gRPC off"
+            log.info("collector: OTLP/HTTP on http://%s:%d%s, API on http://%s:%d, store %s",
+                     cfg.host, cfg.otlp_port, grpc_at, cfg.host, cfg.api_port, cfg.db)
+            try:
+                await otlp.serve()      # returns after SIGTERM, once in-flight requests are answered
+            finally:
+                ask_stop()
+                for t in grpc_stop:
+                    await t             # in-flight RPCs answered (committed) or cut after 30 s
             api.should_exit = True
             await api_task
 

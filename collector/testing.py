@@ -1,7 +1,8 @@
 """Start a real `tailtrace collect` for tests (any part's): `start_collector(db_path) -> handle`.
 
     h = start_collector(tmp_path / "t.duckdb")
-    ... export OTLP to h.otlp_url (e.g. make_tracer_provider("svc", h.otlp_url)) ...
+    ... export OTLP to h.otlp_url (e.g. make_tracer_provider("svc", h.otlp_url)) or over gRPC to
+        h.grpc_target ("127.0.0.1:PORT") ...
     rows = h.sql("SELECT count(*) FROM spans")      # via /api/sql
     h.stop()
 
@@ -23,14 +24,18 @@ __all__ = ["CollectorHandle", "set_any_value", "start_collector"]
 
 
 class CollectorHandle:
-    """A running collector. otlp_url: OTLP/HTTP base URL (append /v1/traces); api_url: API base
-    URL; db_path; proc: the Popen; log_path."""
+    """A running collector. otlp_url: OTLP/HTTP base URL (append /v1/traces); grpc_port and
+    grpc_target ("127.0.0.1:PORT", None when started with --grpc-port 0): its OTLP/gRPC receiver;
+    api_url: API base URL; db_path; proc: the Popen; log_path."""
 
-    def __init__(self, proc, db_path: Path, otlp_port: int, api_port: int, log_path: Path, args: list[str]):
+    def __init__(self, proc, db_path: Path, otlp_port: int, api_port: int, log_path: Path, args: list[str],
+                 grpc_port: int = 0):
         self.proc = proc
         self.db_path = db_path
         self.otlp_port = otlp_port
         self.api_port = api_port
+        self.grpc_port = grpc_port
+        self.grpc_target = f"127.0.0.1:{grpc_port}" if grpc_port else None
         self.otlp_url = f"http://127.0.0.1:{otlp_port}"
         self.api_url = f"http://127.0.0.1:{api_port}"
         self.log_path = log_path
@@ -76,24 +81,28 @@ class CollectorHandle:
 
 
 def start_collector(db_path, *extra_args: str, timeout_s: float = 60.0) -> CollectorHandle:
-    """Start `tailtrace collect --db db_path` on free ports and wait until both servers answer.
-    `extra_args` are passed on (e.g. "--retention", "1h"). Raises RuntimeError (with the log) if it
-    does not come up."""
+    """Start `tailtrace collect --db db_path` on free ports (OTLP/HTTP, API and OTLP/gRPC, unless
+    `extra_args` has its own "--grpc-port") and wait until the servers answer. `extra_args` are passed
+    on (e.g. "--retention", "1h"). Raises RuntimeError (with the log) if it does not come up."""
     db_path = Path(db_path)
     db_path.parent.mkdir(parents=True, exist_ok=True)
     log_path = db_path.with_name(db_path.name + ".log")
     last = None
     for _ in range(3):  # a free port can be taken between free_port() and bind
-        otlp_port, api_port = free_port(), free_port()
-        while api_port == otlp_port:
-            api_port = free_port()
+        ports = set()
+        while len(ports) < 3:
+            ports.add(free_port())
+        otlp_port, api_port, grpc_port = ports
+        own_grpc = "--grpc-port" in extra_args
+        if own_grpc:
+            grpc_port = int(extra_args[extra_args.index("--grpc-port") + 1])
         args = [sys.executable, "-m", "tailtrace", "collect", "--db", str(db_path), "--otlp-port", str(otlp_port),
-                "--api-port", str(api_port), *extra_args]
+                "--api-port", str(api_port), *([] if own_grpc else ["--grpc-port", str(grpc_port)]), *extra_args]
         proc = start_process(args, log_path=log_path)
-        h = CollectorHandle(proc, db_path, otlp_port, api_port, log_path, args)
+        h = CollectorHandle(proc, db_path, otlp_port, api_port, log_path, args, grpc_port)
         try:
             wait_http(f"{h.api_url}/healthz", timeout_s, proc, "collector API")
-            wait_http(f"{h.otlp_url}/healthz", timeout_s, proc, "collector OTLP receiver")
+            wait_http(f"{h.otlp_url}/healthz", timeout_s, proc, "collector OTLP receiver")  # gRPC is bound before
             return h
         except Exception as exc:  # noqa: BLE001
             last = exc

@@ -16,6 +16,7 @@ st.set_page_config(page_title="tailtrace", page_icon=":material/timer:", layout=
 
 PAGES = [
     st.Page("app_pages/overview.py", title="Overview", icon=":material/monitoring:", default=True),
+    st.Page("app_pages/why.py", title="Why is it slow?", icon=":material/troubleshoot:", url_path="why"),
     st.Page("app_pages/queue_service.py", title="Queue vs service", icon=":material/hourglass_top:"),
     st.Page("app_pages/distributions.py", title="Distributions", icon=":material/bar_chart:"),
     st.Page("app_pages/explorer.py", title="Request explorer", icon=":material/search:"),

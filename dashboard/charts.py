@@ -16,6 +16,7 @@ __all__ = [
     "batch_sizes",
     "cdf",
     "engine_device",
+    "excess_by_phase",
     "histogram",
     "itl_timeline",
     "latency_vs_input",
@@ -81,6 +82,24 @@ def tail_shares(shares: pd.DataFrame, phases: Sequence[tuple[str, str, str]], me
         if col in shares:
             fig.add_trace(go.Bar(y=[names.get(g, g) for g in shares["grp"]], x=shares[col].fillna(0),
                                  name=label, orientation="h", marker_color=PHASE_COLORS.get(col)))
+    return fig
+
+
+def excess_by_phase(phases: pd.DataFrame) -> go.Figure:
+    """The tail's excess over the median, per phase (diagnose's split: the shares add up to 100%),
+    as horizontal bars in the order a request lives its phases; a phase the tail spends less in
+    than the median has a negative share."""
+    fig = _fig("Where the tail's excess over the median went (share per phase)", xaxis_title="share of the excess",
+               xaxis_tickformat=".0%", showlegend=False)
+    if len(phases):
+        colors = [PHASE_COLORS.get(c, PHASE_COLORS.get("network_ms" if "network" in str(c) else "", "#888"))
+                  for c in phases["column"]]
+        fig.add_trace(go.Bar(y=phases["phase"], x=phases["share"], orientation="h", marker_color=colors,
+                             customdata=phases[["excess_ms", "median_ms", "tail_mean_ms"]].to_numpy(),
+                             hovertemplate="%{y}: %{x:.1%} of the excess<br>%{customdata[0]:,.0f} ms in all; "
+                                           "median %{customdata[1]:,.1f} ms, tail mean %{customdata[2]:,.1f} ms"
+                                           "<extra></extra>"))
+        fig.update_yaxes(autorange="reversed")
     return fig
 
 

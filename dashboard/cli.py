@@ -2,6 +2,7 @@
 
     tailtrace dashboard --db tailtrace.duckdb          # a store file (read-only)
     tailtrace dashboard --api http://127.0.0.1:9464    # live, through the collector's SQL API
+    tailtrace dashboard --store clickhouse://host:8123/otel   # a ClickHouse store (chdb:///dir in tests)
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def register(sub) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--db", type=Path, help="path of a DuckDB store written by `tailtrace collect`")
     src.add_argument("--api", help=f"base URL of the collector's query API (default {DEFAULT_API})")
+    src.add_argument("--store", metavar="URL",
+                     help="a store URL, as `tailtrace explain --store` takes: duckdb:///path (as --db), "
+                          "clickhouse://host:8123/db, or chdb:///dir (one process per directory: tests and "
+                          "a single reader; docs/fleet.md)")
     p.add_argument("--port", type=int, default=None, help=f"port to serve on (default {DEFAULT_PORT}; "
                                                           "TAILTRACE_DASHBOARD_PORT)")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; TAILTRACE_DASHBOARD_HOST)")
@@ -51,12 +56,41 @@ def streamlit_command(host: str, port: int) -> list[str]:
             "--theme.base", "light", "--client.toolbarMode", "minimal"]
 
 
+def _check_clickhouse_store(store) -> None:
+    """Check what can be checked here of ClickHouse store `store` (a StoreUrl of kind chdb or
+    clickhouse) before the app opens it. A server: reached and its schema checked (then closed). A chdb
+    directory: it exists (opened only by the app: chdb allows one process per directory, and the
+    app's schema check shows there as one line). Raises UserError."""
+    from tailtrace.errors import UserError
+
+    if store.kind == "chdb":
+        if not store.path.is_dir():
+            raise UserError(f"--store {store.text}: no chdb store at {store.path}; create it with "
+                            f"`tailtrace clickhouse init --url {store.text}`")
+        return
+    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+
+    client = connect_clickhouse(store)
+    try:
+        check_schema(client, store)
+    finally:
+        client.close()
+
+
 def _run(args: argparse.Namespace) -> int:
     import os
     import signal
     import subprocess
 
-    from dashboard.data import ENV_API, ENV_DB, ENV_QUERY_TIMEOUT, ENV_SIDE_TIMEOUT, DataError, time_budgets
+    from dashboard.data import (
+        ENV_API,
+        ENV_DB,
+        ENV_QUERY_TIMEOUT,
+        ENV_SIDE_TIMEOUT,
+        ENV_STORE,
+        DataError,
+        time_budgets,
+    )
     from dashboard.source import parse_timeout_s
     from tailtrace.errors import UserError
     from tailtrace.procs import check_port_free, stop_on_sigint
@@ -69,8 +103,8 @@ def _run(args: argparse.Namespace) -> int:
     if not 0 < port < 65536:
         raise UserError(f"--port {port} is not a TCP port (1-65535)")
     env = dict(os.environ)
-    env.pop(ENV_API, None)
-    env.pop(ENV_DB, None)
+    for key in (ENV_API, ENV_DB, ENV_STORE):
+        env.pop(key, None)
     try:  # a bad budget is one line and exit 2 here, not an error page later
         for key, name, value in ((ENV_QUERY_TIMEOUT, "--query-timeout", args.query_timeout),
                                  (ENV_SIDE_TIMEOUT, "--side-timeout", args.side_timeout)):
@@ -79,7 +113,18 @@ def _run(args: argparse.Namespace) -> int:
         time_budgets(env)
     except DataError as exc:
         raise UserError(str(exc)) from None
-    if args.db is not None:
+    store = None
+    if args.store is not None:
+        from collector.clickhouse.store_url import parse_store_url
+
+        store = parse_store_url(args.store)
+        if store.kind == "duckdb":
+            args.db, store = store.path, None
+    if store is not None:
+        _check_clickhouse_store(store)
+        env[ENV_STORE] = args.store   # as given: store.text hides the password
+        where = f"ClickHouse store {store.text}"
+    elif args.db is not None:
         db = args.db.expanduser()
         if db.is_dir():
             raise UserError(f"--db {db} is a folder; give a DuckDB store written by `tailtrace collect --db PATH`")

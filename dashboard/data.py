@@ -81,20 +81,26 @@ from dashboard.queries.sql import (
 )
 from dashboard.source import (  # noqa: F401 - gathered for the pages: data.<name>
     ARROW_STREAM,
+    CLICKHOUSE_MISSING,
     DEFAULT_QUERY_TIMEOUT_S,
     DEFAULT_SIDE_TIMEOUT_S,
     ENV_API,
     ENV_DB,
     ENV_QUERY_TIMEOUT,
     ENV_SIDE_TIMEOUT,
+    ENV_STORE,
     ApiSource,
     BudgetedSource,
+    ClickHouseSource,
     DataError,
     DataSource,
     DuckDBSource,
     QueryResult,
     QueryTimeout,
+    missing_on_clickhouse,
+    open_source,
     source_from_env,
+    source_target,
     time_budgets,
 )
 

@@ -1,6 +1,8 @@
 """The one class that runs the dashboard's SQL (`DataSource`): on a DuckDB store file (read-only,
-`enable_external_access=false`, configuration locked, statement timeout, row cap) or through the
-collector's query API. Pages never build SQL: the query modules in `dashboard/queries/` do."""
+`enable_external_access=false`, configuration locked, statement timeout, row cap), through the
+collector's query API, or on a ClickHouse store (`chdb:///dir`, `clickhouse://host:8123/db`: the
+store URLs of `tailtrace explain --store`). Pages never build SQL: the query modules in
+`dashboard/queries/` do, in DuckDB's dialect; a ClickHouse source translates each statement."""
 
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ from collector.query.auth import bearer_headers
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
 ENV_API = "TAILTRACE_DASHBOARD_API"
+ENV_STORE = "TAILTRACE_DASHBOARD_STORE"
+
+# Tables of the DuckDB store that ClickHouse stores do not have yet (docs/fleet.md, "What is
+# missing"): a page or panel that needs one says so in one line (`missing_on_clickhouse`).
+CLICKHOUSE_MISSING = ("step_histogram", "latency_histogram", "totals", "metric_points")
 
 # Time budgets (s) per statement: a page's main chart or table, and its side panels (secondary
 # figures that degrade to "n/a" instead of failing the page, as Datasette does for facets).
@@ -94,6 +101,9 @@ class DataSource:
 
     kind = "none"
     label = ""
+    # (table_name, column_name) rows of the store's tables and views, in column order (`schema`)
+    schema_sql = ("SELECT table_name, column_name FROM information_schema.columns "
+                  "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position")
 
     def query(self, sql: str, params: Sequence[Any] = (), *, max_rows: int | None = None,
               timeout_s: float = 60.0) -> QueryResult:
@@ -105,9 +115,9 @@ class DataSource:
         return self.query(sql, params).df
 
     def schema(self) -> dict[str, list[str]]:
-        """{table or view name: [column names]} of the store's `main` schema."""
-        rows = self.df("SELECT table_name, column_name FROM information_schema.columns "
-                       "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position")
+        """{table or view name: [column names]} of the store (`schema_sql`: DuckDB's `main` schema,
+        or a ClickHouse store's database)."""
+        rows = self.df(self.schema_sql)
         out: dict[str, list[str]] = {}
         for t, c in zip(rows["table_name"], rows["column_name"]):
             out.setdefault(str(t), []).append(str(c))
@@ -127,7 +137,7 @@ class BudgetedSource(DataSource):
 
     def __init__(self, inner: DataSource, timeout_s: float):
         self.inner, self.timeout_s = inner, float(timeout_s)
-        self.kind, self.label = inner.kind, inner.label
+        self.kind, self.label, self.schema_sql = inner.kind, inner.label, inner.schema_sql
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         return self.inner.query(sql, params, max_rows=max_rows, timeout_s=min(timeout_s, self.timeout_s))
@@ -283,16 +293,128 @@ class ApiSource(DataSource):
         self._client.close()
 
 
+def missing_on_clickhouse(tables: Sequence[str]) -> str:
+    """The one line a page shows in place of what reads `tables` (of CLICKHOUSE_MISSING) on a
+    ClickHouse store."""
+    return (f"Not on ClickHouse stores yet: this needs {', '.join(tables)}, which `tailtrace clickhouse init` "
+            "does not create (docs/fleet.md, what is missing); read a DuckDB store for it.")
+
+
+class ClickHouseSource(DataSource):
+    """A ClickHouse store (`chdb:///dir` in-process, or `clickhouse://host:8123/db`), opened as
+    `tailtrace explain --store` opens it (collector/clickhouse/store_url.py: the schema checked), each
+    statement translated from DuckDB's dialect (collector/clickhouse/dialect.py), its `?` bound as
+    literals and run under the server's guards (collector/clickhouse/query.py: readonly=1,
+    max_execution_time, the row cap). One client, behind a lock: chdb allows one process per data
+    directory, and Streamlit's sessions share this source.
+
+    Raises `DataError`: a bad URL, an unreachable server, a database without the schema (the line
+    names `tailtrace clickhouse init`), a failed statement; `QueryTimeout` past the budget. A
+    statement on a table of CLICKHOUSE_MISSING fails with `missing_on_clickhouse`'s line.
+    """
+
+    kind = "clickhouse"
+    schema_sql = ("SELECT table AS table_name, name AS column_name FROM system.columns "
+                  "WHERE database = currentDatabase() ORDER BY table_name, position")
+
+    def __init__(self, url: str):
+        from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
+        from tailtrace.errors import UserError
+
+        try:
+            self.store = parse_store_url(url)
+            if self.store.kind == "duckdb":
+                raise UserError(f"{url} is a DuckDB store: open it with DuckDBSource")
+            self._client = connect_clickhouse(self.store)
+            try:
+                check_schema(self._client, self.store)
+            except UserError:
+                self._client.close()
+                raise
+        except UserError as exc:
+            raise DataError(str(exc)) from None
+        self.label = f"ClickHouse store {self.store.text}"
+        self._lock = threading.Lock()
+
+    def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
+        import re
+
+        from collector.clickhouse.dialect import bind, to_clickhouse
+        from collector.clickhouse.query import run_readonly
+        from tailtrace.errors import UserError
+
+        try:
+            text = bind(to_clickhouse(sql), params)
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"cannot run this statement on ClickHouse: {exc}") from None
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._client is None:
+                raise DataError("the store connection is closed")
+            try:
+                res = run_readonly(self._client, text, timeout_s=timeout_s,
+                                   max_rows=max_rows if max_rows is not None else 10**9)
+            except UserError as exc:
+                msg = str(exc)
+                if "TIMEOUT_EXCEEDED" in msg or "Timeout exceeded" in msg:
+                    raise QueryTimeout(sql, timeout_s) from None
+                gone = [t for t in CLICKHOUSE_MISSING if re.search(rf"\b{t}\b", sql)]
+                if gone and ("UNKNOWN_TABLE" in msg or "Unknown table" in msg):
+                    raise DataError(missing_on_clickhouse(gone)) from None
+                raise DataError(f"ClickHouse: {msg}") from None
+            if not res["columns"]:   # chdb names no column of an empty result: DESCRIBE does
+                described = run_readonly(self._client, f"DESCRIBE TABLE ({text})", timeout_s=timeout_s)
+                res["columns"] = [r[0] for r in described["rows"]]
+                res["types"] = [r[1] for r in described["rows"]]
+        if time.perf_counter() - t0 > timeout_s:
+            raise QueryTimeout(sql, timeout_s)
+        df = pd.DataFrame(res["rows"], columns=res["columns"])
+        for c, t in zip(res["columns"], res["types"]):
+            if "DateTime" in t:
+                df[c] = pd.to_datetime(df[c])
+        return QueryResult(df, res["truncated"])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
+def open_source(kind: str, target: str) -> DataSource:
+    """The source of `kind` 'api' (the collector's base URL), 'db' (a DuckDB file) or 'store' (a
+    store URL: duckdb:///path opens a DuckDBSource, chdb:// and clickhouse:// a ClickHouseSource).
+    Raises `DataError` when it cannot be opened."""
+    if kind == "api":
+        return ApiSource(target)
+    if kind == "store":
+        from collector.clickhouse.store_url import parse_store_url
+        from tailtrace.errors import UserError
+
+        try:
+            store = parse_store_url(target)
+        except UserError as exc:
+            raise DataError(str(exc)) from None
+        return DuckDBSource(store.path) if store.kind == "duckdb" else ClickHouseSource(target)
+    return DuckDBSource(target)
+
+
+def source_target(env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """(kind, target) of the source `tailtrace dashboard` named for the app: TAILTRACE_DASHBOARD_API
+    ('api'), else TAILTRACE_DASHBOARD_STORE ('store'), else TAILTRACE_DASHBOARD_DB ('db'), from `env`
+    (default os.environ); None if none is set."""
+    env = os.environ if env is None else env
+    for key, kind in ((ENV_API, "api"), (ENV_STORE, "store"), (ENV_DB, "db")):
+        if env.get(key):
+            return kind, env[key]
+    return None
+
+
 def source_from_env() -> DataSource | None:
-    """The source named by TAILTRACE_DASHBOARD_API (preferred) or TAILTRACE_DASHBOARD_DB; None if neither.
+    """The source named by the environment (`source_target`); None if none is named.
 
     `tailtrace dashboard` sets these for the Streamlit process. Raises `DataError` when the named
     source cannot be opened.
     """
-    api = os.environ.get(ENV_API)
-    if api:
-        return ApiSource(api)
-    db = os.environ.get(ENV_DB)
-    if db:
-        return DuckDBSource(db)
-    return None
+    target = source_target()
+    return open_source(*target) if target else None

@@ -112,9 +112,7 @@ def fmt_pct(x: float | None) -> str:
 # ------------------------------------------------------------------------------------------ sources
 @st.cache_resource(show_spinner=False)
 def _open_source(kind: str, target: str) -> DataSource:
-    if kind == "api":
-        return data.ApiSource(target)
-    return data.DuckDBSource(target)
+    return data.open_source(kind, target)
 
 
 @st.cache_data(ttl=3600, max_entries=512, show_spinner=False)
@@ -128,20 +126,14 @@ class CachedSource(DataSource):
 
     def __init__(self, inner: DataSource, key: str, epoch: int):
         self.inner, self.key, self.epoch = inner, key, epoch
-        self.kind, self.label = inner.kind, inner.label
+        self.kind, self.label, self.schema_sql = inner.kind, inner.label, inner.schema_sql
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         return _cached_query(self.inner, self.key, self.epoch, sql, tuple(params), max_rows, timeout_s)
 
 
 def _source_target() -> tuple[str, str] | None:
-    import os
-
-    if os.environ.get(data.ENV_API):
-        return "api", os.environ[data.ENV_API]
-    if os.environ.get(data.ENV_DB):
-        return "db", os.environ[data.ENV_DB]
-    return None
+    return data.source_target()
 
 
 # ------------------------------------------------------------------------------------------ empty state
@@ -176,8 +168,54 @@ def _auto_refresh(interval_s: int) -> None:
 _DEFAULT_SLO = Slo()  # semantics.catalog.SLO_DEFAULTS_MS
 
 
+def _link_time(params, key: str) -> dt.datetime | None:
+    raw = (params.get(key) or "").strip()
+    if not raw:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        raise DataError(f"the link's {key}={raw!r} is not an ISO 8601 time (e.g. 2026-12-01T15:30:05Z)") from None
+    return t.astimezone(dt.UTC).replace(tzinfo=None) if t.tzinfo else t
+
+
+def link_window(params) -> tuple[dt.datetime | None, dt.datetime | None, str] | None:
+    """The time window a link asks for, from its query parameters (`st.query_params` or any
+    mapping of str to str), as naive UTC datetimes [start, end) and a label; None when it asks for
+    none. Either `since` [and `until`] (ISO 8601; a time without an offset is UTC), or what an
+    alert's notification carries (grafana/generate.py): `alert_start` and `lookback_s` (the
+    alert's window plus its `for:`), and `alert_end` once it resolved; the window is then
+    [alert_start - lookback_s, alert_end or open]. Raises DataError for a value that is not a time
+    or a number >= 0, or a window that ends before it starts."""
+    since, until = _link_time(params, "since"), _link_time(params, "until")
+    start = _link_time(params, "alert_start")
+    label = "from the link"
+    if start is not None:
+        raw = (params.get("lookback_s") or "0").strip()
+        try:
+            back = float(raw)
+        except ValueError:
+            back = -1.0
+        if not back >= 0:
+            raise DataError(f"the link's lookback_s={raw!r} is not a number of seconds >= 0")
+        since = start - dt.timedelta(seconds=back)
+        until = _link_time(params, "alert_end") or until
+        label = f"the alert's window (fired {start:%Y-%m-%d %H:%M:%S} UTC)"
+    if since is None and until is None:
+        return None
+    if since is not None and until is not None and until <= since:
+        raise DataError(f"the link's window ends ({until:%Y-%m-%d %H:%M:%S}) before it starts "
+                        f"({since:%Y-%m-%d %H:%M:%S})")
+    span = f"{since:%Y-%m-%d %H:%M:%S}" if since else "…"
+    return since, until, f"{label}: {span} – {f'{until:%H:%M:%S}' if until else 'now'} UTC"
+
+
 def _time_window(info: dict, live: bool) -> tuple[dt.datetime | None, dt.datetime | None, str]:
     sb = st.sidebar
+    linked = link_window(st.query_params)
+    if linked is not None:
+        sb.caption(f"Time range: {linked[2]} (opened from a link; clear the URL's parameters for the picker)")
+        return linked
     choice = sb.selectbox("Time range", list(TIME_RANGES), index=0 if not live else 3, key="tt_range",
                           help="Filters requests by completion time (UTC: arrival + outer E2E); decode and engine steps by their "
                                "own time. 'Last …' counts back from now in live mode, from the newest "
@@ -268,7 +306,9 @@ def build_context() -> Context | None:
                    "nothing has arrived.")
         return None
     start, end, window_label = _time_window(info, live)
-    models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models")
+    linked_model = st.query_params.get("model")
+    models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models",
+                            default=[linked_model] if linked_model in info["models"] else None)
     services = sb.multiselect("Service", info["services"], key="tt_services", placeholder="all services",
                               help="The vLLM server (service.name) that served the request.")
     prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")

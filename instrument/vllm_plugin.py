@@ -8,8 +8,10 @@ engine monotonic time) and the scheduler's stats with the step's batch compositi
 (`--enable-logging-iteration-details`, which the plugin switches on). Nothing runs in the
 engine core's busy loop: see docs/vllm-plugin.md for the hook points and their measured cost.
 
-Hooks (vLLM 0.32.x; on another version, or one missing a hook point, the plugin logs one line and
-vLLM serves untraced):
+Hooks (vLLM >=0.30, <0.34; `instrument/vllm_compat.py` defines them and checks each one, presence and
+signature, and the fields the hooks read, before anything is patched; on a vLLM outside the range or one
+whose hook points differ, the plugin logs one line naming the hook point and the version, and vLLM
+serves untraced):
 - `OutputProcessor.add_request`        binds vLLM's request id to the HTTP request's timeline;
 - `OutputProcessor.process_outputs`    per step: token times, events, finish reasons;
 - `OutputProcessor.update_scheduler_stats`  closes the step: batch size, prefill/decode tokens, KV;
@@ -22,19 +24,25 @@ Hooks never raise into vLLM: each is wrapped, and a failure is logged once and c
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import os
 import time
 from typing import ClassVar
 
 from instrument import semconv as sc
+from instrument import vllm_compat
 from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
 
 __all__ = ["SUPPORTED_VLLM", "check_vllm_version", "register"]
 
-SUPPORTED_VLLM = ("0.32.",)
+SUPPORTED_VLLM = vllm_compat.VLLM_RANGE  # ((0, 30), (0, 34)): >=0.30, <0.34
 _TRACED_PATHS = ("/v1/completions", "/v1/chat/completions")
 log = logging.getLogger("tailtrace.vllm_plugin")
+# Its own level, not the root logger's: a vLLM dependency may raise the root logger to ERROR when
+# imported (model_hosting_container_standards does, imported by vLLM 0.30's app module, which the
+# hook-point check imports), and that swallowed the one refusal line on 0.30.
+log.setLevel(logging.INFO)
 
 _current: contextvars.ContextVar[RequestTimeline | None] = contextvars.ContextVar("tailtrace_request", default=None)
 
@@ -53,39 +61,94 @@ class _State:
     step_index = 0
     last_waiting: int | None = None
     hook_errors = 0
+    vllm_tracing = False  # vLLM's own tracing is on too (--otlp-traces-endpoint)
 
 
 def check_vllm_version(version: str) -> None:
-    """Raise RuntimeError unless `version` is a vLLM release this plugin was built against."""
-    if not version.startswith(SUPPORTED_VLLM):
-        raise RuntimeError(
-            f"tailtrace's vLLM plugin supports vLLM {', '.join(v + 'x' for v in SUPPORTED_VLLM)}; "
-            f"found vLLM {version}"
-        )
+    """Raise RuntimeError unless `version` lies in the range this plugin accepts (SUPPORTED_VLLM)."""
+    problem = vllm_compat.check_version(version)
+    if problem:
+        raise RuntimeError(problem)
 
 
 def register() -> None:
     """vLLM general-plugin entry point. Idempotent; a no-op unless TAILTRACE_VLLM=1.
 
     Never raises: vLLM does not catch a plugin's exception, and an observability plugin must not
-    take the server down. On a vLLM it cannot trace (another version, a hook point missing) it
-    logs one warning line (the version found, those supported, how to switch tailtrace off),
+    take the server down. On a vLLM it cannot trace (outside the range, or a hook point missing or
+    with another signature, or a field the hooks read gone) it logs one warning line (the version
+    found, the hook point that differs or the range supported, how to switch tailtrace off),
     installs nothing, and vLLM serves untraced. It then sets TAILTRACE_VLLM=refused in this
     process's environment, so the processes vLLM starts afterwards do not repeat the line."""
     if os.environ.get("TAILTRACE_VLLM") != "1" or _State.installed:
         return
+    version = "unknown"
     try:
         import vllm
 
-        check_vllm_version(getattr(vllm, "__version__", "unknown"))
+        version = getattr(vllm, "__version__", "unknown")
+        check_vllm_version(version)
         points = _hook_points()
     except Exception as exc:  # noqa: BLE001 - any failure here must leave vLLM serving
         os.environ["TAILTRACE_VLLM"] = "refused"
-        log.warning("tailtrace is off, vLLM serves untraced: %s. Install a supported vLLM, or unset "
-                    "TAILTRACE_VLLM (`tailtrace serve --no-instrument`) to silence this line.", exc)
+        log.warning("tailtrace is off, vLLM %s serves untraced: %s. Install a supported vLLM, or unset "
+                    "TAILTRACE_VLLM (`tailtrace serve --no-instrument`) to silence this line.", version, exc)
+        _count_refusal(version, str(exc))
         return
     _install_hooks(points)
     _State.installed = True
+
+
+REFUSALS_METRIC = "tailtrace.plugin.refusals"
+
+
+def _count_refusal(version: str, reason: str, timeout_s: float = 2.0):
+    """Count a refusal where the store sees it: one OTLP/HTTP Sum data point `tailtrace.plugin.refusals`
+    = 1 (cumulative, monotonic; attributes `vllm.version` and `tailtrace.refusal`, the reason, cut at
+    200 characters) to the collector (`instrument.otel.otlp_endpoint()`, /v1/metrics), so that
+    `metric_points` holds one row per refused vLLM start. Sent from a daemon thread within
+    `timeout_s`: vLLM's start never waits for it, and a collector that is down costs nothing but the
+    count. Returns the thread (tests join it), or None when nothing could be sent."""
+    import socket
+    import threading
+
+    try:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+        from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+        from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
+
+        from instrument.otel import otlp_endpoint
+        from instrument.otlp_http import OtlpHttpSender
+
+        sender = OtlpHttpSender(otlp_endpoint() + "/v1/metrics", timeout_s=timeout_s, signal="metrics")
+    except Exception:  # noqa: BLE001 - no endpoint, no OTLP protos: nothing to count with
+        return None
+    now = time.time_ns()
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    for k, v in (("service.name", os.environ.get("OTEL_SERVICE_NAME") or "vllm"), (sc.HOST_NAME, socket.gethostname())):
+        rm.resource.attributes.append(KeyValue(key=k, value=AnyValue(string_value=v)))
+    sm = rm.scope_metrics.add()
+    sm.scope.name = "tailtrace.vllm"
+    m = sm.metrics.add()
+    m.name, m.unit = REFUSALS_METRIC, "1"
+    m.description = "vLLM starts on which tailtrace's plugin refused to install (vLLM served untraced)"
+    m.sum.is_monotonic, m.sum.aggregation_temporality = True, AGGREGATION_TEMPORALITY_CUMULATIVE
+    dp = m.sum.data_points.add()
+    dp.start_time_unix_nano, dp.time_unix_nano, dp.as_int = now, now, 1
+    for k, v in (("vllm.version", version), ("tailtrace.refusal", reason[:200])):
+        dp.attributes.append(KeyValue(key=k, value=AnyValue(string_value=v)))
+    body = req.SerializeToString()
+
+    def send():
+        try:
+            sender.send(body)
+        finally:
+            sender.close()
+
+    t = threading.Thread(target=send, name="tailtrace-refusal-count", daemon=True)
+    t.start()
+    return t
 
 
 def _guard(fn):
@@ -177,6 +240,10 @@ def _on_scheduler_stats(stats) -> None:
     if details is not None and details.is_dummy:
         return
     time_mono = pending[0][0].token_mono[pending[0][1]] if pending else time.monotonic()
+    # every waiting request, as vLLM's own `vllm:num_requests_waiting` counts them: vLLM splits them
+    # in two fields, and where the split lies changed (0.30: the "waiting" and "skipped waiting"
+    # queues; 0.31 on: requests deferred by a transient constraint or not), their sum did not
+    waiting = stats.num_waiting_reqs + stats.num_skipped_waiting_reqs if stats is not None else None
     step = StepInfo(
         index=details.iteration_index if details is not None else _State.step_index,
         time_mono=time_mono,
@@ -187,12 +254,12 @@ def _on_scheduler_stats(stats) -> None:
         prefill_requests=details.num_ctx_requests if details is not None else None,
         kv_cache_usage=stats.kv_cache_usage if stats is not None else None,
         running=stats.num_running_reqs if stats is not None else None,
-        waiting=stats.num_waiting_reqs if stats is not None else None,
+        waiting=waiting,
         preemptions=_State.pending_preemptions,
     )
     _State.step_index = step.index + 1
     if stats is not None:
-        _State.last_waiting = stats.num_waiting_reqs
+        _State.last_waiting = waiting
     for tl, k in pending:
         tl.token_steps[k] = step
     _State.pending = []
@@ -215,19 +282,30 @@ def _install_output_processor_hooks(OutputProcessor) -> None:
     orig_stats = OutputProcessor.update_scheduler_stats
     orig_abort = OutputProcessor.abort_requests
 
+    # Each wrapper takes the leading parameters `vllm_compat.EXPECTED` checked, by the same names, and
+    # passes the rest on untouched; functools.wraps keeps vLLM's signature visible to a later check.
+    @functools.wraps(orig_add)
     def add_request(self, request, *args, **kwargs):
         _on_add_request(request)
         return orig_add(self, request, *args, **kwargs)
 
+    # Read after vLLM has processed the step: from 0.32 on, vLLM drops in place the tokens a step
+    # produced past a matched stop string (`_trim_surplus_tokens`), and the plugin counts what vLLM
+    # kept (and reports in `usage`), whichever version. Nothing can await in between: the HTTP
+    # handlers that read the timelines run after this returns.
+    @functools.wraps(orig_process)
     def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, *args, **kwargs):
+        result = orig_process(self, engine_core_outputs, engine_core_timestamp, *args, **kwargs)
         if engine_core_timestamp is not None:
             _on_outputs(engine_core_outputs, engine_core_timestamp)
-        return orig_process(self, engine_core_outputs, engine_core_timestamp, *args, **kwargs)
+        return result
 
-    def update_scheduler_stats(self, scheduler_stats):
+    @functools.wraps(orig_stats)
+    def update_scheduler_stats(self, scheduler_stats, *args, **kwargs):
         _on_scheduler_stats(scheduler_stats)
-        return orig_stats(self, scheduler_stats)
+        return orig_stats(self, scheduler_stats, *args, **kwargs)
 
+    @functools.wraps(orig_abort)
     def abort_requests(self, request_ids, *args, **kwargs):
         request_ids = list(request_ids)
         _on_abort(request_ids)
@@ -246,7 +324,11 @@ class LlmRequestMiddleware:
     request reaches vLLM's app to the moment its last response byte is handed to the server (the
     last non-empty body message, stamped before it is sent).
 
-    It runs inside opentelemetry-instrumentation-fastapi's server span (the span's parent).
+    It runs inside opentelemetry-instrumentation-fastapi's server span (the span's parent). When
+    vLLM's own tracing is on as well and the request came without a `traceparent`, it hands vLLM
+    the context of `llm.request` (a `traceparent` header added to the request vLLM reads), so vLLM's
+    own `llm_request` span lands in the same trace, under `llm.request`, and the collector takes the
+    request's row from the plugin's spans (docs/vllm-plugin.md, "Zero-install mode").
     """
 
     def __init__(self, app) -> None:
@@ -261,6 +343,8 @@ class LlmRequestMiddleware:
                                       attributes={sc.PHASE: sc.PHASE_ENGINE})
         tl = RequestTimeline(start_ns=start_ns, model=_State.model)
         token = _current.set(tl)
+        if _State.vllm_tracing:
+            scope = _with_traceparent(scope, span)
 
         last_body_ns = None
 
@@ -291,6 +375,19 @@ class LlmRequestMiddleware:
             _finish(tl, span)
 
 
+def _with_traceparent(scope: dict, span) -> dict:
+    """`scope` with a W3C `traceparent` header naming `span`, unless it has one already (then vLLM's
+    own span joins the caller's trace, as it would without the plugin)."""
+    headers = scope.get("headers") or []
+    if any(k.lower() == b"traceparent" for k, _ in headers):
+        return scope
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return scope
+    value = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}".encode()
+    return {**scope, "headers": [*headers, (b"traceparent", value)]}
+
+
 @_guard
 def _finish(tl: RequestTimeline, span) -> None:
     if tl.request_id is not None:
@@ -306,6 +403,7 @@ def _instrument_app(app, args) -> None:
 
     names = getattr(args, "served_model_name", None)
     _State.model = (names[0] if isinstance(names, list | tuple) and names else names) or getattr(args, "model", None)
+    _State.vllm_tracing = bool(getattr(args, "otlp_traces_endpoint", None))
     sink = _sink()
     app.add_middleware(LlmRequestMiddleware)
 
@@ -323,6 +421,7 @@ def _instrument_app(app, args) -> None:
 def _install_app_hooks(app_module) -> None:
     orig = app_module.init_entrypoints_middleware
 
+    @functools.wraps(orig)
     def init_entrypoints_middleware(args, app, *rest, **kwargs):
         result = orig(args, app, *rest, **kwargs)
         try:
@@ -339,6 +438,7 @@ def _install_config_hooks(EngineArgs) -> None:
     keep its one-log-line-per-step out of the console unless the user asked for them."""
     orig = EngineArgs.create_engine_config
 
+    @functools.wraps(orig)
     def create_engine_config(self, *a, **kw):
         config = orig(self, *a, **kw)
         obs = config.observability_config
@@ -355,33 +455,23 @@ class _DropIterationLines(logging.Filter):
         return "Iteration(" not in str(record.msg)
 
 
-# (module, attribute of it, hook points on that attribute): every place the plugin patches.
-_HOOK_POINTS = (
-    ("vllm.engine.arg_utils", "EngineArgs", ("create_engine_config",)),
-    ("vllm.v1.engine.output_processor", "OutputProcessor",
-     ("add_request", "process_outputs", "update_scheduler_stats", "abort_requests")),
-    ("vllm.entrypoints.launchers.app", None, ("init_entrypoints_middleware",)),
-)
-
-
 def _hook_points() -> list:
-    """Import and check every hook point before patching any, so that a vLLM missing one is
-    refused whole instead of half-traced. Returns the owners in `_HOOK_POINTS` order; raises
-    RuntimeError naming the first hook point that is missing or not callable."""
+    """Check every hook point (`vllm_compat.EXPECTED`: presence, signature, the fields the hooks
+    read) before patching any, so that a vLLM where one differs is refused whole instead of
+    half-traced. Returns the owners the plugin patches (EngineArgs, OutputProcessor, the app
+    module); raises RuntimeError naming the first hook point that differs."""
     import importlib
 
+    problems = vllm_compat.check_runtime()
+    if problems:
+        raise RuntimeError(problems[0])
     owners = []
-    for module, attr, names in _HOOK_POINTS:
-        where = f"{module}.{attr}" if attr else module
-        try:
-            owner = importlib.import_module(module)
-            owner = getattr(owner, attr) if attr else owner
-        except (ImportError, AttributeError) as exc:
-            raise RuntimeError(f"hook point {where} is missing ({exc})") from exc
-        for name in names:
-            if not callable(getattr(owner, name, None)):
-                raise RuntimeError(f"hook point {where}.{name} is missing")  # noqa: TRY004 - not a type error of ours
-        owners.append(owner)
+    for hook in vllm_compat.EXPECTED:
+        if isinstance(hook, vllm_compat.Hook):
+            module = importlib.import_module(hook.module)
+            owner = getattr(module, hook.owner) if hook.owner else module
+            if not any(owner is o for o in owners):
+                owners.append(owner)
     return owners
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import ClassVar, Self
 
-__all__ = ["WallClock", "sleep_until"]
+__all__ = ["LatencySlice", "MonotonicTimerFd", "TimerSlack", "WallClock", "sleep_until"]
 
 
 class WallClock:
@@ -43,11 +44,13 @@ class WallClock:
         return (wall_ns - self._offset_ns) / 1e9
 
 
-async def sleep_until(target_perf_s: float, spin_s: float = 0.002) -> None:
+async def sleep_until(target_perf_s: float, spin_s: float = 0.002, hard_s: float = 0.0) -> None:
     """Return at `time.perf_counter() >= target_perf_s` (or at once if it is past).
 
     spin_s: the last stretch (s) is spent in a cooperative spin (`asyncio.sleep(0)`); 0 turns
-    the spin off (plain timer sleep, ~1 ms late). Cost: one core busy for `spin_s` per wait.
+    the spin off (plain timer sleep, ~1 ms late). hard_s: of that, the last `hard_s` is a spin
+    that does not yield, so no callback that starts just before the target can delay it (the
+    loop stalls for at most `hard_s`). Cost: one core busy for `spin_s` per wait.
     """
     perf = time.perf_counter
     d = target_perf_s - perf()
@@ -55,5 +58,188 @@ async def sleep_until(target_perf_s: float, spin_s: float = 0.002) -> None:
         await asyncio.sleep(d - spin_s)
     if spin_s <= 0:
         return
-    while perf() < target_perf_s:
+    soft_end = target_perf_s - hard_s
+    while perf() < soft_end:
         await asyncio.sleep(0)
+    while perf() < target_perf_s:
+        pass
+
+
+class MonotonicTimerFd:
+    """A Linux timerfd on CLOCK_MONOTONIC (the clock of `time.perf_counter`): `arm(perf_s)`
+    makes `fd` readable at that instant, to the kernel's high-resolution timer (tens of
+    microseconds), where the event loop's own timers round to whole milliseconds. Register `fd`
+    with `loop.add_reader`; `clear()` in the callback. `MonotonicTimerFd.create()` returns None
+    where there is no timerfd (not Linux, no libc)."""
+
+    __slots__ = ("_libc", "_spec", "fd")
+
+    _TFD_NONBLOCK, _TFD_CLOEXEC, _TFD_TIMER_ABSTIME, _CLOCK_MONOTONIC = 0o4000, 0o2000000, 1, 1
+
+    def __init__(self, libc, fd: int):
+        import ctypes
+
+        self._libc, self.fd = libc, fd
+        self._spec = (ctypes.c_long * 4)()  # struct itimerspec {interval, value} of timespecs
+
+    @classmethod
+    def create(cls) -> MonotonicTimerFd | None:
+        """A new timer, or None where timerfd is not available."""
+        import ctypes
+        import sys
+
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(cls._CLOCK_MONOTONIC, cls._TFD_NONBLOCK | cls._TFD_CLOEXEC)
+        except (OSError, AttributeError):
+            return None
+        return cls(libc, fd) if fd >= 0 else None
+
+    def arm(self, perf_s: float) -> None:
+        """Expire once at `time.perf_counter() == perf_s` (at once if it is past)."""
+        ns = max(int(perf_s * 1e9), 1)
+        self._spec[2], self._spec[3] = divmod(ns, 1_000_000_000)
+        self._libc.timerfd_settime(self.fd, self._TFD_TIMER_ABSTIME, self._spec, None)
+
+    def disarm(self) -> None:
+        """Stop a pending expiry."""
+        self._spec[2] = self._spec[3] = 0
+        self._libc.timerfd_settime(self.fd, 0, self._spec, None)
+
+    def clear(self) -> None:
+        """Consume an expiry (the fd is readable until then)."""
+        import os
+
+        try:
+            os.read(self.fd, 8)
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def close(self) -> None:
+        """Close the fd (remove it from the loop first)."""
+        import os
+
+        os.close(self.fd)
+
+
+class LatencySlice:
+    """Ask the kernel for a short time slice for the calling thread while in the `with` block
+    (Linux >= 6.12, EEVDF: `sched_setattr` with `sched_runtime` on SCHED_OTHER, no privilege
+    needed). A shorter slice gives the thread an earlier virtual deadline, so when it wakes (its
+    timer for the next write) the kernel runs it before tasks with the default slice (~1.4 ms
+    on 2 cores) instead of after them; it does not raise the thread's share of the CPU (unlike
+    nice or a real-time policy). Nested blocks on one thread (several runs in one loop) share
+    it: the outermost sets it, its end restores the thread's own. `applied` says whether it took
+    effect (False on older kernels, other systems, or a thread with a non-default policy, which
+    is left alone)."""
+
+    _SYS: ClassVar[dict[str, tuple[int, int]]] = {"x86_64": (314, 315), "aarch64": (274, 275)}  # set, get
+    _ATTR = "IIQiIQQQII"  # struct sched_attr (size 56): size, policy, flags, nice, priority, runtime, ...
+    _local = None  # threading.local: depth, saved attr, whether applied
+
+    def __init__(self, slice_us: float):
+        self.slice_ns = int(slice_us * 1000)
+        self.applied = False
+        self._entered = False
+
+    @classmethod
+    def _state(cls):
+        import threading
+
+        if cls._local is None:
+            cls._local = threading.local()
+        st = cls._local
+        if not hasattr(st, "depth"):
+            st.depth, st.old, st.applied = 0, None, False
+        return st
+
+    def __enter__(self) -> Self:
+        st = self._state()
+        if self.slice_ns <= 0:
+            return self
+        self._entered = True
+        st.depth += 1
+        if st.depth == 1:
+            st.old = self._set(self.slice_ns)
+            st.applied = st.old is not None
+        self.applied = st.applied
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._entered:
+            return
+        self._entered = False
+        st = self._state()
+        st.depth -= 1
+        if st.depth == 0 and st.old is not None:
+            self._restore(st.old)
+            st.old, st.applied = None, False
+
+    @classmethod
+    def _set(cls, slice_ns: int) -> bytes | None:
+        """Set the slice; return the thread's attributes before, or None (not set)."""
+        import ctypes
+        import platform
+        import struct
+        import sys
+
+        nums = cls._SYS.get(platform.machine())
+        if not sys.platform.startswith("linux") or nums is None:
+            return None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            old = ctypes.create_string_buffer(56)
+            if libc.syscall(nums[1], 0, old, 56, 0) != 0:
+                return None
+            _, policy, _, nice, _, _, *_ = struct.unpack(cls._ATTR, old.raw)
+            if policy != 0:  # SCHED_OTHER only
+                return None
+            new = ctypes.create_string_buffer(struct.pack(cls._ATTR, 56, 0, 0, nice, 0, slice_ns, 0, 0, 0, 0))
+            return old.raw if libc.syscall(nums[0], 0, new, 0) == 0 else None
+        except (OSError, AttributeError, struct.error):
+            return None
+
+    @classmethod
+    def _restore(cls, old: bytes) -> None:
+        import ctypes
+        import platform
+
+        nums = cls._SYS[platform.machine()]
+        ctypes.CDLL(None, use_errno=True).syscall(nums[0], 0, ctypes.create_string_buffer(old), 0)
+
+
+class TimerSlack:
+    """The calling thread's timer slack (`prctl(PR_SET_TIMERSLACK)`) set to `slack_ns` in the
+    `with` block and restored after: the kernel may fire a sleeping thread's timers up to its
+    slack late to batch wake-ups (50 us by default); the write timer wants them on time. Linux
+    only; elsewhere a no-op. Nesting on one thread is safe (each block restores what it found)."""
+
+    _PR_SET, _PR_GET = 29, 30
+
+    def __init__(self, slack_ns: int):
+        self.slack_ns = slack_ns
+        self._old: int | None = None
+
+    def __enter__(self) -> Self:
+        import ctypes
+        import sys
+
+        if not sys.platform.startswith("linux") or self.slack_ns <= 0:
+            return self
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            old = libc.prctl(self._PR_GET, 0, 0, 0, 0)
+            if old > 0 and libc.prctl(self._PR_SET, ctypes.c_ulong(self.slack_ns), 0, 0, 0) == 0:
+                self._old, self._libc = old, libc
+        except (OSError, AttributeError):
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            import ctypes
+
+            self._libc.prctl(self._PR_SET, ctypes.c_ulong(self._old), 0, 0, 0)
+            self._old = None

@@ -1,8 +1,12 @@
 """What the client measured: per-request records, exact percentiles, goodput, SLO checks.
 
 Plain data and pure functions (no I/O); `loadgen.report` renders them. Definitions, per request:
-- schedule lag = dispatch time - scheduled time (ms): how late the open-loop scheduler was.
-- client queue = wait for a --concurrency-cap slot (ms); 0 without a cap. Send = dispatch + queue.
+- schedule lag = last byte of the request written (handed to the kernel) - scheduled time - client
+  queue (ms): how late the client itself put the request on the wire. Changed: it was the
+  request task's start - scheduled, before connecting and writing, which hid the client's own
+  per-request work (issue 21).
+- client queue = wait for a --concurrency-cap slot past the scheduled time (ms); 0 without a cap.
+- send = the moment the request's bytes began to go out (the `client.request` span's start).
 - TTFT = first streamed token chunk - send (ms); E2E = last byte - send (ms).
 - TPOT = (E2E - TTFT) / (output tokens - 1) (ms), vLLM's and the OpenAI benchmarks' definition.
 - ITL = gaps between successive token chunks' arrivals (ms), pooled over requests. Per SSE
@@ -49,8 +53,9 @@ class RequestRecord:
 
     index: int
     scheduled_unix_nano: int
-    dispatch_unix_nano: int = 0
-    send_unix_nano: int = 0
+    send_unix_nano: int = 0          # the request's bytes began to go out
+    written_unix_nano: int = 0       # its last byte was handed to the kernel (0: never written)
+    client_queue_ns: int = 0         # wait for a --concurrency-cap slot past the scheduled time
     first_token_unix_nano: int | None = None
     end_unix_nano: int | None = None
     input_tokens: int = 0            # prompt tokens sent (after clipping)
@@ -67,12 +72,15 @@ class RequestRecord:
     trace_id: str | None = None
 
     @property
-    def schedule_lag_ms(self) -> float:
-        return (self.dispatch_unix_nano - self.scheduled_unix_nano) / 1e6
+    def schedule_lag_ms(self) -> float | None:
+        """Last request byte written - scheduled - client queue (ms); None if never written."""
+        if not self.written_unix_nano:
+            return None
+        return (self.written_unix_nano - self.scheduled_unix_nano - self.client_queue_ns) / 1e6
 
     @property
     def client_queue_ms(self) -> float:
-        return (self.send_unix_nano - self.dispatch_unix_nano) / 1e6
+        return self.client_queue_ns / 1e6
 
     @property
     def ttft_ms(self) -> float | None:
@@ -255,7 +263,7 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
         offered_rate=offered, throughput_rps=len(ok) / duration if duration else 0.0,
         output_tok_per_s=out_tokens / duration if duration else 0.0, goodput_rps=goodput,
         latency=latency,
-        schedule_lag_ms=percentiles([r.schedule_lag_ms for r in records if r.dispatch_unix_nano]),
+        schedule_lag_ms=percentiles([r.schedule_lag_ms for r in records]),
         client_queue_ms=percentiles([r.client_queue_ms for r in records if r.send_unix_nano]),
         errors=errors, clipped=sum(1 for r in records if r.clipped),
         token_mismatch=sum(1 for r in ok if r.output_tokens is not None and r.output_tokens != r.max_tokens),

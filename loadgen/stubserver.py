@@ -17,7 +17,7 @@ import asyncio
 import collections
 import json
 
-__all__ = ["serve"]
+__all__ = ["end_chunks", "parse_completion", "serve", "token_chunk"]
 
 _MODELS = json.dumps({"object": "list", "data": [
     {"id": "stub", "object": "model", "owned_by": "tailtrace", "max_model_len": 16384}]}).encode()
@@ -29,6 +29,40 @@ def _response(status: str, body: bytes, ctype: str = "application/json") -> byte
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+# The pieces of a streamed answer, shared with loadgen.receiver (which answers the same way).
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+BAD_BODY = _response("400 Bad Request", b'{"error":{"message":"bad JSON body"}}')
+NOT_FOUND = _response("404 Not Found", b'{"error":{"message":"not found"}}')
+MODELS = _response("200 OK", _MODELS)
+_TOKEN = [_chunk(b'data: {"id":"cmpl-stub","object":"text_completion","model":"stub","choices":'
+                 b'[{"index":0,"text":" t","finish_reason":%s}]}\n\n' % fin) for fin in (b"null", b'"length"')]
+
+
+def parse_completion(body: bytes) -> tuple[int, int]:
+    """(max_tokens, prompt tokens) of a /v1/completions JSON body: max_tokens defaults to 16, the
+    prompt counts list items (token ids) or whitespace-separated words. Raises ValueError."""
+    try:
+        req = json.loads(body)
+        max_tokens = int(req.get("max_tokens") or 16)
+        prompt = req.get("prompt")
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(f"bad JSON body: {exc}") from None
+    return max_tokens, len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
+
+
+def token_chunk(last: bool) -> bytes:
+    """One streamed token chunk (HTTP chunked framing included); `last` carries finish_reason."""
+    return _TOKEN[last]
+
+
+def end_chunks(n_prompt: int, max_tokens: int) -> bytes:
+    """The usage chunk, `[DONE]` and the end of the chunked body."""
+    usage = {"prompt_tokens": n_prompt, "completion_tokens": max_tokens, "total_tokens": n_prompt + max_tokens}
+    return (_chunk(b'data: {"id":"cmpl-stub","object":"text_completion","model":"stub",'
+                   b'"choices":[],"usage":' + json.dumps(usage).encode() + b'}\n\n')
+            + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
 
 _SEEN: collections.deque = collections.deque(maxlen=10_000)
@@ -48,39 +82,28 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, it
             n = int(headers.get("content-length", "0"))
             body = await reader.readexactly(n) if n else b""
             if method == "GET" and path == "/v1/models":
-                writer.write(_response("200 OK", _MODELS))
+                writer.write(MODELS)
             elif method == "POST" and path == "/v1/completions":
                 try:
-                    req = json.loads(body)
-                    max_tokens = int(req.get("max_tokens") or 16)
-                    prompt = req.get("prompt")
-                    n_prompt = len(prompt) if isinstance(prompt, list) else len(str(prompt).split())
-                except (ValueError, TypeError, AttributeError):
-                    writer.write(_response("400 Bad Request", b'{"error":{"message":"bad JSON body"}}'))
+                    max_tokens, n_prompt = parse_completion(body)
+                except ValueError:
+                    writer.write(BAD_BODY)
                     continue
                 tp = headers.get("traceparent", "")
                 _SEEN.append(tp)
                 writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                    + (f"x-traceparent: {tp}\r\n".encode() if tp else b"") + b"\r\n")
+                    STREAM_HEAD + (f"x-traceparent: {tp}\r\n".encode() if tp else b"") + b"\r\n")
                 for i in range(max_tokens):
                     if itl_s > 0:
                         await asyncio.sleep(itl_s)
-                    fin = '"length"' if i == max_tokens - 1 else "null"
-                    writer.write(_chunk(
-                        b'data: {"id":"cmpl-stub","object":"text_completion","model":"stub","choices":'
-                        b'[{"index":0,"text":" t","finish_reason":%s}]}\n\n' % fin.encode()))
+                    writer.write(token_chunk(i == max_tokens - 1))
                     if itl_s > 0:
                         await writer.drain()
-                usage = {"prompt_tokens": n_prompt, "completion_tokens": max_tokens,
-                         "total_tokens": n_prompt + max_tokens}
-                writer.write(_chunk(b'data: {"id":"cmpl-stub","object":"text_completion","model":"stub",'
-                                    b'"choices":[],"usage":' + json.dumps(usage).encode() + b'}\n\n'))
-                writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                writer.write(end_chunks(n_prompt, max_tokens))
             elif method == "GET" and path == "/stub/seen":
                 writer.write(_response("200 OK", json.dumps(list(_SEEN)).encode()))
             else:
-                writer.write(_response("404 Not Found", b'{"error":{"message":"not found"}}'))
+                writer.write(NOT_FOUND)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, ValueError, RuntimeError):
         # the client went away (RuntimeError: uvloop refuses writes to a closed transport)

@@ -30,6 +30,9 @@ __all__ = [
     "QUANTILES",
     "QUANTILE_LABELS",
     "SLO_DEFAULTS_MS",
+    "SOURCES",
+    "SOURCE_PLUGIN",
+    "SOURCE_VLLM_NATIVE",
     "STATUSES",
     "STATUS_ABORT",
     "STATUS_ERROR",
@@ -39,6 +42,7 @@ __all__ = [
     "Layer",
     "MetricPhase",
     "Phase",
+    "Source",
     "format_ms",
     "phase_by_column",
     "quantile_label",
@@ -144,18 +148,52 @@ class Derived:
 
 DERIVED: tuple[Derived, ...] = (
     Derived("outer_e2e_ms", "E2E as the outermost traced layer saw it: client, else gateway (to its last "
-            "byte out, without its post-response work), else engine",
-            "coalesce(c, g_crit, r)"),
+            "byte out, without its post-response work), else engine (the plugin's llm.request, else vLLM's own "
+            "llm_request span: its E2E starts after tokenization, see `SOURCES`)",
+            "coalesce(c, g_crit, e)"),
     Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client, else gateway (its "
-            "first byte out), else engine",
+            "first byte out), else engine (vLLM's own span: from after tokenization)",
             "coalesce(c_ttft, g_ttft, ttft_s * 1000)"),
     Derived("completion_time", "arrival_time + outer_e2e_ms: when the outermost layer saw the request end; "
             "every time window selects by it",
-            "make_timestamp((coalesce(c_start, g_start, r_start) + CAST(round(coalesce(c, g_crit, r) * 1e6) AS BIGINT))"
+            "make_timestamp((coalesce(c_start, g_start, e_start) + CAST(round(coalesce(c, g_crit, e) * 1e6) AS BIGINT))"
             " // 1000)"),
     Derived("ok", "the request succeeded as the outermost traced layer saw it (status = 'ok')",
             f"coalesce(c_status, g_status, r_status) = '{STATUS_OK}'"),
 )
+
+
+@dataclass(frozen=True)
+class Source:
+    """What filled a `requests` row's engine columns (`requests.source`): `key` the column's value,
+    `label` what surfaces call it, and where its engine-side E2E (`e2e_ms`) and TTFT (`ttft_ms`)
+    start and end (they differ: vLLM's own span starts after rendering and tokenization), and which
+    columns it leaves NULL (never 0)."""
+
+    key: str
+    label: str
+    e2e: str
+    ttft: str
+    null_columns: tuple[str, ...]
+
+
+SOURCE_PLUGIN = Source(
+    "plugin", "tailtrace's vLLM plugin (llm.request and its phase spans)",
+    e2e="from the request reaching vLLM's app (before rendering and tokenization) to its last response byte "
+        "handed to the server",
+    ttft="from the request reaching vLLM's app to its first output token leaving the engine "
+         "(`gen_ai.latency.time_to_first_token` on llm.request)",
+    null_columns=())
+SOURCE_VLLM_NATIVE = Source(
+    "vllm-native", "vLLM's own tracing (its llm_request span, --otlp-traces-endpoint)",
+    e2e="vLLM's `gen_ai.latency.e2e`: from the request's arrival at the engine client, after rendering and "
+        "tokenization, to the output processor's handling of its last token (before detokenized text is "
+        "sent); shorter than the plugin's by the vLLM frontend's work",
+    ttft="vLLM's `gen_ai.latency.time_to_first_token`: from that same arrival, after tokenization, to the "
+         "first token's output processing",
+    # vLLM's span has no per-step timings, frontend split, preemption time, cached tokens or finish reason
+    null_columns=("frontend_ms", "preempted_ms", "preemptions", "cached_tokens", "finish_reason"))
+SOURCES: tuple[Source, ...] = (SOURCE_PLUGIN, SOURCE_VLLM_NATIVE)
 
 
 @dataclass(frozen=True)

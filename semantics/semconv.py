@@ -25,6 +25,8 @@ PHASE_PREEMPTED = "preempted"        # llm.preempted
 PHASE_DECODE = "decode"              # llm.decode
 PHASE_DECODE_STEP = "decode_step"    # llm.decode.step
 PHASE_ENGINE_STEP = "engine_step"    # llm.engine.step -> engine_steps table (not the spans table)
+# Given by the collector (vLLM does not set tailtrace.phase) to vLLM's own spans:
+PHASE_VLLM_REQUEST = "vllm_request"  # vLLM's native `llm_request` span (--otlp-traces-endpoint)
 
 # ---------------------------------------------------------------- span names
 SPAN_CLIENT = "client.request"
@@ -39,11 +41,22 @@ SPAN_LLM_PREEMPTED = "llm.preempted"
 SPAN_LLM_DECODE = "llm.decode"
 SPAN_LLM_DECODE_STEP = "llm.decode.step"
 SPAN_ENGINE_STEP = "llm.engine.step"
+# vLLM's own spans (its tracing, `--otlp-traces-endpoint`; vllm/v1/engine/output_processor.py, do_tracing)
+SPAN_VLLM_REQUEST = "llm_request"
+# vLLM's start-up spans (`@instrument(span_name=...)` in vLLM), read by the store's `cold_starts` view
+SPAN_VLLM_OVERALL_LOADING = "Overall Loading"   # the API server's engine client start: the whole start
+SPAN_VLLM_LOAD_MODEL = "Load model"             # the model loader (weights included)
+SPAN_VLLM_WARMUP_PREFIX = "Warmup"              # "Warmup (CPU)", "Warmup (GPU)"
+SPAN_VLLM_ALLOCATE_KV_CACHE = "Allocate KV cache"
+SPAN_VLLM_CAPTURE_MODEL = "Capture model"       # CUDA graph capture (GPU build)
+SPAN_VLLM_COMPILE_GRAPH = "Compile graph"       # torch.compile of the model
 
 # ---------------------------------------------------------------- OpenTelemetry resource keys
 # The host a process runs on (OpenTelemetry's resource semantic conventions): the collector
 # estimates the clock offset between two hosts from the spans of their hops (collector/store/clock.py).
 HOST_NAME = "host.name"
+# the OpenTelemetry resource attribute that tells replicas of one service apart (one per process)
+SERVICE_INSTANCE_ID = "service.instance.id"
 
 # ---------------------------------------------------------------- OpenTelemetry GenAI keys
 GEN_AI_SYSTEM = "gen_ai.system"
@@ -61,6 +74,9 @@ GEN_AI_LATENCY_QUEUE = "gen_ai.latency.time_in_queue"
 GEN_AI_LATENCY_PREFILL = "gen_ai.latency.time_in_model_prefill"
 GEN_AI_LATENCY_DECODE = "gen_ai.latency.time_in_model_decode"
 GEN_AI_LATENCY_INFERENCE = "gen_ai.latency.time_in_model_inference"
+# The older GenAI usage keys vLLM's own `llm_request` span carries (vllm/tracing/utils.py)
+GEN_AI_USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+GEN_AI_USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
 
 # ---------------------------------------------------------------- tailtrace keys: request
 REQUEST_ID = "tailtrace.request_id"              # the id joining spans, decode_steps and requests

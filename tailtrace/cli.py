@@ -19,12 +19,14 @@ _COMMAND_MODULES = (
     "tailtrace.model",      # model tiny
     "tailtrace.serve",      # serve
     "collector.cli",        # collect, sql, export
+    "collector.clickhouse.cli",  # clickhouse init
     "instrument.gateway.cli",  # gateway
     "instrument.device.cli",   # sample
     "loadgen.cli",          # replay, sweep
     "dashboard.cli",        # dashboard
     "tailtrace.demo",       # demo
     "chaos.cli",            # chaos
+    "diagnose.cli",         # explain
 )
 
 

@@ -5,12 +5,14 @@ sampler and the gateway; replays a window of a real trace through the gateway, o
 the tail report (per-phase P50/P90/P99/P999, queue vs service share of the tail, batch sizes, the
 slowest requests and the layer that held them); and stops everything, leaving the DuckDB file.
 
-Default speed, 2x (measured on this 2-core machine, docs/operations.md): at real time the tiny
-model on its one core already batches (P90 batch 24, engine queue P99 155 ms) but rarely queues;
-at 2x the batch hits vLLM's cap of 128 sequences and the engine queue holds the median request
-300 ms and the P90 20 s, the regime where tails are made; at 4x the backlog only grows and the
-run ends in minutes of drain. Default window: 120 s of schedule, i.e. 240 s of the trace (about
-900 requests).
+The load is relative to what this deployment sustains: before the replay a capacity probe
+(loadgen/capacity.py, under a minute, its own run id) measures the engine's decode and prefill
+rates at its batch cap and converts them into requests/s of the trace's mix; the replay then
+plays the real trace scaled so that its mean offered rate is `--load` times that capacity (0.9
+by default: the trace's own bursts push above capacity and make the tail; 1.5 shows overload).
+`--speed X` fixes the speed instead (no probe). A fixed speed made the first thing a user saw
+depend on the machine: 2x overloaded a 2-core box (307 of 1,138 requests timed out) and showed no
+tail on a fast one. Default window: 120 s of schedule.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +36,7 @@ from tailtrace.stack import wait_for_store as _wait_for_store
 
 __all__ = ["DemoConfig", "register", "run_demo"]
 
-DEFAULT_SPEED = 2.0
+DEFAULT_LOAD = 0.9
 DEFAULT_DURATION_S = 120.0
 MIN_FREE_MEMORY_GIB = _STACK_MIN_FREE_GIB
 # Above this schedule lag (P99, ms) the report warns that the host, not the stack, shaped the client times.
@@ -47,7 +50,8 @@ class DemoConfig:
 
     trace: str = "azure-conv"
     duration_s: float = DEFAULT_DURATION_S
-    speed: float = DEFAULT_SPEED
+    speed: float | None = None  # a fixed speed (no probe); None: --load of the probed capacity
+    load: float = DEFAULT_LOAD
     start_s: float = 0.0
     model: str = "tiny"
     out_dir: Path = Path(".tailtrace/demo")
@@ -56,6 +60,7 @@ class DemoConfig:
     gateway_port: int = 8080
     otlp_port: int = 4318
     api_port: int = 9464
+    grpc_port: int = 4317
     dashboard_port: int = 8501
     dashboard: bool = False
     decode_spans: str = "tail"
@@ -66,12 +71,12 @@ class DemoConfig:
 def _stack_config(cfg: DemoConfig) -> StackConfig:
     return StackConfig(out_dir=Path(cfg.out_dir), model=cfg.model, host=cfg.host, vllm_port=cfg.vllm_port,
                        gateway_port=cfg.gateway_port, otlp_port=cfg.otlp_port, api_port=cfg.api_port,
-                       decode_spans=cfg.decode_spans, vllm_args=list(cfg.vllm_args))
+                       grpc_port=cfg.grpc_port, decode_spans=cfg.decode_spans, vllm_args=list(cfg.vllm_args))
 
 
 def _preflight(cfg: DemoConfig) -> None:
     preflight(_stack_config(cfg), {"vllm": "--vllm-port", "gateway": "--gateway-port", "otlp": "--otlp-port",
-                                   "api": "--api-port"}, MIN_FREE_MEMORY_GIB)
+                                   "api": "--api-port", "grpc": "--grpc-port"}, MIN_FREE_MEMORY_GIB)
     if cfg.dashboard:
         check_port_free(cfg.host, cfg.dashboard_port, "dashboard")
 
@@ -89,10 +94,18 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     stack = start_stack(_stack_config(cfg), console)
     db = stack.db
     try:
-        result = _replay(cfg, stack.gateway_url, stack.otlp_url, out, console)
+        capacity = None if cfg.speed is not None else _probe(cfg, stack, out, console)
+        rate = None if capacity is None else cfg.load * capacity.rps
+        speed = cfg.speed if capacity is None else _speed_for_rate(cfg, rate)
+        replay_us = time.time_ns() // 1000  # the engine's steps from here on are the replay's
+        result = _replay(cfg, stack.gateway_url, stack.otlp_url, out, console, speed, rate)
         n = _wait_for_store(stack.api_url, result["run_id"], len(result["requests"]))
-        report = _report(stack.api_url, result["run_id"])
+        report = _report(stack.api_url, result["run_id"], replay_us if capacity is not None else None)
+        report["capacity"] = None if capacity is None else capacity.to_dict()
+        if capacity is not None:
+            console.print(f"\n{capacity.text()}; offered {rate:.2f} req/s mean (--load {cfg.load:g})", soft_wrap=True)
         _print_report(console, report, cfg, result, n)
+        _print_diagnosis(console, stack.api_url, result["run_id"], db)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
                       "output_tokens, queue_time_ms, service_time_ms, outer_e2e_ms FROM requests ORDER BY "
@@ -107,7 +120,51 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     return {"db": db, "run_id": result["run_id"], "requests": n, "replay": result, "report": report}
 
 
-def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict:
+def _trace_means(cfg: DemoConfig) -> tuple[float, float]:
+    """Mean prompt and output tokens of the trace from `--start` on (its mix)."""
+    from loadgen.traces import load_trace
+
+    reqs = [r for r in load_trace(cfg.trace, jitter="none").requests if r.offset_s >= cfg.start_s]
+    if not reqs:
+        raise UserError(f"--start {cfg.start_s:g} s is past the end of the trace")
+    return (sum(r.input_tokens for r in reqs) / len(reqs), sum(r.output_tokens for r in reqs) / len(reqs))
+
+
+def _speed_for_rate(cfg: DemoConfig, rate: float) -> float:
+    """The replay speed at which the window replayed (`cfg.duration_s` wall seconds from
+    `cfg.start_s`) offers `rate` req/s on average: the trace's requests from the start on, the
+    one that makes duration x rate of them, and the speed that brings it to the window's end. The
+    window keeps the trace's own bursts; its mean, not the whole trace's, is what is offered (the
+    first minutes of the Azure trace are quieter than its mean: scaled by the whole trace's, 20 s
+    offered 0.74 req/s for 3.08 asked)."""
+    from loadgen.traces import load_trace
+
+    offs = sorted(r.offset_s for r in load_trace(cfg.trace, jitter="none").requests if r.offset_s >= cfg.start_s)
+    want = max(2, round(rate * cfg.duration_s))
+    if len(offs) < 2:
+        return 1.0
+    want = min(len(offs), want)  # the trace may end first: then all of it, in the window
+    # the want-th request lands just inside [0, duration): the window takes offsets < duration
+    return max((offs[want - 1] - offs[0]) / cfg.duration_s * (1 + 1e-6), 1e-3)
+
+
+def _probe(cfg: DemoConfig, stack, out: Path, console):
+    """Measure this deployment's capacity of the trace's mix (loadgen/capacity.py). Raises
+    UserError when it finds none (every probe request failed, no engine steps)."""
+    from loadgen.capacity import probe_capacity
+    from loadgen.replay import discover_target, new_run_id
+
+    mean_in, mean_out = _trace_means(cfg)
+    model, max_len = discover_target(stack.gateway_url, None)
+    run_id = new_run_id("capacity-probe")
+    console.print(f"[bold]capacity probe[/]: {cfg.trace}'s mix (mean input {mean_in:.0f}, output {mean_out:.0f} "
+                  f"tokens), up to 60 s (run {run_id})")
+    return probe_capacity(stack.gateway_url, model, stack.otlp_url, lambda q, p=None: _sql(stack.api_url, q, p),
+                          mean_in, mean_out, out, run_id, max_model_len=max_len, progress=cfg.progress)
+
+
+def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console, speed: float,
+            rate: float | None = None) -> dict:
     """Run `tailtrace replay` as a child process and return its results (ReplayResult.to_dict).
 
     A process of its own keeps the demo's threads (the device sampler) off the replay's event
@@ -121,9 +178,11 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict
 
     run_id = new_run_id("demo")
     path = out / f"{run_id}.json"
-    console.print(f"[bold]replay[/] {cfg.trace}: {cfg.duration_s:.0f} s of schedule at {cfg.speed:g}x, open loop, "
+    pace = ("--speed", f"{speed:.6g}")
+    how = f"at {speed:g}x" if rate is None else f"at {rate:.2f} req/s mean ({cfg.load:g} x capacity: {speed:.3g}x)"
+    console.print(f"[bold]replay[/] {cfg.trace}: {cfg.duration_s:.0f} s of schedule {how}, open loop, "
                   f"through the gateway (run {run_id})")
-    cmd = tailtrace_command("replay", cfg.trace, "--target", target, "--speed", str(cfg.speed), "--duration",
+    cmd = tailtrace_command("replay", cfg.trace, "--target", target, *pace, "--duration",
                      str(cfg.duration_s), "--start", str(cfg.start_s), "--otlp-endpoint", otlp, "--run-id", run_id,
                      "--out", str(path), *(() if cfg.progress else ("--no-progress",)))
     proc = start_process(cmd)
@@ -143,7 +202,9 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console) -> dict
     return json.loads(path.read_text())
 
 
-def _report(api: str, run_id: str) -> dict:
+def _report(api: str, run_id: str, since_us: int | None = None) -> dict:
+    """The tail report of `run_id`; its batch sizes over the engine steps from `since_us` (unix
+    us) on, when given (the capacity probe's steps came before)."""
     from collector.query import summary
 
     def q(sql, params=None):
@@ -152,7 +213,7 @@ def _report(api: str, run_id: str) -> dict:
     return {
         "phases": summary.phase_percentiles(q, run_id),
         "tail": summary.tail_share(q, run_id),
-        "batch": summary.batch_size_distribution(q),
+        "batch": summary.batch_size_distribution(q, None if since_us is None else f"time >= make_timestamp({since_us})"),
         "slowest": summary.slowest_requests(q, run_id),
         "complete": q("""SELECT count(*), count(*) FILTER (WHERE client_e2e_ms IS NOT NULL AND network_ms IS NOT NULL
                             AND gateway_ms IS NOT NULL AND frontend_ms IS NOT NULL AND queue_ms IS NOT NULL
@@ -211,6 +272,21 @@ def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> Non
     console.print(t)
 
 
+def _print_diagnosis(console, api: str, run_id: str, db: Path) -> None:
+    """The four-layer diagnosis of the replay's tail (diagnose.explain over the live collector, the
+    code of `tailtrace explain`), in a few lines. A store it cannot read is one line, not a failure."""
+    from diagnose import Scope, api_query, explain
+    from diagnose.render import render_brief
+
+    console.print()
+    try:
+        render_brief(explain(api_query(api), Scope(run_id=run_id)), console)
+    except UserError as exc:
+        console.print(f"[yellow]note:[/] no diagnosis: {exc}")
+        return
+    console.print(f"the whole diagnosis:  .venv/bin/tailtrace explain --db {db} --run-id {run_id}", soft_wrap=True)
+
+
 def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
     proc = start_process(tailtrace_command("dashboard", "--db", str(db), "--host", cfg.host, "--port", str(cfg.dashboard_port)),
                          Path(cfg.out_dir) / "logs" / "dashboard.log")
@@ -225,11 +301,20 @@ def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.speed <= 0:
+    import math
+
+    if not args.duration > 0 or (args.speed is not None and not args.speed > 0):
         raise UserError("--duration and --speed must be positive")
-    cfg = DemoConfig(trace=args.trace, duration_s=args.duration, speed=args.speed, start_s=args.start, model=args.model,
+    if args.speed is not None and args.load is not None:
+        raise UserError("give --load (a share of the measured capacity) or --speed (a fixed speed), not both")
+    load = DEFAULT_LOAD if args.load is None else args.load
+    if not (math.isfinite(load) and load > 0):
+        raise UserError(f"--load must be a finite number > 0 (a share of the measured capacity), not {args.load!r}")
+    cfg = DemoConfig(trace=args.trace, duration_s=args.duration, speed=args.speed, load=load, start_s=args.start,
+                     model=args.model,
                      out_dir=Path(args.out), host=args.host, vllm_port=args.vllm_port, gateway_port=args.gateway_port,
-                     otlp_port=args.otlp_port, api_port=args.api_port, dashboard_port=args.dashboard_port,
+                     otlp_port=args.otlp_port, api_port=args.api_port, grpc_port=args.grpc_port,
+                     dashboard_port=args.dashboard_port,
                      dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress)
 
     def _on_term(signum, frame):
@@ -252,7 +337,9 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job: serve, trace and replay a real trace, then explain the tail")
     p.add_argument("--trace", default="azure-conv", help="azure-conv (default), mooncake-conv or a CSV path")
     p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="seconds of schedule replayed (default 120)")
-    p.add_argument("--speed", type=float, default=DEFAULT_SPEED, help=f"replay speed (default {DEFAULT_SPEED:g}x)")
+    p.add_argument("--load", type=float, default=None,
+                   help=f"mean offered load as a share of the capacity the probe measures (default {DEFAULT_LOAD:g})")
+    p.add_argument("--speed", type=float, default=None, help="a fixed replay speed instead (no capacity probe)")
     p.add_argument("--start", type=float, default=0.0, help="offset into the trace, s")
     p.add_argument("--model", default="tiny", help="tiny (CPU default), or a model path / hub name on a GPU host")
     p.add_argument("--out", default=os.environ.get("TAILTRACE_DEMO_DIR", ".tailtrace/demo"), help="store and logs folder")
@@ -263,6 +350,7 @@ def register(sub) -> None:
     p.add_argument("--gateway-port", type=int, default=8080)
     p.add_argument("--otlp-port", type=int, default=4318)
     p.add_argument("--api-port", type=int, default=9464)
+    p.add_argument("--grpc-port", type=int, default=4317, help="the collector's OTLP/gRPC port (0: off)")
     p.add_argument("--dashboard-port", type=int, default=8501)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     p.set_defaults(func=_cmd_demo)

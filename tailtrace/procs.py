@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,20 @@ from pathlib import Path
 
 from tailtrace.errors import UserError
 
-__all__ = ["check_port_free", "free_port", "start_process", "stop_process", "wait_http"]
+__all__ = ["check_port_free", "env_port_default", "free_port", "start_process", "stop_process", "wait_http"]
+
+
+def env_port_default(env: str, default: int) -> str:
+    """The default of a `--...-port` option: the environment variable `env` as given (a string:
+    argparse converts a string default with the option's `type`, so a bad value is its one-line
+    usage error, exit 2, when the command runs, not a traceback while the parser is built),
+    else `default`. Use with `type=int`."""
+    value = os.environ.get(env)
+    if value is None:
+        return str(default)
+    if not value.strip().isdigit():
+        return f"{value!r} (from {env})"  # int() refuses it: argparse names the option and this value
+    return value.strip()
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
@@ -68,15 +82,31 @@ def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None
             out.close()
 
 
-def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:
+def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0, interrupt_first: bool = False) -> int | None:
     """SIGTERM the process group of `proc`, wait up to `timeout_s`, then SIGKILL the group.
 
+    `interrupt_first` (vLLM's API server): SIGINT to `proc` alone and up to `timeout_s` for it to
+    exit, as on Ctrl-C, before anything is sent to the group. vLLM's API server then stops its
+    engine itself (EngineCore, workers): a SIGTERM to the whole group reaches EngineCore at the
+    same moment, and a server with requests in flight logs an `EngineDeadError` traceback. When
+    it is still running after `timeout_s`, one line on stderr says so before the group gets SIGTERM.
     Safe to call twice and on a process that already exited. Returns the exit status.
     """
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
         pgid = None
+    if interrupt_first and proc.poll() is None:
+        try:
+            # a process started with SIGINT ignored (a background job's child) gets SIGTERM, alone
+            sig = signal.SIGTERM if _ignores(proc.pid, signal.SIGINT) else signal.SIGINT
+            proc.send_signal(sig)
+            proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            print(f"tailtrace: pid {proc.pid} still running {timeout_s:g} s after {sig.name}: SIGTERM to its "
+                  "process group", file=sys.stderr, flush=True)
     if pgid is not None and proc.poll() is None:
         try:
             os.killpg(pgid, signal.SIGTERM)
@@ -103,6 +133,18 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int | None:
         return proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         return None
+
+
+def _ignores(pid: int, sig: int) -> bool:
+    """Whether process `pid` ignores `sig` (Linux: the SigIgn mask of /proc/PID/status); False if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _group_alive(pgid: int) -> bool:

@@ -19,9 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tailtrace.errors import UserError
-from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
+from tailtrace.procs import (
+    check_port_free,
+    env_port_default,
+    start_process,
+    stop_on_sigint,
+    stop_process,
+    wait_http,
+)
 
-__all__ = ["ServeConfig", "pin_engine_core", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env"]
+__all__ = ["ServeConfig", "pin_engine_core", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env",
+           "worker_cores"]
 
 DECODE_SPAN_MODES = ("full", "tail", "off")
 
@@ -131,15 +139,35 @@ def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float 
     try:
         wait_http(f"http://{cfg.host}:{cfg.port}/v1/models", timeout_s, proc, what="vLLM server")
     except UserError as exc:
-        stop_process(proc)
+        stop_process(proc, 20, interrupt_first=True)
         where = f" (log: {log_path})" if log_path else ""
         raise UserError(f"{exc}{where}") from None
     except BaseException:
-        stop_process(proc)
+        stop_process(proc, 20, interrupt_first=True)
         raise
     if cfg.pin_engine_core:
         pin_engine_core(proc.pid)
     return proc
+
+
+def worker_cores(server_pid: int) -> set[int] | None:
+    """The cores vLLM's CPU build bound its `VLLM::Worker`'s OpenMP threads to, for the API server
+    of pid `server_pid` (the union over the first worker's threads: OpenMP binds each thread to its
+    own core). None when there is no worker, or its threads may run on every core this process may
+    (a GPU build, or a host with no core reserved: nothing is bound). Never raises."""
+    import psutil
+
+    try:
+        kids = psutil.Process(server_pid).children(recursive=True)
+        workers = [p for p in kids if p.name().startswith("VLLM::Worker")]
+        if not workers:
+            return None
+        cores = set().union(*(os.sched_getaffinity(t.id) for t in workers[0].threads()))
+    except (psutil.Error, OSError):
+        return None
+    if not cores or cores >= set(os.sched_getaffinity(0)):
+        return None
+    return cores
 
 
 def pin_engine_core(server_pid: int) -> set[int] | None:
@@ -156,14 +184,11 @@ def pin_engine_core(server_pid: int) -> set[int] | None:
     """
     import psutil
 
+    cores = worker_cores(server_pid)
+    if cores is None:
+        return None
     try:
         kids = psutil.Process(server_pid).children(recursive=True)
-        workers = [p for p in kids if p.name().startswith("VLLM::Worker")]
-        # OpenMP binds each of the worker's threads to its own core: take the union over its threads
-        cores = set().union(*(os.sched_getaffinity(t.id) for t in workers[0].threads())) if workers else set()
-        allowed = set(os.sched_getaffinity(0))
-        if not cores or cores >= allowed:
-            return None
         moved = False
         for p in kids:
             if p.name().startswith("VLLM::EngineCor"):  # comm is cut at 15 characters
@@ -209,7 +234,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         if sampler is not None:
             sampler.stop()
         if proc is not None:
-            stop_process(proc)
+            stop_process(proc, 20, interrupt_first=True)
 
 
 def start_sampler(endpoint: str | None):
@@ -228,7 +253,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="start vLLM's OpenAI server with tailtrace's instrumentation")
     p.add_argument("--model", default="tiny", help="tiny (built locally), a model directory, or a hub name")
     p.add_argument("--host", default=os.environ.get("TAILTRACE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("TAILTRACE_VLLM_PORT", "8000")))
+    p.add_argument("--port", type=int, default=env_port_default("TAILTRACE_VLLM_PORT", 8000))
     p.add_argument("--otlp-endpoint", default=None, help="collector OTLP/HTTP URL (default http://127.0.0.1:4318)")
     p.add_argument("--decode-spans", default=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
                    help="full | tail | off: per-token spans (decode_steps rows are stored in every mode)")

@@ -30,7 +30,7 @@ MIN_FREE_MEMORY_GIB = 4.0
 @dataclass
 class StackConfig:
     """What `start_stack` starts. The store is `out_dir/tailtrace.duckdb` (replaced), the logs go
-    to `out_dir/logs/`. `gateway_args` are extra `tailtrace gateway` flags (e.g.
+    to `out_dir/logs/`. `grpc_port` 0 starts the collector without its OTLP/gRPC receiver. `gateway_args` are extra `tailtrace gateway` flags (e.g.
     ["--max-concurrency", "1"]); `vllm_args` extra vLLM flags."""
 
     out_dir: Path
@@ -40,6 +40,7 @@ class StackConfig:
     gateway_port: int = 8080
     otlp_port: int = 4318
     api_port: int = 9464
+    grpc_port: int = 4317       # the collector's OTLP/gRPC receiver; 0: off
     decode_spans: str = "tail"
     sampler: bool = True
     vllm_args: list[str] = field(default_factory=list)
@@ -53,7 +54,7 @@ def tailtrace_command(*args: str) -> list[str]:
 
 class Stack:
     """The processes of one embedded stack and their URLs (`otlp_url`, `api_url`, `vllm_url`,
-    `gateway_url`; `db` the store, `logs` the log folder). `stop()` stops them upstream first
+    `gateway_url`; `db` the store, `logs` the log folder; `vllm_pid` the engine's API server). `stop()` stops them upstream first
     (gateway, engine, then the collector, which flushes last); safe before start and twice."""
 
     def __init__(self, cfg: StackConfig) -> None:
@@ -68,6 +69,11 @@ class Stack:
         self.procs: list[tuple[str, object]] = []
         self.sampler = None
 
+    @property
+    def vllm_pid(self) -> int | None:
+        """The pid of the vLLM API server this stack started (None before it started)."""
+        return next((proc.pid for name, proc in self.procs if name == "vllm"), None)
+
     def add(self, name: str, proc) -> None:
         """Own `proc` (a Popen started with `tailtrace.procs.start_process`): `stop()` ends it."""
         self.procs.append((name, proc))
@@ -81,13 +87,15 @@ class Stack:
                 self.sampler = None
         while self.procs:
             name, proc = self.procs.pop()
-            stop_process(proc, timeout_s={"collector": 30, "vllm": 20}.get(name, 5))
+            # vLLM with hundreds of requests in flight on a loaded 2-core box takes tens of seconds to
+            # abort them and stop its engine itself
+            stop_process(proc, timeout_s={"collector": 30, "vllm": 60}.get(name, 5), interrupt_first=name == "vllm")
 
 
 def preflight(cfg: StackConfig, flags: dict[str, str] | None = None, min_free_gib: float = MIN_FREE_MEMORY_GIB) -> None:
     """Refuse, before anything starts, what the stack cannot run: vLLM missing, less than
     `min_free_gib` GiB of memory available, a port in use. `flags` maps a part ("vllm", "gateway",
-    "otlp", "api") to the flag that moves its port, named in the message. Raises `UserError`."""
+    "otlp", "grpc", "api") to the flag that moves its port, named in the message. Raises `UserError`."""
     import psutil
 
     from tailtrace.serve import require_vllm
@@ -99,7 +107,10 @@ def preflight(cfg: StackConfig, flags: dict[str, str] | None = None, min_free_gi
                         "(vLLM's KV cache, the collector and the load)")
     flags = flags or {}
     for key, what, port in (("vllm", "vLLM server", cfg.vllm_port), ("gateway", "gateway", cfg.gateway_port),
-                            ("otlp", "collector OTLP receiver", cfg.otlp_port), ("api", "collector API", cfg.api_port)):
+                            ("otlp", "collector OTLP receiver", cfg.otlp_port), ("api", "collector API", cfg.api_port),
+                            ("grpc", "collector OTLP/gRPC receiver", cfg.grpc_port)):
+        if not port:  # 0: that server is off
+            continue
         try:
             check_port_free(cfg.host, port, what)
         except UserError:
@@ -129,7 +140,8 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
     try:
         say(f"[bold]collector[/] {stack.otlp_url} (OTLP), {stack.api_url} (SQL API) → {stack.db}")
         coll = start_process(tailtrace_command("collect", "--db", str(stack.db), "--host", cfg.host, "--otlp-port",
-                                               str(cfg.otlp_port), "--api-port", str(cfg.api_port), "--scrape",
+                                               str(cfg.otlp_port), "--api-port", str(cfg.api_port),
+                                               "--grpc-port", str(cfg.grpc_port), "--scrape",
                                                f"{stack.vllm_url}/metrics"), logs / "collector.log")
         stack.add("collector", coll)
         wait_http(f"{stack.api_url}/healthz", 60, coll, what=f"collector (log: {logs / 'collector.log'})")

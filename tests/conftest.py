@@ -50,6 +50,14 @@ def session_collector(tmp_path_factory):
         handle.stop()
 
 
+def native_tracing(otlp_url: str, service_name: str = "vllm") -> tuple[list[str], dict]:
+    """(extra vLLM args, env) that switch on vLLM's own tracing (`--otlp-traces-endpoint`) to the
+    collector at `otlp_url` over OTLP/HTTP protobuf, with `service_name` as its service.name
+    (OTEL_SERVICE_NAME, which the plugin reads too: "vllm" is the plugin's default)."""
+    return (["--otlp-traces-endpoint", f"{otlp_url}/v1/traces"],
+            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": service_name})
+
+
 def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
                     kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
     """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
@@ -71,15 +79,17 @@ def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, session_collector, tmp_path_factory):
-    """The real vLLM CPU server with the plugin on (decode spans `full`), exporting to the
-    session collector."""
+    """The real vLLM CPU server with the plugin on (decode spans `full`) and vLLM's own tracing on
+    as well (both at once: each request's row comes from the plugin, vLLM's `llm_request` span stays
+    in `spans`), both exporting to the session collector."""
     otlp = session_collector.otlp_url if session_collector else f"http://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    proc, url = start_test_vllm(tiny_model_dir, otlp, log)
+    args, env = native_tracing(otlp)
+    proc, url = start_test_vllm(tiny_model_dir, otlp, log, extra_args=args, env=env)
     try:
         yield VllmServer(url=url, model="tiny", otlp_endpoint=otlp, collector=session_collector, log=log, proc=proc)
     finally:
-        stop_process(proc)
+        stop_process(proc, 20, interrupt_first=True)
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +165,7 @@ def demo_command(out: Path, duration: float, speed: float | None = None) -> list
 
     cmd = [sys.executable, "-m", "tailtrace", "demo", "--duration", str(duration), "--out", str(out), "--no-progress",
            "--vllm-port", str(free_port()), "--gateway-port", str(free_port()), "--otlp-port", str(free_port()),
-           "--api-port", str(free_port())]
+           "--api-port", str(free_port()), "--grpc-port", str(free_port())]
     return cmd + (["--speed", str(speed)] if speed else [])
 
 

@@ -56,7 +56,7 @@ def _stops_on_sigint(cmd: list[str], ready_url: str, start_timeout_s: float, tmp
 def test_collect_stops_on_sigint_when_started_ignoring_it(tmp_path):
     api = free_port()
     cmd = _tailtrace("collect", "--db", str(tmp_path / "t.duckdb"), "--otlp-port", str(free_port()),
-                     "--api-port", str(api))
+                     "--api-port", str(api), "--grpc-port", str(free_port()))
     _stops_on_sigint(cmd, f"http://127.0.0.1:{api}/healthz", 120, tmp_path)
 
 

@@ -76,7 +76,8 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
             seen += proc.stdout.readline()
         assert b"replay" in seen, seen.decode(errors="replace")[-2000:]
         rest: list[bytes] = []
-        threading.Thread(target=lambda: rest.append(proc.stdout.read()), daemon=True).start()  # keep the pipe drained
+        reader = threading.Thread(target=lambda: rest.append(proc.stdout.read()), daemon=True)  # keep the pipe drained
+        reader.start()
         time.sleep(30)  # Ctrl-C in the middle of the replay, with hundreds of requests outstanding
         names = " ".join(" ".join(p.cmdline()) for p in marked_processes(mark))
         assert "collect" in names and "vllm" in names and "gateway" in names, names
@@ -86,6 +87,13 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
         left = marked_processes(mark)
         assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
         assert proc.returncode == 130
+        # vLLM was stopped as on Ctrl-C (SIGINT to its API server, which stops its engine), with
+        # hundreds of requests in flight: its log ends in its own shutdown, not a dead engine's traceback
+        vllm_log = (tmp_path / "demo" / "logs" / "vllm.log").read_text(errors="replace")
+        reader.join(timeout=10)
+        out = b"".join([seen, *rest]).decode(errors="replace")
+        assert "still running" not in out, out[-3000:]   # vLLM stopped itself: its group got no SIGTERM
+        assert "[shutdown] API server" in vllm_log and "EngineDeadError" not in vllm_log, vllm_log[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

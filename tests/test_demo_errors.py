@@ -44,3 +44,17 @@ def test_too_little_memory(capsys, monkeypatch, tmp_path):
     assert main(["demo", "--out", str(tmp_path / "d")]) == 2
     err = _one_line(capsys)
     assert "too little memory" in err and "GiB available" in err
+
+
+@pytest.mark.parametrize("load", ["0", "-1", "nan", "inf", "-inf"])
+def test_load_not_a_finite_positive_share(load, capsys, tmp_path):
+    assert main(["demo", "--out", str(tmp_path / "d"), f"--load={load}"]) == 2
+    err = _one_line(capsys)
+    assert "--load must be a finite number > 0" in err and repr(float(load)) in err
+    assert not (tmp_path / "d").exists()  # refused before anything started
+
+
+def test_load_and_speed_together(capsys, tmp_path):
+    assert main(["demo", "--out", str(tmp_path / "d"), "--load", "0.9", "--speed", "2"]) == 2
+    assert "not both" in _one_line(capsys)
+    assert not (tmp_path / "d").exists()

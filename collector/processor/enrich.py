@@ -7,13 +7,16 @@ bytes); what each span becomes, and the Arrow tables, are built by otlp_arrow.Tr
 
 Spans are rejected (counted in OTLP `partial_success`, never stored) when their start or end
 time is 0 or outside [2000-01-01, 2100-01-01), or when they end before they start, or when their
-ids are invalid (otlp_arrow.TraceBatchBuilder.add).
+ids are invalid (otlp_arrow.TraceBatchBuilder.add). Metric data points are rejected for a bad time
+or, histograms, for breaking the OTLP data model (processor/histograms.py, which also turns them into
+Prometheus-style `_bucket` rows).
 """
 
 from __future__ import annotations
 
 import math
 
+from collector.processor.histograms import BadPoint, explicit_rows, exponential_rows
 from collector.processor.otlp_arrow import (
     MAX_TIME_NS,
     MIN_TIME_NS,
@@ -34,7 +37,7 @@ from collector.processor.otlp_arrow import (
 from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS
 from instrument import semconv as sc
 
-__all__ = ["metrics_to_batch", "traces_to_batch"]
+__all__ = ["DEVICE_COLUMNS", "TEMPORALITY_LABEL", "metrics_to_batch", "traces_to_batch"]
 
 
 # --------------------------------------------------------------------------- traces
@@ -71,7 +74,8 @@ def traces_to_batch(req) -> Batch:
 
 
 # --------------------------------------------------------------------------- metrics
-_DEVICE_COLUMNS = {
+# `tailtrace.device.*` gauge -> its device_samples column (ClickHouse's view pivots the same way)
+DEVICE_COLUMNS = {
     sc.DEVICE_UTIL_PCT: "util_pct", sc.DEVICE_MEM_UTIL_PCT: "mem_util_pct",
     sc.DEVICE_MEM_USED_BYTES: "mem_used_bytes", sc.DEVICE_MEM_TOTAL_BYTES: "mem_total_bytes",
     sc.DEVICE_SM_CLOCK_MHZ: "sm_clock_mhz", sc.DEVICE_MEM_CLOCK_MHZ: "mem_clock_mhz",
@@ -79,29 +83,45 @@ _DEVICE_COLUMNS = {
 }
 
 
+# The label that keeps an OTLP sum's or histogram's aggregation temporality visible (docs/schema.md):
+# delta and cumulative points of one name are never mixed silently.
+TEMPORALITY_LABEL = "aggregation_temporality"
+_TEMPORALITY = {1: "delta", 2: "cumulative"}        # AggregationTemporality; 0 is "unspecified"
+
+
 def _points(metric):
-    """Yield (name_suffix, time_ns, attrs_kvs, value) for every data point of an OTLP metric.
-    Histograms give `_count` and `_sum` points (exact percentiles come from spans, not buckets)."""
+    """Yield (time_ns, attrs_kvs, temporality, rows) for every data point of an OTLP metric: rows a
+    list of (name_suffix, le or None, value), or the reason (str) the point is refused. temporality:
+    "delta", "cumulative" or "unspecified" for sums and histograms, None for gauges and summaries.
+    Histograms give `_bucket` rows by `le`, `_count`, `_sum`, `_min`, `_max` (processor/histograms.py);
+    summaries `_count` and `_sum`."""
     w = metric.WhichOneof("data")
-    if w in ("gauge", "sum"):
-        for p in getattr(metric, w).data_points:
+    if w is None:
+        return
+    data = getattr(metric, w)
+    temporality = (_TEMPORALITY.get(data.aggregation_temporality, "unspecified")
+                   if w in ("sum", "histogram", "exponential_histogram") else None)
+    convert = {"histogram": explicit_rows, "exponential_histogram": exponential_rows}.get(w)
+    for p in data.data_points:
+        if w in ("gauge", "sum"):
             v = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
-            yield "", p.time_unix_nano, p.attributes, v
-    elif w in ("histogram", "exponential_histogram"):
-        for p in getattr(metric, w).data_points:
-            yield "_count", p.time_unix_nano, p.attributes, float(p.count)
-            if p.HasField("sum"):
-                yield "_sum", p.time_unix_nano, p.attributes, p.sum
-    elif w == "summary":
-        for p in metric.summary.data_points:
-            yield "_count", p.time_unix_nano, p.attributes, float(p.count)
-            yield "_sum", p.time_unix_nano, p.attributes, p.sum
+            rows = [("", None, v)]
+        elif convert is not None:
+            try:
+                rows = convert(p)
+            except BadPoint as exc:
+                rows = f"{w} point refused: {exc}"
+        else:
+            rows = [("_count", None, float(p.count)), ("_sum", None, p.sum)]
+        yield p.time_unix_nano, p.attributes, temporality, rows
 
 
 def metrics_to_batch(req) -> Batch:
     """Convert an `ExportMetricsServiceRequest`: `tailtrace.device.*` gauges pivot into
-    `device_samples` rows keyed by (time, host, device_index); every other data point becomes a
-    `metric_points` row (source 'otlp'). Points with time 0 or outside 2000..2100 are rejected."""
+    `device_samples` rows keyed by (time, host, device_index); every other data point becomes
+    `metric_points` rows (source 'otlp'; a histogram point one row per bucket plus `_count`, `_sum`,
+    ...). A point with time 0 or outside 2000..2100, or a histogram point that breaks the data model
+    (processor/histograms.py), is rejected; `accepted` and `rejected` count OTLP data points."""
     b = Batch()
     dev: dict[tuple, dict] = {}
     mp = []
@@ -110,15 +130,18 @@ def metrics_to_batch(req) -> Batch:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 name = m.name
-                for suffix, t, kvs, v in _points(m):
+                for t, kvs, temporality, rows in _points(m):
                     if not (MIN_TIME_NS <= t < MAX_TIME_NS):
+                        rows = f"time {t} ns is 0 or outside 2000..2100"
+                    if isinstance(rows, str):
                         b.rejected += 1
                         if len(b.errors) < 5:
-                            b.errors.append(f"metric {name!r}: time {t} ns is 0 or outside 2000..2100")
+                            b.errors.append(f"metric {name!r}: {rows}")
                         continue
                     a = attributes_dict(kvs)
-                    col = _DEVICE_COLUMNS.get(name) if not suffix else None
+                    col = DEVICE_COLUMNS.get(name) if rows[0][0] == "" else None
                     if col is not None:
+                        v = rows[0][2]
                         host = as_str(a.get("host") or res.get("host.name"))
                         di = as_int(a.get("device_index"))
                         row = dev.setdefault((t, host, di), {"time": t, "host": host, "device_index": di})
@@ -131,8 +154,12 @@ def metrics_to_batch(req) -> Batch:
                         svc = res.get("service.name")
                         if svc is not None and "service_name" not in labels:
                             labels["service_name"] = svc
-                        mp.append((t, "otlp", name + suffix, dumps_json(labels),
-                                   v if math.isfinite(v) else None))
+                        if temporality is not None:
+                            labels[TEMPORALITY_LABEL] = temporality
+                        text = dumps_json(labels)
+                        for suffix, le, v in rows:
+                            mp.append((t, "otlp", name + suffix, text if le is None else dumps_json({**labels, "le": le}),
+                                       v if math.isfinite(v) else None))
                     b.accepted += 1
     if dev:
         b.tables[DEVICE_SAMPLES.name] = table_from_dicts(DEVICE_SAMPLES, list(dev.values()))

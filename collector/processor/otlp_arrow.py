@@ -14,7 +14,11 @@ Which span goes where (the contract of DESIGN.md and instrument/semconv.py):
 - `llm.request` spans -> their `tailtrace.steps.*` arrays (`_decode_arrays`), exploded into
   `decode_steps` by the store (one row per output token);
 - spans of the phases that make up a request (`FACT_PHASES`) -> `_request_spans`, a narrow fact
-  table from which the store materializes `requests` incrementally.
+  table from which the store materializes `requests` incrementally;
+- vLLM's own `llm_request` span (its tracing, `--otlp-traces-endpoint`; no `tailtrace.phase`) gets
+  the phase `vllm_request` and a fact of its `gen_ai.latency.*` values (seconds). A latency that is
+  missing, not a number, not finite or negative is stored NULL (the span is kept) and counted
+  (`Batch.bad_native_spans`, with a warning in `Batch.warnings`).
 
 A span's attributes reach the typed columns through its *state*: a list of `N_SLOTS` values
 (`new_state()`), one slot per typed column an attribute feeds (`attribute_slots`). Pure: no I/O,
@@ -40,6 +44,7 @@ __all__ = [
     "FACT_PHASES",
     "MAX_TIME_NS",
     "MIN_TIME_NS",
+    "ROOT_PHASES",
     "S_PHASE",
     "Batch",
     "TraceBatchBuilder",
@@ -69,13 +74,14 @@ _STATUS = ("UNSET", "OK", "ERROR")
 # Phases whose spans feed the `requests` table.
 FACT_PHASES = frozenset({
     sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_ENGINE,
+    sc.PHASE_VLLM_REQUEST,  # vLLM's own llm_request span (the collector gives it this phase)
     sc.PHASE_FRONTEND, sc.PHASE_QUEUE, sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE,
     sc.PHASE_NETWORK,  # gateway.stream: its end is the gateway's last byte out (critical path)
 })
 # The phases whose span is a root of its layer: without a status attribute, an OK span is "ok".
-_ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY})
+ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_VLLM_REQUEST})
 
-_ENGINE, _ENGINE_STEP = sc.PHASE_ENGINE, sc.PHASE_ENGINE_STEP
+_ENGINE, _ENGINE_STEP, _NATIVE = sc.PHASE_ENGINE, sc.PHASE_ENGINE_STEP, sc.PHASE_VLLM_REQUEST
 _TS = pa.timestamp("us")
 
 
@@ -84,13 +90,17 @@ class Batch:
     """One OTLP request, converted. `tables` maps a store table (or `_decode_arrays`) to an Arrow
     table whose last column `_src` is the index into `keys` of the span the row came from (span
     tables only). `keys[i]` = trace_id bytes + span_id bytes of span i (for de-duplication).
-    `rejected` counts records refused, `errors` says why (the first few)."""
+    `rejected` counts records refused, `errors` says why (the first few). `bad_native_spans` counts
+    vLLM `llm_request` spans kept with a latency attribute missing or not a number (those columns
+    NULL), `warnings` says which (the first few)."""
 
     tables: dict[str, pa.Table] = field(default_factory=dict)
     keys: list[bytes] = field(default_factory=list)
     rejected: int = 0
     errors: list[str] = field(default_factory=list)
     accepted: int = 0
+    bad_native_spans: int = 0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -179,8 +189,12 @@ S_STEP, S_RUNNING, S_WAITING, S_BS, S_PF, S_DC, S_STEPMS, S_KV = range(17, 25)
 # the per-token arrays (their OTLP AnyValue, decoded when the batch is built), in _decode_arrays' order
 S_AT, S_ABS, S_APF, S_ADC, S_AKV = _ARRAYS = range(25, 30)
 S_FIRST = 30  # _request_spans.first_byte_ns (gateway.stream's first chunk out)
-N_SLOTS = 31
+# vLLM's own llm_request span: queue_s, prefill_s, decode_s, e2e_s (and the TTFT in S_TTFT)
+S_NQUEUE, S_NPREFILL, S_NDECODE, S_NE2E = range(31, 35)
+S_GEN_AI_RID = 35  # gen_ai.request.id: the request id of a span without tailtrace.request_id (vLLM's own)
+N_SLOTS = 36
 _EMPTY_STATE = [None] * N_SLOTS
+_NO_NATIVE = (None, None, None, None)
 
 # key -> (slot, converter): how an attribute feeds the typed columns
 _KEY_OPS: dict[str, tuple] = {
@@ -210,7 +224,19 @@ _KEY_OPS: dict[str, tuple] = {
     sc.STEP_MS: (S_STEPMS, as_num),
     sc.KV_CACHE_USAGE: (S_KV, as_num),
     sc.PHASE: (S_PHASE, _status_val),
+    sc.GEN_AI_REQUEST_ID: (S_GEN_AI_RID, as_str),
+    sc.GEN_AI_LATENCY_QUEUE: (S_NQUEUE, as_num),
+    sc.GEN_AI_LATENCY_PREFILL: (S_NPREFILL, as_num),
+    sc.GEN_AI_LATENCY_DECODE: (S_NDECODE, as_num),
+    sc.GEN_AI_LATENCY_E2E: (S_NE2E, as_num),
+    # the older GenAI usage keys of vLLM's own span (a span carries one pair or the other)
+    sc.GEN_AI_USAGE_PROMPT_TOKENS: (S_PROMPT, as_int),
+    sc.GEN_AI_USAGE_COMPLETION_TOKENS: (S_OUT, as_int),
 }
+# vLLM's own span: its latency keys, by slot (each must be a finite number >= 0, in seconds)
+_NATIVE_LATENCY = ((S_NQUEUE, sc.GEN_AI_LATENCY_QUEUE), (S_NPREFILL, sc.GEN_AI_LATENCY_PREFILL),
+                   (S_NDECODE, sc.GEN_AI_LATENCY_DECODE), (S_TTFT, sc.GEN_AI_LATENCY_TTFT),
+                   (S_NE2E, sc.GEN_AI_LATENCY_E2E))
 # the per-token array attributes -> their slot (their values are never in the attributes JSON)
 ARRAY_SLOTS = {sc.STEPS_TIME: S_AT, sc.STEPS_BATCH_SIZE: S_ABS, sc.STEPS_PREFILL_TOKENS: S_APF,
                sc.STEPS_DECODE_TOKENS: S_ADC, sc.STEPS_KV_USAGE: S_AKV}
@@ -324,6 +350,11 @@ class TraceBatchBuilder:
         th = tid.hex()
         sh = sid.hex()
         phase = state[S_PHASE]
+        if phase is None and sp.name == sc.SPAN_VLLM_REQUEST:
+            phase = _NATIVE
+            self._check_native(sp, state)
+            if state[S_RID] is None:
+                state[S_RID] = state[S_GEN_AI_RID]
         if phase == _ENGINE_STEP:
             self._steps.append((end, svc, state[S_STEP], state[S_RUNNING], state[S_WAITING], state[S_BS],
                                 state[S_PF], state[S_DC], state[S_STEPMS], state[S_KV], state[S_PREEMPT],
@@ -341,18 +372,36 @@ class TraceBatchBuilder:
             return None
         status = state[S_STATUS]
         if status is None:
-            status = "error" if c == 2 else ("ok" if phase in _ROOT_PHASES else None)
+            status = "error" if c == 2 else ("ok" if phase in ROOT_PHASES else None)
         self._facts.append((th, sh, phase, start, end, dur, svc, state[S_PRE], status, state[S_RID],
                             as_str(state[S_MREQ] or state[S_MRESP]), state[S_PROMPT], state[S_OUT],
                             state[S_CACHED], state[S_PREEMPT], state[S_FINISH], state[S_TTFT], state[S_PRIO],
                             state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
-                            state[S_FIRST], idx))
+                            state[S_FIRST], *((state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE],
+                                               state[S_NE2E]) if phase == _NATIVE else _NO_NATIVE), idx))
         if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                  or state[S_APF] is not None or state[S_ADC] is not None
                                  or state[S_AKV] is not None):
             self._arrays.append((th, state[S_RID], state[S_AT], state[S_ABS], state[S_APF], state[S_ADC],
                                  state[S_AKV], idx))
         return None
+
+    def _check_native(self, sp, state: list) -> None:
+        """vLLM's own `llm_request` span: every latency in `state` that is missing or not a finite
+        number >= 0 becomes None; a span with any such is counted once (`bad_native_spans`) and named
+        in `warnings` (the first five)."""
+        bad = []
+        for slot, key in _NATIVE_LATENCY:
+            v = state[slot]
+            if v is None or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                state[slot] = None
+                bad.append(key)
+        if bad:
+            b = self.batch
+            b.bad_native_spans += 1
+            if len(b.warnings) < 5:
+                b.warnings.append(f"vLLM span {sp.span_id.hex()} {sp.name!r}: {', '.join(bad)} missing or not a "
+                                  "number >= 0 (stored; those requests columns NULL)")
 
     def finish(self) -> Batch:
         """The Batch: `accepted` = the spans added, one table per store table that got rows."""

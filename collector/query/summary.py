@@ -89,15 +89,16 @@ def tail_share(query: Query, run_id: str | None = None, quantile: float = 0.99) 
 
 def batch_size_distribution(query: Query, since_sql: str | None = None) -> dict:
     """Batch size per engine step: percentiles and a histogram [(lo, hi, steps)], and the batch
-    size as seen by each output token (decode_steps). `since_sql` optionally restricts
-    engine_steps.time (e.g. "time >= TIMESTAMP '...'")."""
+    size as seen by each output token (decode_steps). `since_sql` optionally restricts both
+    tables' `time` (e.g. "time >= TIMESTAMP '...'")."""
     where = f"WHERE batch_size > 0 {('AND ' + since_sql) if since_sql else ''}"
     p = query(f"""SELECT count(*), quantile_cont(batch_size, 0.5), quantile_cont(batch_size, 0.9),
                          quantile_cont(batch_size, 0.99), max(batch_size), avg(batch_size)
                   FROM engine_steps {where}""", None)[0]
     hist = query(f"""SELECT CAST(pow(2, floor(log2(batch_size))) AS INT) AS lo, count(*)
                      FROM engine_steps {where} GROUP BY lo ORDER BY lo""", None)
-    tok = query("SELECT quantile_cont(batch_size, 0.5), quantile_cont(batch_size, 0.99) FROM decode_steps", None)[0]
+    tok = query("SELECT quantile_cont(batch_size, 0.5), quantile_cont(batch_size, 0.99) FROM decode_steps"
+                + (f" WHERE {since_sql}" if since_sql else ""), None)[0]
     return {"steps": p[0], "p50": p[1], "p90": p[2], "p99": p[3], "max": p[4], "mean": p[5],
             "histogram": [(lo, 2 * lo - 1, n) for lo, n in hist],
             "per_token_p50": tok[0], "per_token_p99": tok[1]}

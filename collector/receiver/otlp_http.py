@@ -14,10 +14,7 @@ future), so every acknowledged record survives `kill -9`.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-import os
 import zlib
 
 from starlette.applications import Starlette
@@ -28,39 +25,22 @@ from starlette.routing import Route
 from collector.errors import (
     BadRequest,
     BodyTimedOut,
-    InternalError,
     MethodNotAllowed,
     PayloadTooLarge,
     RetryableError,
     UnsupportedMediaType,
     http_error,
 )
-from collector.processor.enrich import metrics_to_batch, traces_to_batch
-from collector.processor.fastpath import fast_traces_to_batch
 from collector.processor.limiter import AdmissionLimiter
+from collector.receiver.otlp_export import export_request, new_stats
 from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
 
-log = logging.getLogger("tailtrace.collector.receiver")
-
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
-# TAILTRACE_COLLECTOR_FASTPATH=0 turns the fast trace converter off (bench/ingest.py measures both)
-_FASTPATH = os.environ.get("TAILTRACE_COLLECTOR_FASTPATH", "1") != "0"
 _PROTO = "application/x-protobuf"
 _JSON = "application/json"
 _PROTO_TYPES = {"application/x-protobuf", "application/protobuf", "application/vnd.google.protobuf"}
-
-
-def _signal(kind: str):
-    """(request class, response class, converter, rejected field name) for a signal."""
-    if kind == "traces":
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as m
-
-        return m.ExportTraceServiceRequest, m.ExportTraceServiceResponse, traces_to_batch, "rejected_spans"
-    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as m
-
-    return m.ExportMetricsServiceRequest, m.ExportMetricsServiceResponse, metrics_to_batch, "rejected_data_points"
 
 
 def _error_response(exc: BaseException, is_json: bool) -> Response:
@@ -109,10 +89,12 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
-def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Starlette:
-    """The OTLP/HTTP ASGI app writing into `store` (a started `DuckDBStore`)."""
-    signals = {k: _signal(k) for k in ("traces", "metrics")}
-    stats = {"requests": 0, "accepted": 0, "rejected": 0, "errors": 0}
+def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  health: dict | None = None) -> Starlette:
+    """The OTLP/HTTP ASGI app writing into `store` (a started `DuckDBStore`). `/healthz` answers
+    {"ok": true, <this receiver's counters (otlp_export.new_stats)>, **health} (e.g. the gRPC
+    receiver's counters under "grpc"), read at each request."""
+    stats = new_stats()
 
     async def handle(request: Request, kind: str) -> Response:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -140,30 +122,12 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
             raise UnsupportedMediaType(f"unsupported Content-Encoding {enc!r}; send gzip or none")
         limiter.admit()
         try:
-            req_cls, resp_cls, convert, rejected_field = signals[kind]
             body = await _read_body(request, max_body_bytes)
             if enc == "gzip":
                 body = _gunzip(body, max_body_bytes)
             if not body:
                 raise BadRequest("empty body; send an OTLP export request")
-            # fast path (protobuf traces): None when the request needs the slow path below
-            batch = fast_traces_to_batch(body) if _FASTPATH and kind == "traces" and not is_json else None
-            if batch is None:
-                msg = _decode(req_cls, body, is_json)
-                try:
-                    batch = convert(msg)
-                except Exception as exc:
-                    log.exception("converting an OTLP %s request", kind)
-                    raise InternalError(f"internal error converting the request: {exc.__class__.__name__}") from None
-            stats["requests"] += 1
-            if batch.accepted:
-                await asyncio.wrap_future(store.submit(batch))  # StoreUnavailable: retryable, 503
-            stats["accepted"] += batch.accepted
-            stats["rejected"] += batch.rejected
-            resp = resp_cls()
-            if batch.rejected:
-                setattr(resp.partial_success, rejected_field, batch.rejected)
-                resp.partial_success.error_message = "; ".join(batch.errors)
+            resp = await export_request(store, kind, body, is_json, stats)
             if is_json:
                 from google.protobuf import json_format
 
@@ -179,7 +143,7 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         return await handle(request, "metrics")
 
     async def healthz(request: Request) -> Response:
-        return Response(json.dumps({"ok": True, **stats}), media_type=_JSON)
+        return Response(json.dumps({"ok": True, **stats, **(health or {})}), media_type=_JSON)
 
     methods = ["POST", "GET", "PUT", "DELETE", "PATCH"]
     app = Starlette(routes=[Route("/v1/traces", traces, methods=methods),
@@ -187,50 +151,3 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
                             Route("/healthz", healthz, methods=["GET"])])
     app.state.stats = stats
     return app
-
-
-def _decode(req_cls, body: bytes, is_json: bool):
-    from google.protobuf import json_format
-    from google.protobuf.message import DecodeError
-
-    if is_json:
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"JSON body is not valid UTF-8 (byte {exc.start})") from None
-        try:
-            obj = json.loads(text)
-            if not isinstance(obj, dict):
-                raise ValueError("the body must be a JSON object")  # noqa: TRY004 - answered as 400 below
-            _hex_ids_to_base64(obj)
-            return json_format.ParseDict(obj, req_cls(), ignore_unknown_fields=True)
-        except (json_format.ParseError, ValueError, TypeError, RecursionError) as exc:
-            raise BadRequest(f"malformed OTLP/JSON: {str(exc)[:300]}") from None
-    try:
-        return req_cls.FromString(body)
-    except (DecodeError, RecursionError, ValueError) as exc:
-        raise BadRequest(f"malformed OTLP protobuf: {str(exc)[:300]}") from None
-
-
-_ID_KEYS = frozenset({"traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id"})
-
-
-def _hex_ids_to_base64(obj) -> None:
-    """OTLP/JSON writes trace and span ids as hex, unlike protobuf's JSON mapping (base64):
-    rewrite them in place so that json_format can parse the message."""
-    import base64
-
-    stack = [obj]
-    while stack:
-        o = stack.pop()
-        if isinstance(o, dict):
-            for k, v in o.items():
-                if k in _ID_KEYS and isinstance(v, str):
-                    try:
-                        o[k] = base64.b64encode(bytes.fromhex(v)).decode("ascii")
-                    except ValueError:
-                        raise ValueError(f"{k} {v[:40]!r} is not hex") from None
-                elif isinstance(v, (dict, list)):
-                    stack.append(v)
-        elif isinstance(o, list):
-            stack.extend(x for x in o if isinstance(x, (dict, list)))

@@ -32,8 +32,9 @@ __all__ = [
 ]
 
 # Series left out of metric_points unless asked for: histogram buckets (tailtrace's percentiles
-# are exact, computed from raw spans, never interpolated from buckets) and the `_created`
-# timestamps prometheus-client adds to counters and histograms.
+# are exact, computed from raw spans, never interpolated from buckets; `tailtrace collect
+# --scrape-buckets`, i.e. Scraper(keep_buckets=True), keeps them) and the `_created` timestamps
+# prometheus-client adds to counters and histograms.
 DEFAULT_EXCLUDE = (r"_bucket$", r"_created$")
 
 _COUNTER_TYPE = re.compile(r"^#\s*TYPE\s+(\S+)\s+counter\s*$", re.MULTILINE)

@@ -75,7 +75,7 @@ class Scraper:
     timeout_s: HTTP timeout per scrape (default min(5, max(0.5, interval))).
     max_backoff_s: the longest wait between attempts on a down target (default 30 s).
     keep_buckets: also store histogram `_bucket` series (default False: exact percentiles
-      come from spans). exclude: regexes on sample names to drop (default: `_bucket` unless
+      come from spans; `tailtrace collect --scrape-buckets` sets it). exclude: regexes on sample names to drop (default: `_bucket` unless
       keep_buckets, and `_created`).
     Raises `UserError` for a bad interval or target.
     """

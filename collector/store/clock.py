@@ -25,7 +25,7 @@ the offset; their sum, `network_ms`, and `unattributed_ms` do not depend on it.
 
 from __future__ import annotations
 
-__all__ = ["OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES"]
+__all__ = ["OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES", "samples_sql"]
 
 
 #: the minutes of samples an offset is taken from (the newest of the pair's, backwards)
@@ -33,20 +33,27 @@ WINDOW_MINUTES = 10
 
 # The hops of the per-trace aggregate `_agg` (collector/store/schema.py), as (up, down, t1..t4) in ns.
 _HOPS = """
-    SELECT c_host AS up, g_host AS down, c_start AS t1, g_start AS t2, s_end AS t3, c_end AS t4 FROM _agg
+    SELECT c_host AS up, g_host AS down, c_start AS t1, g_start AS t2, s_end AS t3, c_end AS t4 FROM {agg}
         WHERE g_start IS NOT NULL
-    UNION ALL SELECT g_host, r_host, u_start, r_start, r_end, s_end FROM _agg WHERE g_start IS NOT NULL
-    UNION ALL SELECT c_host, r_host, c_start, r_start, r_end, c_end FROM _agg WHERE g_start IS NULL
+    UNION ALL SELECT g_host, r_host, u_start, r_start, r_end, s_end FROM {agg} WHERE g_start IS NOT NULL
+    UNION ALL SELECT c_host, r_host, c_start, r_start, r_end, c_end FROM {agg} WHERE g_start IS NULL
 """
 
-#: run in the refresh, before `requests` is computed: the best sample per minute and host pair
-RECORD_SAMPLES = f"""INSERT INTO clock_offsets
-    SELECT date_trunc('minute', make_timestamp(t1 // 1000)) AS minute, up, down,
+
+def samples_sql(agg: str = "_agg") -> str:
+    """The best clock sample per minute and host pair (the rows of `clock_offsets`) over the hops of
+    the per-trace aggregate relation `agg`. DuckDB SQL."""
+    return f"""SELECT date_trunc('minute', make_timestamp(t1 // 1000)) AS minute, up AS upstream_host,
+        down AS downstream_host,
         arg_min(((t2 - t1) + (t3 - t4)) / 2e6, (t4 - t1) - (t3 - t2)) AS offset_ms,
         min((t4 - t1) - (t3 - t2)) / 1e6 AS delay_ms, count(*) AS samples
-    FROM ({_HOPS}) WHERE up IS NOT NULL AND down IS NOT NULL AND up <> down
+    FROM ({_HOPS.format(agg=agg)}) WHERE up IS NOT NULL AND down IS NOT NULL AND up <> down
         AND t1 IS NOT NULL AND t2 IS NOT NULL AND t3 IS NOT NULL AND t4 IS NOT NULL
     GROUP BY ALL"""
+
+
+#: run in the refresh, before `requests` is computed: the best sample per minute and host pair
+RECORD_SAMPLES = "INSERT INTO clock_offsets " + samples_sql()
 
 #: a CTE `o(upstream_host, downstream_host, theta_ms)`: the offset each host pair applies
 OFFSETS_CTE = f"""o AS (

@@ -30,15 +30,15 @@ from pathlib import Path
 import pyarrow as pa
 
 from collector.errors import StoreUnavailable  # retryable (503); re-exported
-from collector.store import latency_histogram, totals
-from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
+from collector.store import latency_histogram, step_rollup, totals
+from collector.store.schema import DDL, DECODE_STEP_SQL, REFRESH_REQUESTS, TIME_COLUMNS
 from collector.store.step_histogram import (
     COMPACT_STEP_HISTOGRAM,
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,
     step_histogram_insert,
 )
-from collector.store.tables import DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, STORED_TABLES
+from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS, STORED_TABLES
 from tailtrace.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
@@ -170,6 +170,9 @@ class DuckDBStore:
             if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
                     and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
                 self._rebuild(con, REBUILD_STEP_HISTOGRAM)  # a store from before step_histogram, or a failed first try
+            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_rollup LIMIT 1)").fetchone()[0]
+                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
+                self._rebuild(con, step_rollup.REBUILD_STEP_ROLLUP)  # a store from before step_rollup
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
             self._preload_keys(con)
@@ -470,7 +473,7 @@ class DuckDBStore:
 
     def _insert_decode_steps(self, con, arrays: pa.Table, facts: pa.Table | None) -> None:
         """Explode the per-request step arrays into `decode_steps` and count them into
-        `step_histogram` and `latency_histogram`, with service and model from the engine span
+        `step_histogram`, `step_rollup` and `latency_histogram`, with service and model from the engine span
         (`facts`) of the same batch."""
         con.register("_batch", arrays)
         try:
@@ -486,6 +489,7 @@ class DuckDBStore:
             # each step carries its request's model, so that windowed ITL reads no other table
             con.execute(f"INSERT INTO decode_steps BY NAME SELECT s.*, m.model FROM _steps s {meta}")
             con.execute(step_histogram_insert("_steps", meta))
+            con.execute(step_rollup.step_rollup_insert("_steps", meta))
             con.execute(latency_histogram.steps_insert("_steps", meta))
         finally:
             if facts is not None:
@@ -507,7 +511,7 @@ class DuckDBStore:
         try:
             con.execute("BEGIN TRANSACTION")
             if self._hist_from is not None:
-                for stmt in COMPACT_STEP_HISTOGRAM:
+                for stmt in (*COMPACT_STEP_HISTOGRAM, *step_rollup.COMPACT_STEP_ROLLUP):
                     con.execute(stmt, [self._hist_from] if "?" in stmt else [])
             for stmt in (*latency_histogram.COMPACT, *totals.COMPACT):
                 con.execute(stmt)
@@ -556,17 +560,8 @@ class DuckDBStore:
 # How often (s, when idle) the writer merges step_histogram's per-commit partial counts.
 COMPACT_EVERY_S = 30.0
 
-# Each decode_steps column from element i of the per-token arrays of a `_decode_arrays` row.
-_DECODE_STEP_SQL = {
-    "trace_id": "trace_id", "request_id": "request_id", "token_index": "i - 1",
-    "time": "make_timestamp(t[i] // 1000)", "itl_ms": "CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END",
-    "batch_size": "bs[i]", "batch_prefill_tokens": "pf[i]", "batch_decode_tokens": "dc[i]",
-    "kv_cache_usage": "kv[i]",
-}
-# `model` is joined from the request's engine span (_insert_decode_steps)
-assert set(_DECODE_STEP_SQL) | {"model"} == set(DECODE_STEPS.names)
 _EXPLODE_DECODE = f"""
-SELECT {", ".join(f"{sql} AS {c}" for c, sql in _DECODE_STEP_SQL.items())}
+SELECT {", ".join(f"{sql} AS {c}" for c, sql in DECODE_STEP_SQL.items())}
 FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
 """
 

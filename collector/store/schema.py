@@ -7,24 +7,74 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 from __future__ import annotations
 
 from collector.store import clock, latency_histogram, totals
-from collector.store.tables import DIRTY, REQUESTS, STORED_TABLES
+from collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
 from semantics import semconv as sc
-from semantics.catalog import DERIVED
+from semantics.catalog import DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE
 
 __all__ = [
+    "COLD_STARTS_VIEW",
     "COMPACT_STEP_HISTOGRAM",
     "DDL",
+    "DECODE_STEP_SQL",
     "ENGINE_META_JOIN",
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
     "REFRESH_REQUESTS",
+    "REQUEST_REPLICAS_VIEW",
     "STEP_HISTOGRAM_METRICS",
     "TIME_COLUMNS",
     "USER_TABLES",
+    "per_trace_sql",
+    "requests_sql",
     "step_histogram_insert",
 ]
 
-DDL = [t.ddl() for t in STORED_TABLES]
+# vLLM's start-ups, one row per start (its start-up spans share one trace: vLLM passes the trace
+# context of `Overall Loading` to the processes it starts). Read from `spans` at query time: a few
+# spans per start, selected by vLLM's span names and instrumentation scope (`vllm.*`). Parallel
+# workers' spans of one kind overlap, so each kind is its longest span (the start waits for the slowest).
+_STARTUP = (sc.SPAN_VLLM_OVERALL_LOADING, sc.SPAN_VLLM_LOAD_MODEL, sc.SPAN_VLLM_ALLOCATE_KV_CACHE,
+            sc.SPAN_VLLM_CAPTURE_MODEL, sc.SPAN_VLLM_COMPILE_GRAPH)
+
+
+def _longest(name: str) -> str:
+    return f"max(duration_ms) FILTER (WHERE name = '{name}')"
+
+
+COLD_STARTS_VIEW = f"""CREATE OR REPLACE VIEW cold_starts AS
+SELECT trace_id,
+    min(start_time) AS start_time,
+    max(end_time) AS end_time,
+    coalesce(arg_max(service_name, duration_ms) FILTER (WHERE name = '{sc.SPAN_VLLM_OVERALL_LOADING}'),
+             any_value(service_name)) AS service_name,
+    {_longest(sc.SPAN_VLLM_OVERALL_LOADING)} AS loading_ms,
+    {_longest(sc.SPAN_VLLM_LOAD_MODEL)} AS load_model_ms,
+    max(duration_ms) FILTER (WHERE starts_with(name, '{sc.SPAN_VLLM_WARMUP_PREFIX}')) AS warmup_ms,
+    {_longest(sc.SPAN_VLLM_ALLOCATE_KV_CACHE)} AS kv_cache_alloc_ms,
+    {_longest(sc.SPAN_VLLM_COMPILE_GRAPH)} AS compile_ms,
+    {_longest(sc.SPAN_VLLM_CAPTURE_MODEL)} AS graph_capture_ms,
+    count(*) AS spans
+FROM spans
+WHERE starts_with(scope_name, 'vllm.') AND phase IS NULL
+    AND (name IN ({", ".join(f"'{n}'" for n in _STARTUP)}) OR starts_with(name, '{sc.SPAN_VLLM_WARMUP_PREFIX}'))
+GROUP BY trace_id"""
+
+# The replica that served each request, one row per trace with an engine span (view over `spans`):
+# the engine span's `service.instance.id` (OpenTelemetry's resource attribute, one per process: the
+# replicas of a fleet share `service.name`), else its service name. Of several engine spans (a
+# failover) the one that ended last counts, as `requests.upstream` takes the last upstream tried.
+# (Names an alias shadows are qualified: ClickHouse resolves a bare name to the alias.)
+_INSTANCE = f"""json_extract_string(s.resource, '$."{sc.SERVICE_INSTANCE_ID}"')"""
+REQUEST_REPLICAS_VIEW = f"""CREATE OR REPLACE VIEW request_replicas AS
+SELECT s.trace_id AS trace_id,
+    coalesce(arg_max({_INSTANCE}, s.end_time), arg_max(s.service_name, s.end_time)) AS replica,
+    arg_max({_INSTANCE}, s.end_time) AS instance_id,
+    arg_max(s.service_name, s.end_time) AS service_name
+FROM spans s
+WHERE s.phase = '{sc.PHASE_ENGINE}'
+GROUP BY s.trace_id"""
+
+DDL = [t.ddl() for t in STORED_TABLES] + [COLD_STARTS_VIEW, REQUEST_REPLICAS_VIEW]
 
 # every column that the catalog derives is one that older stores lack (added and recomputed at start)
 assert {d.column for d in DERIVED} <= {c.name for c in REQUESTS.added_columns()}
@@ -38,12 +88,24 @@ def _p(phase: str) -> str:
     return f"phase = '{phase}'"
 
 
+_PLUGIN_ENGINE_PHASES = ", ".join(f"'{p}'" for p in (sc.PHASE_ENGINE, sc.PHASE_FRONTEND, sc.PHASE_QUEUE,
+                                                    sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE))
+
+
 # The requests of the dirty traces. Letters as in DESIGN.md: C client.request, G gateway server
-# span, A sum of gateway.admission, U gateway.upstream, R llm.request. When a trace holds several
-# spans of one root phase (a retried upstream, say) the one that ended last counts.
-_PER_TRACE = f"""
+# span, A sum of gateway.admission, U gateway.upstream, R llm.request, N vLLM's own llm_request
+# span (phase vllm_request). When a trace holds several spans of one root phase (a retried
+# upstream, say) the one that ended last counts.
+def per_trace_sql(where: str) -> str:
+    """The per-trace aggregate (one row per trace of `_request_spans` rows matching the SQL condition
+    `where`): the relation `requests_sql` reads. DuckDB SQL; collector/clickhouse/dialect.py
+    translates it for ClickHouse."""
+    return _PER_TRACE_TEMPLATE.replace("{where}", where)
+
+
+_PER_TRACE_TEMPLATE = f"""
 WITH f AS (
-    SELECT * FROM _request_spans WHERE {DIRTY}
+    SELECT * FROM _request_spans WHERE {{where}}
 )
     SELECT trace_id,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
@@ -80,8 +142,8 @@ WITH f AS (
         sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_FRONTEND)}) AS frontend_ms,
         sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_QUEUE)}) AS queue_ms,
         sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_PREEMPTED)}) AS preempted_ms,
-        sum(duration_ms - coalesce(preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_PREFILL)}) AS prefill_ms,
-        sum(duration_ms - coalesce(preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_DECODE)}) AS decode_ms,
+        sum(duration_ms - coalesce(f.preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_PREFILL)}) AS prefill_ms,
+        sum(duration_ms - coalesce(f.preempted_ms, 0)) FILTER (WHERE {_p(sc.PHASE_DECODE)}) AS decode_ms,
         any_value(priority) AS priority,
         any_value(run_id) AS run_id,
         arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_host,
@@ -89,14 +151,54 @@ WITH f AS (
         arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_host,
         -- the gateway's first byte out (gateway.stream's first chunk, stamped before its write)
         min(first_byte_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS g_first,
-        count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}'))
-            AS roots
+        -- vLLM's own llm_request span (N): its latencies in seconds, NULL where missing or bad
+        min(start_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_start,
+        arg_max(f.request_id, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_request_id,
+        arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_status,
+        arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_svc,
+        arg_max(f.prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_prompt_tokens,
+        arg_max(f.output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_output_tokens,
+        arg_max(f.ttft_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_ttft_s,
+        arg_max(queue_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_queue_s,
+        arg_max(prefill_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_prefill_s,
+        arg_max(decode_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_decode_s,
+        arg_max(e2e_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_e2e_s,
+        -- any span of the plugin's engine layer: then the row comes from the plugin, never from N
+        count(*) FILTER (WHERE phase IN ({_PLUGIN_ENGINE_PHASES})) AS plugin_spans,
+        count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}',
+                                         '{sc.PHASE_VLLM_REQUEST}')) AS roots
     FROM f GROUP BY trace_id
 """
+_PER_TRACE = per_trace_sql(DIRTY)
 
-# `requests` rows from the per-trace aggregate `_agg` (_PER_TRACE, materialized by the refresh)
-_AGG = f"""
-WITH {clock.OFFSETS_CTE}, h AS (
+# A column that an alias of the same SELECT shadows is written qualified (f.preempted_ms,
+# b2.preempted_ms): ClickHouse resolves a bare name to the alias (collector/clickhouse/dialect.py).
+
+# `requests` rows from the per-trace aggregate `_agg` (_PER_TRACE, materialized by the refresh).
+# The engine layer is the plugin's (R and its phase spans) whenever any of its spans is there; else
+# vLLM's own span (N) fills the engine columns: e (engine E2E, ms) and e_start, its request id,
+# status, tokens, TTFT, queue, prefill and decode. N never gives R's timestamps (r_start, r_end stay
+# NULL): it starts after tokenization and ends before the response leaves vLLM, so the hops into and
+# out of the engine (network, clock offsets) are not measured from it, and unattributed_ms keeps
+# that time.
+_AGG_TEMPLATE = f"""
+WITH {clock.OFFSETS_CTE}, x AS (
+    SELECT * REPLACE (
+            CASE WHEN native THEN n_request_id ELSE request_id END AS request_id,
+            CASE WHEN native THEN n_status ELSE r_status END AS r_status,
+            CASE WHEN native THEN n_svc ELSE r_svc END AS r_svc,
+            CASE WHEN native THEN n_prompt_tokens ELSE prompt_tokens END AS prompt_tokens,
+            CASE WHEN native THEN n_output_tokens ELSE output_tokens END AS output_tokens,
+            CASE WHEN native THEN n_ttft_s ELSE ttft_s END AS ttft_s,
+            CASE WHEN native THEN n_queue_s * 1000 ELSE queue_ms END AS queue_ms,
+            CASE WHEN native THEN n_prefill_s * 1000 ELSE prefill_ms END AS prefill_ms,
+            CASE WHEN native THEN n_decode_s * 1000 ELSE decode_ms END AS decode_ms),
+        CASE WHEN native THEN n_e2e_s * 1000 ELSE r END AS e,
+        CASE WHEN native THEN n_start ELSE r_start END AS e_start,
+        CASE WHEN plugin_spans > 0 THEN '{SOURCE_PLUGIN.key}'
+             WHEN native THEN '{SOURCE_VLLM_NATIVE.key}' END AS source
+    FROM (SELECT *, plugin_spans = 0 AND n_start IS NOT NULL AS native FROM {{agg}})
+), h AS (
     -- Critical-path hops, each bounded by its own layers' timestamps (DESIGN.md): departures are
     -- stamped before the write, receipts after the read. s_end, the end of gateway.stream, is when
     -- the gateway's last chunk left it (and the time it received it from the engine). Across hosts
@@ -110,7 +212,7 @@ WITH {clock.OFFSETS_CTE}, h AS (
         -- the gateway's own E2E ends with its last byte out; its span may end later (post-response work)
         CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE g END AS g_crit,
         (g_first - g_start) / 1e6 AS g_ttft
-    FROM _agg x
+    FROM x
     LEFT JOIN o ocg ON ocg.upstream_host = x.c_host AND ocg.downstream_host = x.g_host
     LEFT JOIN o ogr ON ogr.upstream_host = x.g_host AND ogr.downstream_host = x.r_host
     LEFT JOIN o ocr ON ocr.upstream_host = x.c_host AND ocr.downstream_host = x.r_host
@@ -144,29 +246,49 @@ WITH {clock.OFFSETS_CTE}, h AS (
 )
 SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
-    make_timestamp(coalesce(c_start, g_start, r_start) // 1000) AS arrival_time,
+    make_timestamp(coalesce(c_start, g_start, e_start) // 1000) AS arrival_time,
     -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did)
     coalesce(c_status, g_status, r_status) AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
     prefill_ms,
     -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
-    CASE WHEN r IS NOT NULL THEN coalesce(preempted_ms, 0) END AS preempted_ms,
+    CASE WHEN r IS NOT NULL THEN coalesce(b2.preempted_ms, 0) END AS preempted_ms,
     decode_ms,
-    coalesce(c, g_crit, r) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
+    coalesce(c, g_crit, e) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
-        + coalesce(preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
+        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
     CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
-    r AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
-    CASE WHEN a IS NULL AND queue_ms IS NULL AND preempted_ms IS NULL THEN NULL
-         ELSE coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(preempted_ms, 0) END AS queue_time_ms,
+    e AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
+    CASE WHEN a IS NULL AND queue_ms IS NULL AND b2.preempted_ms IS NULL THEN NULL
+         ELSE coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(b2.preempted_ms, 0) END AS queue_time_ms,
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
-    network_in_ms, network_out_ms, gateway_after_ms, upstream,
+    network_in_ms, network_out_ms, gateway_after_ms, upstream, source,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """
+
+
+def requests_sql(agg: str = "_agg") -> str:
+    """`requests` rows (the columns of tables.REQUESTS, in no set order) from the per-trace aggregate
+    relation `agg` (`per_trace_sql`) and the relation `clock_offsets`. DuckDB SQL."""
+    return _AGG_TEMPLATE.replace("{agg}", agg)
+
+
+_AGG = requests_sql()
+
+# Each decode_steps column from element i (1-based) of the per-token arrays of one llm.request span
+# (t: token times in ns since the epoch, bs, pf, dc, kv: see tables.DECODE_ARRAYS). DuckDB SQL.
+DECODE_STEP_SQL = {
+    "trace_id": "trace_id", "request_id": "request_id", "token_index": "i - 1",
+    "time": "make_timestamp(t[i] // 1000)", "itl_ms": "CASE WHEN i > 1 THEN (t[i] - t[i - 1]) / 1e6 END",
+    "batch_size": "bs[i]", "batch_prefill_tokens": "pf[i]", "batch_decode_tokens": "dc[i]",
+    "kv_cache_usage": "kv[i]",
+}
+# `model` is the request's engine span's (joined by the DuckDB writer, the same span on ClickHouse)
+assert set(DECODE_STEP_SQL) | {"model"} == set(DECODE_STEPS.names)
 
 # Run in one transaction by the writer; the rollups (latency_histogram, request_totals) move the
 # old rows out and the new ones in.

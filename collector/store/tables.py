@@ -37,6 +37,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SPANS",
     "STEP_HISTOGRAM",
+    "STEP_ROLLUP",
     "STORED_TABLES",
     "TABLES",
     "Column",
@@ -45,7 +46,7 @@ __all__ = [
 
 # The version of the layout below. A column declared with `since` > 1 is added (ALTER TABLE) to a
 # file written before it existed, and every `requests` row is then recomputed once.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # logical type -> pyarrow type factory (arguments)
 _ARROW = {"VARCHAR": ("string",), "JSON": ("string",), "BIGINT": ("int64",), "INTEGER": ("int32",),
@@ -130,6 +131,7 @@ def _table(name: str, columns: list[tuple], **kw) -> TableSpec:
 _S, _J, _B, _I, _D, _T, _BOOL = "VARCHAR", "JSON", "BIGINT", "INTEGER", "DOUBLE", "TIMESTAMP", "BOOLEAN"
 _V2 = 2  # added in schema version 2 (after stores had been written without it)
 _V3 = 3  # added in schema version 3 (clock offsets, the gateway's first byte)
+_V4 = 4  # added in schema version 4 (vLLM's own llm_request span: its latencies, requests.source)
 
 SPANS = _table("spans", [
     ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("kind", _S),
@@ -170,12 +172,23 @@ REQUEST_SPANS = _table("_request_spans", [
     ("cached_tokens", _B), ("preemptions", _B), ("finish_reason", _S), ("ttft_s", _D),
     ("priority", _S), ("run_id", _S), ("schedule_lag_ms", _D), ("client_ttft_ms", _D),
     ("upstream", _S, _V2), ("host", _S, _V3), ("first_byte_ns", _B, _V3),
+    # vLLM's own llm_request span (phase vllm_request): its gen_ai.latency.* values, seconds (NULL when
+    # missing or not a finite, non-negative number)
+    ("queue_s", _D, _V4), ("prefill_s", _D, _V4), ("decode_s", _D, _V4), ("e2e_s", _D, _V4),
 ], time="make_timestamp(start_ns // 1000)")
 
 # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
 # beside `decode_steps` so that dashboards never scan hundreds of millions of steps.
 STEP_HISTOGRAM = _table("step_histogram", [
     ("minute", _T), ("service_name", _S), ("model", _S), ("metric", _S), ("value", _B), ("steps", _B),
+], time="minute")
+
+# Per-minute sums of the decode steps by batch size and bucket of the batch's prefill tokens (ITL
+# count, sum, sum of squares), kept by the writer beside `decode_steps` for prefill interference at
+# scale (collector/store/step_rollup.py).
+STEP_ROLLUP = _table("step_rollup", [
+    ("minute", _T), ("service_name", _S), ("model", _S), ("batch_size", _B), ("prefill_bucket", _B),
+    ("steps", _B), ("itl_sum_ms", _D), ("itl_sumsq_ms2", _D),
 ], time="minute")
 
 # Rollups the writer keeps so that a /metrics scrape never scans the store (docs/schema.md,
@@ -218,7 +231,7 @@ REQUESTS = _table("requests", [
     ("priority", _S), ("run_id", _S), ("schedule_lag_ms", _D),
     ("outer_e2e_ms", _D, _V2), ("outer_ttft_ms", _D, _V2), ("completion_time", _T, _V2), ("ok", _BOOL, _V2),
     ("network_in_ms", _D, _V2), ("network_out_ms", _D, _V2), ("gateway_after_ms", _D, _V2),
-    ("upstream", _S, _V2),
+    ("upstream", _S, _V2), ("source", _S, _V4),
 ], time="arrival_time")
 
 # Not stored: the per-token arrays `tailtrace.steps.*` of each llm.request span, one row per span
@@ -231,7 +244,7 @@ DECODE_ARRAYS = _table("_decode_arrays", [
 
 # Every stored table, in the order the DDL creates them.
 STORED_TABLES = (SPANS, ENGINE_STEPS, DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, REQUEST_SPANS,
-                 STEP_HISTOGRAM, LATENCY_HISTOGRAM, REQUEST_TOTALS, ENGINE_TOTALS, ENGINE_HISTOGRAM,
+                 STEP_HISTOGRAM, STEP_ROLLUP, LATENCY_HISTOGRAM, REQUEST_TOTALS, ENGINE_TOTALS, ENGINE_HISTOGRAM,
                  CLOCK_OFFSETS, DIRTY_TRACES, REQUESTS)
 # Every table, stored or not, by name.
 TABLES = {t.name: t for t in (*STORED_TABLES, DECODE_ARRAYS)}

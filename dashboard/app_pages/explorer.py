@@ -4,6 +4,7 @@ and its per-token ITL timeline coloured by batch size and co-scheduled prefill t
 import streamlit as st
 
 from dashboard import charts, data, ui
+from semantics.catalog import SOURCE_PLUGIN, SOURCES
 
 ctx = ui.require()
 ui.header("Request explorer", "all four, for one request",
@@ -13,7 +14,9 @@ cols = set(ctx.schema.get("requests", ()))
 options = [m for m in data.METRIC_CHOICES if m in cols]  # outer E2E first
 c1, c2 = st.columns([1, 1])
 metric = c1.selectbox("Slowest by", options, format_func=lambda m: data.REQUEST_METRICS[m], key="ex_metric")
-typed = c2.text_input("…or request id", key="ex_typed").strip()
+if "trace_id" in st.query_params and "ex_typed" not in st.session_state:  # a link (Why is it slow?)
+    st.session_state["ex_typed"] = st.query_params["trace_id"]
+typed = c2.text_input("…or request id / trace id", key="ex_typed").strip()
 slow = data.slowest_requests(ctx.src, ctx.filters, metric, ctx.schema)
 st.dataframe(slow, hide_index=True, height=260)
 if not len(slow) and not typed:
@@ -26,20 +29,24 @@ rid = typed or picked
 det = data.request_detail(ctx.src, rid, ctx.schema)
 req = det["request"]
 if req is None:
-    st.warning(f"No request with id {rid!r} in the store.")
+    st.warning(f"No request with request id or trace id {rid!r} in the store.")
     st.stop()
+# what filled the engine columns (`requests.source`): the engine's E2E and TTFT differ by source
+source = req.get("source") if isinstance(req.get("source"), str) else None
+engine = {s.key: s for s in SOURCES}.get(source, SOURCE_PLUGIN)
 ui.metric_row([
     # one source: the store's outer figures, with the engine's own beside them
     ("E2E", ui.fmt_ms(ui.safe_float(req.get("outer_e2e_ms"))), "outer: the client's, else the gateway's, else the engine's"),
-    ("E2E (engine)", ui.fmt_ms(ui.safe_float(req.get("e2e_ms"))), "llm.request: vLLM's own E2E"),
+    ("E2E (engine)", ui.fmt_ms(ui.safe_float(req.get("e2e_ms"))), f"{engine.label}: {engine.e2e}"),
     ("TTFT", ui.fmt_ms(ui.safe_float(req.get("outer_ttft_ms"))), "outer: the client's, else the engine's"),
-    ("TTFT (engine)", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), "vLLM's gen_ai.latency.time_to_first_token"),
+    ("TTFT (engine)", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), f"{engine.label}: {engine.ttft}"),
     ("Queue time", ui.fmt_ms(ui.safe_float(req.get("queue_time_ms"))), "gateway queue + engine queue + preempted"),
     ("Service time", ui.fmt_ms(ui.safe_float(req.get("service_time_ms"))), "prefill + decode"),
     ("Tokens in → out", f"{req.get('prompt_tokens')} → {req.get('output_tokens')}", None),
 ])
 st.caption(f"trace {req.get('trace_id')} · model {req.get('model')} · service {req.get('service_name', 'n/a')} · "
-           f"arrived {req.get('arrival_time')} UTC · status {req.get('status')}")
+           f"arrived {req.get('arrival_time')} UTC · status {req.get('status')} · engine columns from "
+           f"{source or 'n/a'}")
 tree = data.span_tree(det["spans"])
 if len(tree):
     st.plotly_chart(charts.waterfall(tree), key="ex_waterfall")

@@ -16,19 +16,20 @@ def engine_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
     cols = set(schema.get("engine_steps", ()))
     if not cols:
         return pd.DataFrame()
-    svc = "service_name" if "service_name" in cols else "'engine'"
+    svc = "s.service_name" if "service_name" in cols else "'engine'"
     w, p = f.engine_where("service_name" in cols)
+    # columns qualified (s.): ClickHouse reads a bare name an alias shadows (waiting, step_ms) as the alias
     agg = [f"{svc} AS service_name", "count(*) AS steps"]
-    for c, e in (("running", "avg(running) AS running"), ("waiting", ("avg(waiting) AS waiting, "
-                                                                    "max(waiting) AS waiting_max")),
-                 ("batch_size", "avg(batch_size) AS batch_size"),
-                 ("step_ms", "avg(step_ms) AS step_ms, quantile_cont(step_ms, 0.99) AS step_p99_ms"),
-                 ("kv_cache_usage", "avg(kv_cache_usage) AS kv_cache_usage"),
-                 ("prefill_tokens", "sum(prefill_tokens) AS prefill_tokens"),
-                 ("preemptions", "sum(preemptions) AS preemptions")):
+    for c, e in (("running", "avg(s.running) AS running"), ("waiting", ("avg(s.waiting) AS waiting, "
+                                                                      "max(s.waiting) AS waiting_max")),
+                 ("batch_size", "avg(s.batch_size) AS batch_size"),
+                 ("step_ms", "avg(s.step_ms) AS step_ms, quantile_cont(s.step_ms, 0.99) AS step_p99_ms"),
+                 ("kv_cache_usage", "avg(s.kv_cache_usage) AS kv_cache_usage"),
+                 ("prefill_tokens", "sum(s.prefill_tokens) AS prefill_tokens"),
+                 ("preemptions", "sum(s.preemptions) AS preemptions")):
         if c in cols:
             agg.append(e)
-    return src.df(f"SELECT {_bucket_expr('time', width_ms)} AS bucket, {', '.join(agg)} FROM engine_steps {w} "
+    return src.df(f"SELECT {_bucket_expr('s.time', width_ms)} AS bucket, {', '.join(agg)} FROM engine_steps s {w} "
                   f"GROUP BY ALL ORDER BY 1, 2", p)
 
 
@@ -40,20 +41,21 @@ def device_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
     if not cols:
         return pd.DataFrame()
     w, p = f.time_where("time")
-    thr = ("NULLIF(NULLIF(NULLIF(CAST(throttle_reasons AS VARCHAR), ''), '0'), 'none')"
+    # columns qualified (d.), as in engine_timeline: throttle_reasons is also an alias here
+    thr = ("NULLIF(NULLIF(NULLIF(CAST(d.throttle_reasons AS VARCHAR), ''), '0'), 'none')"
            if "throttle_reasons" in cols else "NULL")
     throttled = f"({thr} IS NOT NULL)"
     if "throttle_mask" in cols:
-        throttled = f"coalesce(throttle_mask > 0, {throttled})"
+        throttled = f"coalesce(d.throttle_mask > 0, {throttled})"
     agg = []
-    for c, e in (("util_pct", "avg(util_pct) AS util_pct"), ("mem_util_pct", "avg(mem_util_pct) AS mem_util_pct"),
-                 ("sm_clock_mhz", "min(sm_clock_mhz) AS sm_clock_mhz"), ("power_w", "avg(power_w) AS power_w"),
-                 ("temp_c", "max(temp_c) AS temp_c")):
+    for c, e in (("util_pct", "avg(d.util_pct) AS util_pct"), ("mem_util_pct", "avg(d.mem_util_pct) AS mem_util_pct"),
+                 ("sm_clock_mhz", "min(d.sm_clock_mhz) AS sm_clock_mhz"), ("power_w", "avg(d.power_w) AS power_w"),
+                 ("temp_c", "max(d.temp_c) AS temp_c")):
         if c in cols:
             agg.append(e)
     agg.append(f"avg({throttled}::INT) AS throttled")
     agg.append(f"string_agg(DISTINCT {thr}, ', ') AS throttle_reasons")
-    host = "coalesce(host, '')" if "host" in cols else "''"
-    idx = "coalesce(CAST(device_index AS VARCHAR), '')" if "device_index" in cols else "''"
-    return src.df(f"SELECT {_bucket_expr('time', width_ms)} AS bucket, {host} || ':' || {idx} AS device, "
-                  f"{', '.join(agg)} FROM device_samples {w} GROUP BY ALL ORDER BY 1, 2", p)
+    host = "coalesce(d.host, '')" if "host" in cols else "''"
+    idx = "coalesce(CAST(d.device_index AS VARCHAR), '')" if "device_index" in cols else "''"
+    return src.df(f"SELECT {_bucket_expr('d.time', width_ms)} AS bucket, {host} || ':' || {idx} AS device, "
+                  f"{', '.join(agg)} FROM device_samples d {w} GROUP BY ALL ORDER BY 1, 2", p)

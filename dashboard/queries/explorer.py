@@ -19,17 +19,19 @@ EXPLORER_COLUMNS = ("request_id", "trace_id", "arrival_time", "model", "service_
 
 def slowest_requests(src: DataSource, f: Filters, metric: str, schema: dict[str, list[str]],
                      limit: int = 50) -> pd.DataFrame:
-    """The `limit` requests with the largest `metric` (a `requests` column), slowest first."""
+    """The `limit` requests with the largest `metric` (a `requests` column), slowest first (ties by
+    trace_id, so that every engine lists the same requests in the same order)."""
     if metric not in REQUEST_METRICS:
         raise DataError(f"unknown metric {metric!r}")
     cols = available(schema, "requests", EXPLORER_COLUMNS)
     w, p = f.requests_where()
     return src.df(f"SELECT {', '.join(cols)} FROM requests {_and(w, f'{metric} IS NOT NULL')} "
-                  f"ORDER BY {metric} DESC LIMIT {int(limit)}", p)
+                  f"ORDER BY {metric} DESC, trace_id LIMIT {int(limit)}", p)
 
 
 def request_detail(src: DataSource, request_id: str, schema: dict[str, list[str]]) -> dict:
-    """One request with its spans and decode steps.
+    """One request (by its request id, or its trace id: a request whose engine span never came
+    has none) with its spans and decode steps.
 
     Returns {'request': dict of its `requests` row (None when unknown), 'spans': DataFrame(span_id,
     parent_span_id, name, phase, service_name, start_time, end_time, duration_ms, status_code) of its
@@ -38,7 +40,7 @@ def request_detail(src: DataSource, request_id: str, schema: dict[str, list[str]
     kv_cache_usage)}. Both lookups are bounded to [arrival - 10 min, arrival + E2E + 10 min] so that
     DuckDB's min/max zone maps skip the rest of the store.
     """
-    req = src.df("SELECT * FROM requests WHERE request_id = ? LIMIT 1", [request_id])
+    req = src.df("SELECT * FROM requests WHERE request_id = ? OR trace_id = ? LIMIT 1", [request_id, request_id])
     if not len(req):
         return {"request": None, "spans": pd.DataFrame(), "steps": pd.DataFrame(), "decode_step_spans": 0}
     row = req.iloc[0].to_dict()

@@ -83,6 +83,17 @@ class UpstreamPool:
             self._rr = (start + 1) % n
         return best
 
+    def set_urls(self, urls) -> None:
+        """Make `urls` the upstreams, in order: an upstream already known keeps its state (in flight,
+        health, counters); a new one starts healthy; one no longer listed leaves the choice (its
+        requests in flight finish and release their slots as usual). Calls `on_change` when one is
+        added (queued requests may now find a slot)."""
+        known = {u.url: u for u in self.upstreams}
+        self.upstreams = [known.get(u) or Upstream(u) for u in urls]
+        self._rr = self._rr % len(self.upstreams) if self.upstreams else 0
+        if any(u not in known for u in urls) and self.on_change:
+            self.on_change()
+
     def mark(self, upstream: Upstream, healthy: bool, error: str | None = None) -> None:
         """Take `upstream` out (healthy=False, with the reason) or bring it back."""
         was = upstream.healthy

@@ -104,6 +104,7 @@ class _Gateway:
         self.client = None  # the pooled aiohttp.ClientSession for proxied requests
         self.health_client = None  # a separate one for health checks (never traced)
         self._health_task = None
+        self._dns_task = None
 
     async def start(self) -> None:
         import aiohttp
@@ -120,14 +121,20 @@ class _Gateway:
         self.health_client = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=min(c.connect_timeout_s, max(c.health_interval_s, 0.5))),
             trust_env=False)
-        self._health_task = asyncio.create_task(self._health_loop())
+        if c.upstream_dns:
+            await self.resolve_upstreams()
+            self._dns_task = asyncio.create_task(self._every(c.dns_interval_s, self.resolve_upstreams,
+                                                             "upstream resolution", wait_first=True))
+        self._health_task = asyncio.create_task(self._every(c.health_interval_s, self.check_health, "health check round"))
 
     async def stop(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._health_task
-            self._health_task = None
+        for name in ("_health_task", "_dns_task"):
+            task = getattr(self, name)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                setattr(self, name, None)
         for name in ("client", "health_client"):
             cl = getattr(self, name)
             if cl is not None:
@@ -152,15 +159,32 @@ class _Gateway:
 
         await asyncio.gather(*(probe(u) for u in self.pool.upstreams))
 
-    async def _health_loop(self) -> None:
+    async def resolve_upstreams(self) -> None:
+        """Resolve --upstream-dns once: the upstreams become the --upstream URLs plus one per address
+        of its name (discovery.py). A failed resolution keeps the current upstreams (logged)."""
+        from instrument.gateway.discovery import resolve_upstreams
+
+        try:
+            found = await resolve_upstreams(self.config.upstream_dns)
+        except OSError as exc:
+            log.warning("cannot resolve --upstream-dns %s (%s); keeping %d upstream(s)",
+                        self.config.upstream_dns, exc, len(self.pool.upstreams))
+            return
+        self.pool.set_urls([*self.config.upstreams, *(u for u in found if u not in self.config.upstreams)])
+
+    async def _every(self, interval_s: float, round_, what: str, *, wait_first: bool = False) -> None:
+        """Run `await round_()` every `interval_s` seconds until cancelled; a failed round is logged,
+        never the end of the loop."""
+        if wait_first:
+            await asyncio.sleep(interval_s)
         while True:
             try:
-                await self.check_health()
+                await round_()
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let the loop die
-                log.exception("health check round failed")
-            await asyncio.sleep(self.config.health_interval_s)
+                log.exception("%s failed", what)
+            await asyncio.sleep(interval_s)
 
 
 _LLM_PATHS = frozenset(("/v1/completions", "/v1/chat/completions"))

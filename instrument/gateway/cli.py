@@ -55,7 +55,7 @@ def _run(args) -> int:
     sys.setswitchinterval(config.gil_switch_interval_ms / 1000)
 
     app = create_app(config)
-    print(f"tailtrace gateway on http://{config.host}:{config.port} -> {', '.join(config.upstreams)}", flush=True)
+    print(f"tailtrace gateway on http://{config.host}:{config.port} -> {', '.join(config.upstreams + ((f'every address of {config.upstream_dns}',) if config.upstream_dns else ()))}", flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False,
                 loop="uvloop", http="httptools", timeout_graceful_shutdown=5)
     return 0

@@ -36,6 +36,12 @@ class Setting:
 SETTINGS: tuple[Setting, ...] = (
     Setting("upstreams", "--upstream", "TAILTRACE_GATEWAY_UPSTREAMS", str, (),
             "base URL of an OpenAI-compatible server (vLLM), repeat for several; env: comma-separated"),
+    Setting("upstream_dns", "--upstream-dns", "TAILTRACE_GATEWAY_UPSTREAM_DNS", str, None,
+            "base URL whose host name is resolved to every address it has (A and AAAA records), one upstream "
+            "per address, re-resolved every --dns-interval seconds: N replicas behind one name (compose "
+            "--scale, a Kubernetes headless service); with or without --upstream"),
+    Setting("dns_interval_s", "--dns-interval", "TAILTRACE_GATEWAY_DNS_INTERVAL", float, 10.0,
+            "seconds between two resolutions of --upstream-dns"),
     Setting("host", "--host", "TAILTRACE_GATEWAY_HOST", str, "127.0.0.1", "address to bind"),
     Setting("port", "--port", "TAILTRACE_GATEWAY_PORT", int, 8080, "port to listen on"),
     Setting("otlp_endpoint", "--otlp-endpoint", "TAILTRACE_OTLP_ENDPOINT", str, None,
@@ -83,6 +89,8 @@ class GatewayConfig:
     """
 
     upstreams: tuple[str, ...] = ()
+    upstream_dns: str | None = None
+    dns_interval_s: float = 10.0
     host: str = "127.0.0.1"
     port: int = 8080
     otlp_endpoint: str | None = None
@@ -125,8 +133,12 @@ class GatewayConfig:
 
     def validate(self) -> GatewayConfig:
         """Check every value; return self. Raises `UserError` naming the flag at fault."""
-        if not self.upstreams:
-            raise UserError("no upstream: give at least one --upstream URL (e.g. --upstream http://127.0.0.1:8000)")
+        if not self.upstreams and not self.upstream_dns:
+            raise UserError("no upstream: give at least one --upstream URL (e.g. --upstream http://127.0.0.1:8000) "
+                            "or --upstream-dns http://NAME:8000")
+        if self.upstream_dns:
+            self.upstream_dns = check_http_url(self.upstream_dns, "--upstream-dns",
+                                               "http://vllm:8000").rstrip("/").removesuffix("/v1")
         cleaned = []
         for url in self.upstreams:
             cleaned.append(check_http_url(url, "--upstream").rstrip("/").removesuffix("/v1"))
@@ -142,7 +154,7 @@ class GatewayConfig:
             if getattr(self, name) < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be 0 or more")
         for name, flag in (("connect_timeout_s", "--connect-timeout"), ("upstream_timeout_s", "--upstream-timeout"),
-                           ("health_interval_s", "--health-interval")):
+                           ("health_interval_s", "--health-interval"), ("dns_interval_s", "--dns-interval")):
             if not getattr(self, name) > 0:
                 raise UserError(f"{flag} must be more than 0 seconds")
         if self.truncate not in ("off", "middle"):

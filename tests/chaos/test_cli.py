@@ -45,6 +45,12 @@ def _one_line(capsys) -> str:
     (["chaos", "net-delay", "--direction", "sideways"], ["--direction", "invalid choice"]),
     (["chaos", "net-delay", "--duration", "0"], ["--duration must be a number > 0"]),
     (["chaos", "admission", "--burst", "1"], ["--burst must be at least 2"]),
+    (["chaos", "long-prompt", "--prompt-tokens", "16381"], ["--prompt-tokens 16381 does not fit", "max_model_len is 16384",
+                                                            "at most 16380"]),
+    (["chaos", "long-prompt", "--prompt-tokens", "0"], ["--prompt-tokens must be at least 1"]),
+    (["chaos", "long-prompt", "--prompt-tokens", "many"], ["--prompt-tokens", "invalid int value"]),
+    (["chaos", "cpu-contention", "--seconds", "0"], ["--seconds must be a number > 0"]),
+    (["chaos", "cpu-contention", "--seconds", "30", "--duration", "30"], ["--seconds must be > 0 and < --duration"]),
     (["chaos", "net-delay", "--gateway", "http://127.0.0.1:1"], ["--gateway needs --collector-api"]),
     (["chaos", "net-delay", "--gateway", "ftp://x", "--collector-api", "http://127.0.0.1:1"], ["--gateway", "http"]),
 ])

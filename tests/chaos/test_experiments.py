@@ -3,19 +3,22 @@ collector: the injected amount lands in the right phase within max(5%, 2 ms) and
 it lands in any other phase.
 
 CI runs them short (net-delay D = 200 ms both ways for 20 s and D = 150 ms out only for 10 s, at
-3 req/s per stream; admission a burst of 8); the benchmark (bench/attribution.py) runs them at
+3 req/s per stream; admission a burst of 8; cpu-contention 30 s of load with the hog for 10 s);
+the benchmark (bench/attribution.py) runs them at
 full length with D = 50 ms. Per-request network noise on a loaded 2-core box is tens of ms at P90:
 fewer than ~30 pairs left the estimate within 5% of D only most of the time.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
 from chaos.runner import PHASE_COLUMNS, ChaosOptions, Target, run_experiment
 from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from tests.chaos.known_answer import assert_top_cause, diagnose_window
 
 pytestmark = pytest.mark.slow
 
@@ -69,6 +72,9 @@ def test_net_delay_lands_in_network_in_and_out(vllm_server, vllm_collector, gate
     # the E2E the client saw grew by both holds (its pair differences carry the engine's noise too)
     e2e = res.row("outer_e2e_ms")
     assert abs(e2e.error_ms) < 0.1 * 2 * d, e2e
+    # known answer (issue 18): the diagnosis of the experiment's window, run ids stripped, names the network
+    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb")
+    assert_top_cause(report, "network", "gateway_infrastructure")
 
 
 def test_net_delay_out_only_leaves_the_way_in_alone(vllm_server, vllm_collector, gateway, tmp_path):
@@ -85,14 +91,183 @@ def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_serve
     res = run_experiment("admission", _target("http://unused", vllm_server, vllm_collector, tmp_path),
                          ChaosOptions(burst=8, output_tokens=16))
     per = res.details["per_request"]
+    print("admission per request (ms): expected, client_expected, gateway_queue, error, network_in, gateway")
+    for p in per:
+        print("  ", *(None if p[k] is None else round(p[k], 1) for k in
+                     ("expected_ms", "client_expected_ms", "gateway_queue_ms", "error_ms", "network_in_ms", "gateway_ms")))
     assert len(per) == 7 and all(p["gateway_queue_ms"] is not None for p in per), per
     # it did queue: the k-th request waited about k slot holds, each > 10 ms on this model
     assert res.injected_ms > 40 and per[-1]["expected_ms"] > 4 * per[0]["expected_ms"] > 0, per
-    # request by request: most within max(2 ms, 5%); one may be off by a process not scheduled
-    # on a loaded box (docs/chaos.md), never most of them
-    within = [abs(p["error_ms"]) <= max(2.0, 0.05 * p["expected_ms"]) for p in per]
+    # request by request: most within max(2 ms, 5%) plus what the two observers of the truth (the
+    # edge proxy and the client process) disagree on for that request: that disagreement is how
+    # late one of them was scheduled, so how uncertain the truth itself was. One may be off by a
+    # process not scheduled on a loaded box (docs/chaos.md), never most of them
+    within = [abs(p["error_ms"]) <= max(2.0, 0.05 * p["expected_ms"]) + abs(p["client_expected_ms"] - p["expected_ms"])
+              for p in per]
     assert sum(within) >= 5, per
     # the spaced control did not queue: its median request waited nothing (one may, when a request
     # ahead of it ran long on a loaded box: seen once, 10 ms, with 300 ms spacing)
     assert res.details["control_gateway_queue_ms_median"] < 2.0, res.details
     _check(res, res.injected_ms, worst=False)
+    # known answer (issue 18): admission queueing at the gateway holds the tail (above the P90: the
+    # window's 16 requests leave one above their P99)
+    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb", quantile=0.9)
+    assert_top_cause(report, "gateway_queue", "gateway_infrastructure")
+
+
+def test_long_prompt_chunks_share_exactly_the_steps_the_store_says(vllm_server, vllm_collector, gateway, tmp_path):
+    """long-prompt with the benchmark's full prompt (14,000 tokens; the tiny model's 16,384 allow
+    it) into a shorter load than the benchmark's: 16 s at 3 req/s of 16 + 128 tokens (the
+    benchmark: 60 s at 2 req/s, 64 output tokens). Measured on the shared 2-core box at load
+    30-37: the experiment took 30 s (its prefill 11 s in seven chunks); at load 5 the test took
+    93 s with the session vLLM's start (prefill 4.7 s)."""
+    n = 14_000
+    res = run_experiment("long-prompt", _target(gateway, vllm_server, vllm_collector, tmp_path),
+                         ChaosOptions(duration_s=16, rate=3.0, output_tokens=128, prompt_tokens=n))
+    d = res.details
+    print({r.phase: (round(r.injected_ms, 2), None if r.attributed_ms is None else round(r.attributed_ms, 2), r.n)
+           for r in res.rows}, len(d["co_scheduled_truth"]), d["chunks"], d["prefill_share"])
+    # its chunks: the steps between its first schedule and its first token carry its whole prompt
+    # (the steady stream's own prefills taken out; a short request may get the last chunk step's
+    # leftover budget for part of its prompt), in more than one chunk of at most vLLM's budget
+    assert d["fault"]["prompt_tokens"] == n and not d["fault"]["cached_tokens"], d["fault"]
+    assert n <= d["chunk_tokens_sum"] < n + 16, d["chunks"]
+    assert len(d["chunks"]) >= n // 2048 and all(c["chunk_tokens"] <= 2048 for c in d["chunks"]), d["chunks"]
+    # exactly the decode steps that shared a step with a chunk carry it in batch_prefill_tokens
+    assert d["co_scheduled_truth"], d
+    assert set(map(tuple, d["co_scheduled_store"])) == set(map(tuple, d["co_scheduled_truth"])), \
+        (d["missing_from_store"], d["extra_in_store"])
+    # its own time is prefill: what else its client waited for is its way in, mostly vLLM's frontend
+    # parsing its 14,000 ids (85 ms at load 30, 1.1 s once at load 33 on the shared box: 5.7%)
+    long = res.row("long_prefill_ms")
+    assert d["prefill_share"] >= 0.8, d["long"]
+    assert abs(long.error_ms) <= max(0.1 * long.injected_ms, 2.0), (long, d["long"])
+    # the co-scheduled steps' ITL rise, store vs the client's own chunk gaps
+    rise = res.row("itl_rise_ms")
+    assert rise.injected_ms > 20 and rise.n >= 5, (rise, d["itl_compared"])
+    assert abs(rise.error_ms) <= max(0.05 * rise.injected_ms, 2.0), (rise, d["itl_compared"])
+    # the requests that shared its steps: their decode grew as their clients saw; nothing else moved
+    # (frontend_ms is not asked: the long prompt loads vLLM's frontend twice, when it comes in with
+    # its 14,000 ids and when the requests that queued behind its prefill flood in at its end;
+    # measured +300 ms on the requests that met either, a real effect, docs/chaos.md)
+    assert d["co_requests"] >= 2 and d["control_requests"] >= 8, d
+    dec = res.row("decode_ms")
+    assert abs(dec.error_ms) <= max(0.1 * dec.injected_ms, 5.0), dec
+    for phase in PHASE_COLUMNS:
+        if phase not in ("decode_ms", "frontend_ms", "prefill_ms"):
+            row = res.row(phase)
+            assert row.attributed_ms is not None and abs(row.attributed_ms) < 0.1 * rise.injected_ms, (phase, row)
+    # what the next issue's diagnosis reads back
+    assert d["window"]["start_unix_ns"] < d["fault"]["start_unix_ns"] < d["fault"]["end_unix_ns"] \
+        <= d["window"]["end_unix_ns"], d
+    # known answers (issue 18): the TTFT tail is the long request itself, its time its own prompt
+    # (request shape); the TPOT tail is the requests whose decode steps shared its chunks (the E2E
+    # tail is either, as the steady requests' decode time varies on a loaded box)
+    report = diagnose_window(vllm_collector.sql, d["window"], tmp_path / "known.duckdb", metric="ttft")
+    assert_top_cause(report, "request_shape", "request_shape")
+    assert d["fault"]["trace_id"] in report.findings[0].example_trace_ids, report.findings[0]
+    # the TPOT tail above the P90: the requests that decoded side by side through its chunks share
+    # their steps, so their TPOTs can tie at the top, and then no request lies above the P99 of ~45
+    # (CI once: "the tail holds 0")
+    report = diagnose_window(vllm_collector.sql, d["window"], tmp_path / "known-tpot.duckdb", metric="tpot",
+                             quantile=0.9)
+    assert report.tail.n_tail >= 2, report.tail
+    assert_top_cause(report, "prefill_interference", "engine_scheduling")
+
+
+def test_known_answers_of_a_burst_and_of_no_fault(vllm_server, vllm_collector, gateway, tmp_path):
+    """Two loads with a known answer for the diagnosis (issue 18), through the real gateway: a burst
+    of three times the engine's batch cap (the session vLLM runs --max-num-seqs 32) makes the engine
+    queue hold the tail; a light steady load (no fault) must not get a dominant cause in a layer
+    that holds < 10% of the excess."""
+    import time
+
+    from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+    from loadgen.replay import new_run_id
+    from tailtrace.stack import wait_for_store
+
+    def window(res):
+        done = [r.end_unix_nano for r in res.records if r.end_unix_nano]
+        return {"start_unix_ns": min(r.scheduled_unix_nano for r in res.records), "end_unix_ns": max(done)}
+
+    quiet_trace = shape_trace(tmp_path / "quiet.csv", 16, 16)
+    quiet_trace = shape_trace(tmp_path / "quiet.csv", 16, 16, poisson_offsets_ms(quiet_trace, 3.0, 15.0, seed=3))
+    ids = {"quiet": new_run_id("known-quiet"), "burst": new_run_id("known-burst")}
+    quiet = run_streams([burst_config(quiet_trace, gateway, ids["quiet"], vllm_collector.otlp_url,
+                                      vllm_server.model)])[0]
+    time.sleep(2)  # apart from the burst
+    # 128 output tokens: a wave of 32 holds the engine ~3 s, so the third wave queues ~6 s. With 32
+    # (a wave ~0.7 s) CI saw the last connections of the burst reach a starved gateway 0.8 s late:
+    # the last ones in line, whose wait then split between network and queue, made network the answer
+    burst_trace = shape_trace(tmp_path / "burst.csv", 16, 128, [0.0] * 96)
+    burst = run_streams([burst_config(burst_trace, gateway, ids["burst"], vllm_collector.otlp_url,
+                                      vllm_server.model)])[0]
+    assert not any(r.error for r in quiet.records + burst.records)
+    for key, res in (("quiet", quiet), ("burst", burst)):  # every layer's spans are in (the engine's come in batches)
+        assert wait_for_store(vllm_collector.api_url, ids[key], len(res.records), timeout_s=60,
+                              where="e2e_ms IS NOT NULL AND client_e2e_ms IS NOT NULL") == len(res.records)
+
+    # the tail above the P90: the P99 of 96 requests leaves one request above it, whose own hiccup
+    # (one late read of its stream by a starved gateway: CI once saw 64% of its excess in network)
+    # would be the answer; the burst's third wave is ten of them
+    report = diagnose_window(vllm_collector.sql, window(burst), tmp_path / "burst.duckdb", slack_s=0.5,
+                             quantile=0.9)
+    assert report.tail.n_tail >= 8, report.tail
+    assert_top_cause(report, "engine_queue_burst", "engine_scheduling")
+
+    report = diagnose_window(vllm_collector.sql, window(quiet), tmp_path / "quiet.duckdb", slack_s=0.5)
+    layer_share = {la["layer"]: la["share"] for la in report.layers}
+    for f in report.findings:
+        if f.dominant:
+            assert layer_share.get(f.layer, 0.0) >= 0.10, (f.cause, f.layer, layer_share)
+
+
+def test_cpu_contention_slows_compute_inside_the_hogs_window_only(vllm_server, vllm_collector, gateway, tmp_path):
+    # CI runs it short: 30 s of load at 3 req/s, the hog for 10 s of it (the benchmark: 60 s, 20 s at
+    # 2 req/s). A request that comes mid-step waits for the step to end before the engine takes it:
+    # about half a step of the hog's slowdown lands in frontend_ms, once per request, against one
+    # step per token in decode. With 16 output tokens that was 4% (compute -3.9%, load 3-5) to 14%
+    # (load 7) of the client's shift; 48 tokens make it a third of that.
+    # The hog is SCHED_FIFO (docs/chaos.md: a fair-class one barely slows vLLM): root or CAP_SYS_NICE
+    from chaos.cpu_contention import check_realtime
+    from tailtrace.errors import UserError
+
+    try:
+        check_realtime()
+    except UserError as exc:
+        pytest.skip(str(exc))
+    target = _target(gateway, vllm_server, vllm_collector, tmp_path)
+    target.vllm_pid = vllm_server.proc.pid
+    api_affinity_before = os.sched_getaffinity(vllm_server.proc.pid)
+    res = run_experiment("cpu-contention", target, ChaosOptions(duration_s=30, seconds=10, rate=3.0, output_tokens=48))
+    d = res.details
+    fault, found, steps = d["fault"], d["found_window"], d["step_ms"]
+    print(f"cpu-contention: injected {res.injected_ms:.1f} ms, compute {res.row('prefill_ms + decode_ms').attributed_ms:.1f}"
+          f" ms, shifts {d['shift_ms']}, steps {steps}, window found {found}, hog share {fault['cpu_share']}")
+    # the hog spun its 10 s on the worker's core, up to half of it (SCHED_FIFO, 1 ms of every 2)
+    assert abs((fault["end_unix_ns"] - fault["start_unix_ns"]) / 1e9 - 10.0) < 0.2, fault
+    assert all(0.25 < share <= 0.55 for share in fault["cpu_share"]), fault  # at most half; less where a VM steals
+    assert d["window"]["start_unix_ns"] < fault["start_unix_ns"] < fault["end_unix_ns"] < d["window"]["end_unix_ns"]
+    # vLLM's API server was kept off that core meanwhile, and given its own placement back after
+    assert fault["api_server_cores"] and not set(fault["api_server_cores"]) & set(fault["cores"]), fault
+    assert os.sched_getaffinity(vllm_server.proc.pid) == api_affinity_before
+    # the window found from the store alone (engine_steps) is the hog's within 1 s at both ends
+    assert found is not None and abs(found["start_error_ms"]) <= 1000 and abs(found["end_error_ms"]) <= 1000, found
+    # the step time rose inside the window only: above the steps before it and those after it
+    assert steps["inside_median"] > 1.2 * max(steps["before_median"], steps["after_median"]), steps
+    assert d["treated"] >= 8 and d["control"] >= 16, d
+    # the client felt it (E2E up by more than one step per token) and the store puts it in
+    # prefill + decode within max(5%, 2 ms); under 10% of it in every other phase
+    assert res.injected_ms > 48 * (steps["inside_median"] - steps["outside_median"]) * 0.5, (res.injected_ms, steps)
+    row = res.row("prefill_ms + decode_ms")
+    assert abs(row.error_ms) <= max(0.05 * res.injected_ms, 2.0), (row, d["shift_ms"])
+    for phase in PHASE_COLUMNS:
+        if phase not in ("prefill_ms", "decode_ms"):
+            other = res.row(phase)
+            assert other.attributed_ms is not None and abs(other.attributed_ms) < 0.1 * res.injected_ms, (other, d)
+    # known answer (issue 18): the tail's steps ran slower than the window's at the same batch size.
+    # The tail above the P90 (~9 requests, most inside the hog's 10 s): the P99 of the window's ~90
+    # is one request, and one request's own hiccup (a starved client read: 69% network at load 4)
+    # would be the answer
+    report = diagnose_window(vllm_collector.sql, d["window"], tmp_path / "known.duckdb", quantile=0.9)
+    assert_top_cause(report, "compute_slowdown", "compute_hardware")

@@ -117,9 +117,10 @@ def test_delay_line_holds_each_direction_once_per_request(tmp_path):
         outs = [r for r in records if r["trace_id"] == tid and r["dir"] == "out"]
         # the log tells what the client saw: its last byte arrived right after the logged write
         assert 0 <= (arr[-1] - outs[-1]["write_unix_nano"]) / 1e6 < 20
-        # the delay does not add up per chunk: E2E through the proxy = direct + the two holds
+        # the delay does not add up per chunk: E2E through the proxy = direct + the two holds (a
+        # delay per chunk would add 5 x 120 ms more; a loaded box once added 29 ms to one run)
         e2e_ms = (arr[-1] - t0) / 1e6
-        assert abs(e2e_ms - direct_e2e_ms - h.in_ms - h.out_ms) < 20, (e2e_ms, direct_e2e_ms, h)
+        assert abs(e2e_ms - direct_e2e_ms - h.in_ms - h.out_ms) < d_out / 2, (e2e_ms, direct_e2e_ms, h)
         # spacing kept: write gaps = read gaps (a delay per chunk would add 120 ms to each)
         diffs = sorted(abs((b["write_unix_nano"] - a["write_unix_nano"]) - (b["read_unix_nano"] - a["read_unix_nano"]))
                        / 1e6 for a, b in itertools.pairwise(outs))

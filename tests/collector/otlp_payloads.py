@@ -17,23 +17,31 @@ MS = 1_000_000
 class TraceBuilder:
     """Collects spans per service into one ExportTraceServiceRequest."""
 
-    def __init__(self, hosts: dict[str, str] | None = None):
-        """`hosts`: {service: host.name} for the resources of those services (none by default)."""
+    def __init__(self, hosts: dict[str, str] | None = None, resources: dict[str, dict] | None = None):
+        """`hosts`: {service: host.name} for the resources of those services (none by default).
+        `resources`: {service: {attribute: string value}}, more attributes of those resources (a
+        `service.name` there replaces the key: several keys can be instances of one service)."""
         self.req = ExportTraceServiceRequest()
         self._scopes = {}
         self._hosts = hosts or {}
+        self._resources = resources or {}
 
     def span(self, service, name, start_ns, end_ns, *, trace_id=None, span_id=None, parent=b"", attrs=None,
              status_code=0):
         if service not in self._scopes:
             rs = self.req.resource_spans.add()
             kv = rs.resource.attributes.add()
+            extra = dict(self._resources.get(service, {}))
             kv.key = "service.name"
-            kv.value.string_value = service
+            kv.value.string_value = extra.pop("service.name", service)
             if service in self._hosts:
                 kv = rs.resource.attributes.add()
                 kv.key = "host.name"
                 kv.value.string_value = self._hosts[service]
+            for key, value in extra.items():
+                kv = rs.resource.attributes.add()
+                kv.key = key
+                kv.value.string_value = value
             self._scopes[service] = rs.scope_spans.add()
         sp = self._scopes[service].spans.add()
         sp.trace_id = trace_id or os.urandom(16)

@@ -688,3 +688,78 @@ def test_one_host_keeps_a_one_way_delay_whole(store):
     rows = dict(store.read_query("SELECT trace_id, network_in_ms FROM requests"))
     for t in truths:
         assert abs(rows[t["trace_id"]] - (t["cg_in"] + t["gr_in"])) < 0.01 and rows[t["trace_id"]] > 50
+
+
+ROLLUP = ("SELECT minute, service_name, model, batch_size, prefill_bucket, CAST(sum(steps) AS BIGINT), "
+          "round(sum(itl_sum_ms), 6), round(sum(itl_sumsq_ms2), 3) FROM step_rollup GROUP BY ALL ORDER BY ALL")
+ROLLUP_SCAN = """SELECT date_trunc('minute', s.time), 'vllm', 'tiny', CAST(batch_size AS BIGINT),
+    CASE WHEN batch_prefill_tokens <= 0 THEN 0 ELSE CAST(pow(2, floor(log2(batch_prefill_tokens))) AS BIGINT) END,
+    count(*), round(sum(itl_ms), 6), round(sum(itl_ms * itl_ms), 3)
+    FROM decode_steps s WHERE itl_ms IS NOT NULL GROUP BY ALL ORDER BY ALL"""
+
+
+def steps_request(b: TraceBuilder, t0: int, n: int = 40):
+    """One llm.request span whose n decode steps vary in batch size (1-8) and in the batch's prefill
+    tokens (0, 1, 3, 64, 100, 512: pure decode and every kind of bucket), ITL 5-25 ms."""
+    tid = os.urandom(16)
+    times, t = [], t0
+    for i in range(n):
+        t += int((5 + (i * 7) % 21) * MS)
+        times.append(t)
+    pf = [(0, 1, 3, 64, 100, 512)[i % 6] for i in range(n)]
+    b.span("vllm", sc.SPAN_LLM_REQUEST, t0, t + MS, trace_id=tid, attrs={
+        sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "cmpl-" + tid.hex()[:6], sc.GEN_AI_REQUEST_MODEL: "tiny",
+        sc.GEN_AI_USAGE_INPUT_TOKENS: 10, sc.GEN_AI_USAGE_OUTPUT_TOKENS: n, sc.STEPS_TIME: times,
+        sc.STEPS_BATCH_SIZE: [1 + i % 8 for i in range(n)], sc.STEPS_PREFILL_TOKENS: pf,
+        sc.STEPS_DECODE_TOKENS: [1 + i % 8 for i in range(n)], sc.STEPS_KV_USAGE: [0.5] * n,
+    })
+
+
+def test_step_rollup_sums_every_decode_step_with_its_batch_prefill(tmp_path):
+    """step_rollup (collector/store/step_rollup.py) == a scan of decode_steps: per minute, batch
+    size and prefill bucket, the steps with an ITL, their ITL sum and sum of squares; a resent
+    batch is not counted twice; the clean stop's merge keeps the sums; a store from before the
+    table gets it counted at open; the reader's window sums equal a windowed scan."""
+    import datetime as dt
+
+    import duckdb
+
+    from collector.store import step_rollup as sr
+
+    b1, b2 = TraceBuilder(), TraceBuilder()
+    for k in range(3):
+        steps_request(b1, T0 + k * 50 * 10**9)  # straddling minute boundaries
+    steps_request(b2, T0 + 200 * 10**9)
+    s = DuckDBStore(tmp_path / "sr.duckdb").start()
+    try:
+        for b in (b1, b2, b1):
+            s.submit(traces_to_batch(b.req)).result(30)
+        got, want = s.read_query(ROLLUP), s.read_query(ROLLUP_SCAN)
+        assert got == want and sum(r[5] for r in got) == 4 * 39  # token 0 has no ITL
+        assert {r[4] for r in got} == {0, 1, 2, 64, 512}  # 3 -> 2, 100 -> 64
+    finally:
+        s.stop()
+    s = DuckDBStore(tmp_path / "sr.duckdb").start()  # merged at the clean stop: one row per key, same sums
+    try:
+        assert s.read_query(ROLLUP) == want
+        assert s.read_query("SELECT count(*) FROM step_rollup")[0][0] == len(want)
+        first = s.read_query("SELECT min(time) FROM decode_steps")[0][0]
+        for lo, hi in ((first, first + dt.timedelta(seconds=400)),
+                       (first + dt.timedelta(seconds=0.2), first + dt.timedelta(seconds=130.5)),
+                       (first + dt.timedelta(seconds=0.1), first + dt.timedelta(seconds=0.6))):
+            cells = s.read_query(f"""SELECT batch_size, prefill_bucket, CAST(sum(steps) AS BIGINT), round(sum(itl_sum_ms), 6)
+                                     FROM ({sr.cells_sql(lo, hi)[0]}) GROUP BY ALL ORDER BY ALL""", sr.cells_sql(lo, hi)[1])
+            scan = s.read_query(f"""SELECT CAST(batch_size AS BIGINT), {sr.PREFILL_BUCKET_SQL.format(col='batch_prefill_tokens')},
+                                    count(*), round(sum(itl_ms), 6) FROM decode_steps WHERE itl_ms IS NOT NULL
+                                    AND time >= ? AND time < ? GROUP BY ALL ORDER BY ALL""", [lo, hi])
+            assert cells == scan and scan, (lo, hi)
+    finally:
+        s.stop()
+    con = duckdb.connect(str(tmp_path / "sr.duckdb"))
+    con.execute("DROP TABLE step_rollup")  # a store written before step_rollup
+    con.close()
+    s = DuckDBStore(tmp_path / "sr.duckdb").start()
+    try:
+        assert s.read_query(ROLLUP) == want
+    finally:
+        s.stop()

@@ -7,17 +7,20 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-PAGES = ("overview", "queue_service", "distributions", "explorer", "engine", "sql")
+PAGES = ("overview", "why", "queue_service", "distributions", "explorer", "engine", "sql")
 
 
-def open_app(monkeypatch, *, db: Path | None = None, api: str | None = None) -> AppTest:
-    """The app on a store file (`db`) or the collector API (`api`), after its first run."""
-    monkeypatch.delenv("TAILTRACE_DASHBOARD_DB", raising=False)
-    monkeypatch.delenv("TAILTRACE_DASHBOARD_API", raising=False)
+def open_app(monkeypatch, *, db: Path | None = None, api: str | None = None, store: str | None = None) -> AppTest:
+    """The app on a store file (`db`), the collector API (`api`) or a store URL (`store`), after its
+    first run."""
+    for key in ("TAILTRACE_DASHBOARD_DB", "TAILTRACE_DASHBOARD_API", "TAILTRACE_DASHBOARD_STORE"):
+        monkeypatch.delenv(key, raising=False)
     if db is not None:
         monkeypatch.setenv("TAILTRACE_DASHBOARD_DB", str(db))
     if api is not None:
         monkeypatch.setenv("TAILTRACE_DASHBOARD_API", api)
+    if store is not None:
+        monkeypatch.setenv("TAILTRACE_DASHBOARD_STORE", store)
     at = AppTest.from_file(str(APP), default_timeout=120)
     at.run()
     return at

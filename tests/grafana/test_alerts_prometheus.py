@@ -15,7 +15,12 @@ model (slow but under the minimum sample count):
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import shutil
+import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -26,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "grafana" / "prometheus" / "rules.yml"
+TEMPLATE = ROOT / "grafana" / "alertmanager" / "tailtrace.tmpl"
 
 N = 1050  # >= 1000: enough for the P999 alerts' minimum sample count
 MODELS = {
@@ -118,7 +124,48 @@ def test_alert_expressions_cross_only_for_the_slow_layer(tmp_path):
             time.sleep(0.5)
         assert alerts() == want
         assert {a["state"] for a in prom.api("alerts")["alerts"]} == {"pending"}
+        _check_notification_links(prom.api("alerts")["alerts"], tmp_path)
     finally:
         if prom:
             prom.stop()
         collector.stop()
+
+
+def _check_notification_links(alerts: list[dict], tmp_path: Path) -> None:
+    """The notification template (rendered by Alertmanager's own Go template engine, `amtool`, on
+    the alerts as Prometheus expanded them) carries a link to the dashboard's "Why is it slow?"
+    page whose window, as the dashboard reads it, starts at the alert's start minus its window and
+    `for:` and, once the alert resolved, ends at its end (open while it fires)."""
+    from dashboard.ui import link_window
+
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool (Debian's prometheus-alertmanager) is missing: run `make sysdeps`"
+    firing = [a for a in alerts if a["labels"]["phase"] == "ttft" and a["labels"]["quantile"] == "0.99"]
+    assert len(firing) == 1, alerts
+    a = firing[0]
+    start = dt.datetime.fromisoformat(a["activeAt"])
+    end = start + dt.timedelta(minutes=7)
+    for status in ("firing", "resolved"):
+        data = {"receiver": "test", "status": status, "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+                "externalURL": "http://127.0.0.1:9093",
+                "alerts": [{"status": status, "labels": a["labels"],
+                            "annotations": a["annotations"], "startsAt": a["activeAt"],
+                            "endsAt": end.isoformat() if status == "resolved" else "0001-01-01T00:00:00Z",
+                            "generatorURL": "", "fingerprint": "0"}]}
+        path = tmp_path / f"am-{status}.json"
+        path.write_text(json.dumps(data))
+        out = subprocess.run([amtool, "template", "render", f"--template.glob={TEMPLATE}",
+                              '--template.text={{ template "tailtrace.message" . }}', f"--template.data={path}"],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"[{status.upper()}] TailtraceTTFTP99High: P99 time to first token of sched"), \
+            out.stdout
+        link = next(w for w in out.stdout.split() if w.startswith("http://127.0.0.1:8501/"))
+        url = urllib.parse.urlsplit(link)
+        params = dict(urllib.parse.parse_qsl(url.query))
+        assert url.path == "/why" and params["metric"] == "ttft" and params["model"] == "sched", link
+        assert params["lookback_s"] == "240", link  # the 1m window + for: 3m
+        since, until, _ = link_window(params)
+        naive = start.astimezone(dt.UTC).replace(tzinfo=None, microsecond=0)
+        assert since == naive - dt.timedelta(seconds=240), (link, since)
+        assert until == (None if status == "firing" else end.astimezone(dt.UTC).replace(tzinfo=None, microsecond=0))

@@ -18,13 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose.yaml"
 
 # DESIGN.md's ports (plus the third-party services' usual ones), container port == host port
-PORTS = {"vllm": [8000], "gateway": [8080], "collector": [4318, 9464], "dashboard": [8501],
+PORTS = {"vllm": [8000], "gateway": [8080], "collector": [4318, 4317, 9464], "dashboard": [8501],
          "prometheus": [9090], "grafana": [3000], "dcgm-exporter": [9400]}
 
 
 def _interpolate(value: str) -> str:
-    """Compose's `${VAR:-default}` / `${VAR}` / `$$` with an empty environment."""
+    """Compose's `${VAR:-default}` / `${VAR}` / `${VAR:?message}` (as if set, to "") / `$$` with an
+    empty environment."""
     value = re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", value)
+    value = re.sub(r"\$\{[A-Z0-9_]+:\?[^}]*\}", "", value)
     value = re.sub(r"\$\{[A-Z0-9_]+\}", "", value)
     return value.replace("$$", "$")
 
@@ -43,14 +45,39 @@ def _compose_v2() -> list[str] | None:
     return None
 
 
-def test_docker_compose_config_accepts_it():
+def check_compose_config(compose: Path, env: dict | None = None) -> None:
+    """`docker compose -f compose config --quiet` passes (with `env` added to the environment), or the
+    test is skipped where no Docker Compose v2 runs."""
     cmd = _compose_v2()
     if cmd is None:
         pytest.skip("no Docker Compose v2 here (docker compose / docker-compose): the structural checks below run")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
-    r = subprocess.run(cmd + ["-f", str(COMPOSE), "config", "--quiet"], check=False, capture_output=True, text=True, env=env,
-                       cwd=ROOT)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")} | (env or {})
+    r = subprocess.run(cmd + ["-f", str(compose), "config", "--quiet"], check=False, capture_output=True, text=True,
+                       env=full, cwd=compose.parent)
     assert r.returncode == 0, r.stderr
+
+
+def check_ports_and_mounts(doc: dict, name: str, ports: list[int], base: Path) -> None:
+    """Service `name` of compose document `doc` publishes exactly `ports`, each on 127.0.0.1 with the
+    same port inside, and its bind mounts (relative to `base`) and named volumes exist."""
+    svc = doc["services"][name]
+    published = []
+    for p in svc.get("ports", []):
+        host_ip, host_port, container_port = _interpolate(p).split(":")
+        assert host_ip == "127.0.0.1", f"{name} publishes {p} beyond loopback"
+        assert host_port == container_port
+        published.append(int(host_port))
+    assert published == ports, (name, published)
+    for v in svc.get("volumes", []):
+        src = _interpolate(v).split(":")[0]
+        if src.startswith("./"):
+            assert (base / src).exists(), f"{name} mounts {src}, missing in the repo"
+        elif not src.startswith(("~", "/")):
+            assert src in doc["volumes"], f"{name} uses undeclared volume {src}"
+
+
+def test_docker_compose_config_accepts_it():
+    check_compose_config(COMPOSE)
 
 
 def test_services_ports_gpu_and_mounts():
@@ -59,19 +86,7 @@ def test_services_ports_gpu_and_mounts():
     assert set(services) == set(PORTS)
     for name, svc in services.items():
         assert "image" in svc or "build" in svc, name
-        published = []
-        for p in svc.get("ports", []):
-            host_ip, host_port, container_port = _interpolate(p).split(":")
-            assert host_ip == "127.0.0.1", f"{name} publishes {p} beyond loopback"
-            assert host_port == container_port
-            published.append(int(host_port))
-        assert published == PORTS[name], (name, published)
-        for v in svc.get("volumes", []):
-            src = _interpolate(v).split(":")[0]
-            if src.startswith("./"):
-                assert (ROOT / src).exists(), f"{name} mounts {src}, missing in the repo"
-            elif not src.startswith(("~", "/")):
-                assert src in doc["volumes"], f"{name} uses undeclared volume {src}"
+        check_ports_and_mounts(doc, name, PORTS[name], ROOT)
     # the GPU is reserved for vLLM and dcgm-exporter
     for name in ("vllm", "dcgm-exporter"):
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
@@ -80,6 +95,23 @@ def test_services_ports_gpu_and_mounts():
     vllm_build = services["vllm"]["build"]
     assert vllm_build["args"]["VLLM_IMAGE"].endswith(":-vllm/vllm-openai:v0.32.0}")
     assert "pip install" in vllm_build["dockerfile_inline"]
+
+
+def check_images_copy_every_package(doc: dict) -> None:
+    """Every image that installs tailtrace (`pip install .`) COPYs each package the distribution
+    holds (pyproject's setuptools `include`): `collector` imports `semantics`, so an image without
+    it fails at start."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in include}
+    for name, svc in doc["services"].items():
+        inline = (svc.get("build") or {}).get("dockerfile_inline", "")
+        if not re.search(r"pip install [^\n]*['\" ]\.(\[|['\" ]|$)", inline, re.MULTILINE):
+            continue
+        copied = {src.strip("./") for line in inline.splitlines() if line.strip().startswith("COPY")
+                  for src in line.split()[1:-1]}
+        assert packages <= copied, f"{name}: the image does not COPY {sorted(packages - copied)}"
 
 
 def test_images_copy_only_what_exists():
@@ -91,6 +123,7 @@ def test_images_copy_only_what_exists():
             if line.strip().startswith("COPY"):
                 for src in line.split()[1:-1]:
                     assert (ROOT / build["context"] / src).exists(), f"{name}: COPY {src}: missing in the repo"
+    check_images_copy_every_package(_compose())
 
 
 def test_tailtrace_command_lines_parse_with_the_real_cli():

@@ -47,10 +47,11 @@ def test_committed_files_equal_generated():
 
 
 def test_check_reports_a_hand_edit(tmp_path):
-    assert gen.main(["--out", str(tmp_path)]) == 0
+    fleet = ["--fleet-out", str(tmp_path / "fleet")]
+    assert gen.main(["--out", str(tmp_path), *fleet]) == 0
     rules = tmp_path / "prometheus/rules.yml"
     rules.write_text(rules.read_text().replace(") > 2\n", ") > 3\n", 1))
-    assert gen.main(["--out", str(tmp_path), "--check"]) == 1
+    assert gen.main(["--out", str(tmp_path), *fleet, "--check"]) == 1
 
 
 def test_prometheus_rules_have_window_min_samples_layer_phase_and_page():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -84,6 +85,7 @@ def test_open_loop_spans_and_traceparent(stub, tmp_path):
         assert s.name == sc.SPAN_CLIENT and a[sc.PHASE] == sc.PHASE_CLIENT and a[sc.RUN_ID] == "run-open"
         assert s.start_time == r.send_unix_nano and s.end_time == r.end_unix_nano
         assert a[sc.SCHEDULED_TIME] == r.scheduled_unix_nano and a[sc.SEND_TIME] == r.send_unix_nano
+        assert a[sc.SCHEDULE_LAG_MS] == r.schedule_lag_ms and r.written_unix_nano >= r.send_unix_nano
         assert a[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 10 and a[sc.GEN_AI_USAGE_INPUT_TOKENS] == 300
         assert list(a[sc.CLIENT_CHUNK_TIMES]) == list(r.chunk_unix_nano)
         assert a[sc.CLIENT_TTFT_MS] == pytest.approx(r.ttft_ms)
@@ -106,7 +108,10 @@ def test_concurrency_cap_is_client_queue_time(stub, tmp_path):
     assert recs[-1].client_queue_ms > 100      # 12 x ~200 ms through 2 slots
     assert res.summary.client_queue_ms["p99"] > 100
     for r in recs:
-        assert r.send_unix_nano == r.dispatch_unix_nano + round(r.client_queue_ms * 1e6)
+        # sent once the slot was free (never before its time), then written; the lag leaves the wait out
+        assert r.send_unix_nano >= r.scheduled_unix_nano + r.client_queue_ns - 1000
+        assert r.written_unix_nano >= r.send_unix_nano
+        assert r.schedule_lag_ms == (r.written_unix_nano - r.scheduled_unix_nano - r.client_queue_ns) / 1e6
 
 
 def test_http_errors_are_counted_by_kind(stub, tmp_path):
@@ -181,3 +186,109 @@ def test_progress_off_a_terminal_is_a_plain_line_per_interval(stub, tmp_path, ca
     sent = [int(ln.split()[2].split("/")[0]) for ln in lines]
     assert sent == sorted(sent) and sent[0] < 30  # the first line came while the run was sending
     assert res.summary.completed == 30
+
+
+def test_schedule_lag_is_measured_at_the_write(tmp_path):
+    """The lag ends when the request's last byte was handed to the kernel, not when the client
+    began the request: the receiver stops reading for 400 ms once a request's head arrived, so
+    a body larger than the client's send buffer can grow to (net.ipv4.tcp_wmem's maximum) plus the
+    receiver's 64 KiB receive buffer cannot be written in full before then. Under the old
+    definition (the task's start) the lag would be about 0 here."""
+    hold_ms = 400.0
+    pad = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2]) + (2 << 20)
+    port = free_port()
+    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port), "--hold-ms", str(hold_ms)],
+                         log_path=tmp_path / "receiver.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/v1/models", 30, proc, "receiver")
+        prov, exp = _provider()
+        res = run_replay(ReplayConfig(trace=_trace(tmp_path, n=3, gap_ms=50, out=2, inp=16), target=url,
+                                      tracer_provider=prov, jitter="none", extra_body={"pad": "x" * pad}))
+        arrivals = httpx.get(f"{url}/receiver/arrivals", timeout=30).json()
+    finally:
+        stop_process(proc)
+    assert res.summary.completed == 3 and len(arrivals) == 3
+    spans = {s.context.trace_id: s for s in exp.get_finished_spans()}
+    first_byte = {a["traceparent"].split("-")[1]: a["kernel_ns"] for a in arrivals}
+    for r in res.records:
+        k = first_byte[r.trace_id]
+        assert k is not None
+        # the first byte left at the send (stamped just before the write; 1 ms for the clock mapping)...
+        assert r.send_unix_nano <= k + 1_000_000
+        # ...the last one only after the receiver resumed reading
+        assert r.written_unix_nano >= k + hold_ms * 1e6
+        assert r.schedule_lag_ms >= hold_ms - 1.0
+        # the span still starts at the send: TTFT and E2E count the held write, as the client saw it
+        s = spans[int(r.trace_id, 16)]
+        assert s.start_time == r.send_unix_nano and s.attributes[sc.SCHEDULE_LAG_MS] == r.schedule_lag_ms
+        assert r.ttft_ms >= hold_ms
+    assert res.summary.schedule_lag_ms["p50"] >= hold_ms - 1.0
+
+
+def test_a_burst_is_written_in_schedule_order_where_the_receiver_sees_it(tmp_path):
+    """The lag's definition, against the independent receiver's kernel receive timestamps (not
+    timed: nothing here bounds the lag). 40 requests within 50 ms, some on one instant. Each
+    request's send lies between its scheduled time and the receiver's first byte; written (the
+    kernel's transmit stamp of its last byte, one segment here) lies between its send and that
+    first byte; the lag is written - scheduled; the receiver saw them in schedule order; the
+    span starts at the send. A lag stamped when write() returned (the process may be
+    descheduled inside the call on a busy box) or a request written ahead of an earlier one
+    would break these."""
+    import random
+
+    rng = random.Random(21)
+    offsets = sorted([rng.uniform(0, 50) for _ in range(36)] + [25.0] * 4)
+    trace = tmp_path / "burst.csv"
+    trace.write_text("timestamp,input_length,output_length\n" + "".join(f"{t:.3f},64,2\n" for t in offsets))
+    port = free_port()
+    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port)],
+                         log_path=tmp_path / "receiver.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/v1/models", 30, proc, "receiver")
+        prov, exp = _provider()
+        res = run_replay(ReplayConfig(trace=str(trace), target=url, tracer_provider=prov, jitter="none", slo=None,
+                                      timeout_s=60))
+        arrivals = httpx.get(f"{url}/receiver/arrivals", timeout=30).json()
+    finally:
+        stop_process(proc)
+    assert res.summary.completed == 40 and len(arrivals) == 40
+    first_byte = {a["traceparent"].split("-")[1]: a["kernel_ns"] for a in arrivals}
+    spans = {s.context.trace_id: s for s in exp.get_finished_spans()}
+    tol = 200_000  # 0.2 ms: the kernel's realtime stamps mapped onto the run's monotonic clock
+    kernel = []
+    for r in res.records:  # schedule order
+        k = first_byte[r.trace_id]
+        assert k is not None
+        kernel.append(k)
+        assert r.scheduled_unix_nano <= r.send_unix_nano <= k + tol
+        assert r.send_unix_nano - tol <= r.written_unix_nano <= k + tol
+        assert r.schedule_lag_ms == (r.written_unix_nano - r.scheduled_unix_nano) / 1e6 >= -tol / 1e6
+        assert spans[int(r.trace_id, 16)].start_time == r.send_unix_nano
+    assert kernel == sorted(kernel)  # the receiver saw them in schedule order
+    sends = [r.send_unix_nano for r in res.records]
+    assert sends == sorted(sends)
+
+
+def test_chaos_streams_show_the_first_streams_progress_when_asked(stub, tmp_path, capsys):
+    """`tailtrace chaos` turns the load's progress on (chaos.load.show_progress): of the streams it
+    runs at once, the first shows its plain lines; off by default (tests, benchmarks)."""
+    import dataclasses
+
+    from chaos.load import burst_config, run_streams, show_progress
+
+    def configs():
+        return [dataclasses.replace(burst_config(_trace(tmp_path, n=20, gap_ms=50, out=10), stub, f"s{i}", ""),
+                                    spans=False, progress_interval_s=0.3) for i in range(2)]
+
+    run_streams(configs())
+    assert "replay: " not in capsys.readouterr().err
+    show_progress()
+    try:
+        res = run_streams(configs())
+    finally:
+        show_progress(False)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("replay: ")]
+    assert len(lines) >= 2 and lines[-1].startswith("replay: sent 20/20, done 20, in flight 0, failed 0"), lines
+    assert all(len(r.records) == 20 for r in res)

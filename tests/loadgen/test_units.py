@@ -146,7 +146,7 @@ def test_parse_slo():
 
 def _rec(i, ttft_ms, e2e_ms, n_out, error=None):
     t0 = 1_000_000_000_000 + i * 10_000_000
-    r = RequestRecord(index=i, scheduled_unix_nano=t0, dispatch_unix_nano=t0 + 1000, send_unix_nano=t0 + 1000,
+    r = RequestRecord(index=i, scheduled_unix_nano=t0, send_unix_nano=t0 + 500, written_unix_nano=t0 + 1000,
                       max_tokens=n_out, output_tokens=None if error else n_out, error=error)
     if not error:
         r.first_token_unix_nano = r.send_unix_nano + int(ttft_ms * 1e6)

@@ -1,0 +1,94 @@
+"""`tailtrace clickhouse init --url URL`: the exporter's tables and tailtrace's objects on ClickHouse;
+`tailtrace clickhouse load --url URL --from PATH.duckdb`: a DuckDB store moved into them."""
+
+from __future__ import annotations
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    """Add `clickhouse init` and `clickhouse load` to the `tailtrace` sub-commands."""
+    p = sub.add_parser("clickhouse", help="ClickHouse stores (the fleet: OpenTelemetry Collector -> ClickHouse)",
+                       description="Set up a ClickHouse store for tailtrace (docs/fleet.md).")
+    csub = p.add_subparsers(dest="clickhouse_command", metavar="COMMAND", required=True)
+    i = csub.add_parser("init", help="create the exporter's tables and tailtrace's views (idempotent)",
+                        description="Apply the OpenTelemetry Collector ClickHouse exporter's DDL (vendored, pinned) "
+                                    "and tailtrace's objects: requests, decode_steps, clock_offsets.")
+    i.add_argument("--url", required=True,
+                   help="chdb:///dir (in-process, one process per directory) or clickhouse://host:8123/db")
+    i.add_argument("--ttl-hours", type=int, default=72,
+                   help="TTL of otel_traces, otel_metrics_* and decode_steps, hours (0: none; default 72)")
+    i.set_defaults(func=_init)
+    ld = csub.add_parser("load", help="move a DuckDB store into ClickHouse (through Parquet)",
+                         description="Copy a DuckDB store's spans (encoded into otel_traces as the exporter "
+                                     "encodes them), engine steps, decode_steps and step_rollup into a ClickHouse "
+                                     "store that `tailtrace clickhouse init` set up, so the same requests answer the "
+                                     "same queries on both (docs/fleet.md). Rows older than the target's TTL "
+                                     "(`clickhouse init --ttl-hours`, 72 by default) are dropped by ClickHouse: "
+                                     "init the target with --ttl-hours 0 to load an older store.")
+    ld.add_argument("--url", required=True, help="the target: chdb:///dir or clickhouse://host:8123/db")
+    ld.add_argument("--from", dest="source", required=True, metavar="PATH.duckdb",
+                    help="a DuckDB store that `tailtrace collect --db` wrote (no collector may hold it)")
+    ld.set_defaults(func=_load)
+
+
+def _clickhouse_target(url: str):
+    """The parsed --url of a ClickHouse command; UserError for a DuckDB URL."""
+    from collector.clickhouse.store_url import parse_store_url
+    from tailtrace.errors import UserError
+
+    store = parse_store_url(url, "--url")
+    if store.kind == "duckdb":
+        raise UserError(f"--url {url!r} is a DuckDB store; this command takes chdb:///dir or "
+                        "clickhouse://host:8123/db (a DuckDB store needs no init: `tailtrace collect` creates it)")
+    return store
+
+
+def _load(args) -> int:
+    from pathlib import Path
+
+    from collector.clickhouse.load import load_duckdb, open_source
+    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+
+    store = _clickhouse_target(args.url)
+    source = Path(args.source)
+    open_source(source).close()          # a bad source is one line before the target is touched
+    client = connect_clickhouse(store)
+    try:
+        check_schema(client, store)
+        counts = load_duckdb(client, source)
+    finally:
+        client.close()
+    print(f"{source} -> {store.text}: " + ", ".join(f"{n} rows into {t}" for t, n in counts.items()))
+    return 0
+
+
+def _init(args) -> int:
+    from collector.clickhouse.objects import init_statements, refresh_offsets
+    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from tailtrace.errors import UserError
+
+    store = _clickhouse_target(args.url)
+    if args.ttl_hours < 0:
+        raise UserError("--ttl-hours must be 0 (no TTL) or more")
+    client = connect_clickhouse(store, create=True)
+    try:
+        from clickhouse_connect.driver.exceptions import ClickHouseError
+
+        fresh = not int(client.command("EXISTS TABLE decode_steps"))
+        try:
+            if int(client.command("EXISTS TABLE clock_offsets")) and not int(
+                    client.command("EXISTS TABLE clock_offsets_rmv")):
+                client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
+            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh):
+                client.command(stmt)
+            refresh_offsets(client)
+        except ClickHouseError as exc:
+            raise UserError(f"ClickHouse at {store.text} refused the schema: "
+                            f"{' '.join(str(exc).split())[:400]}") from None
+        check_schema(client, store)
+    finally:
+        client.close()
+    print(f"{store.text}: database {store.database!r} has otel_traces, otel_metrics_* and tailtrace's "
+          "requests, decode_steps, clock_offsets")
+    return 0

@@ -1,0 +1,320 @@
+"""tailtrace's objects on ClickHouse, generated from the DuckDB store's own definitions.
+
+Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_statements` creates:
+
+- `spans` and `engine_steps` (views): tables.py's SPANS and ENGINE_STEPS, the exporter's rows read as
+  collector/processor/otlp_arrow.py reads OTLP (engine_step spans are engine_steps, not spans);
+- `request_replicas` (view): schema.REQUEST_REPLICAS_VIEW over `spans`, the replica that served each
+  request (its engine span's `service.instance.id`, else its service name);
+- `device_samples` (view): the `tailtrace.device.*` gauges of `otel_metrics_gauge`, pivoted as
+  collector/processor/enrich.py pivots OTLP metrics;
+- `_request_spans` (view): the narrow fact table of collector/store/tables.py's REQUEST_SPANS, one
+  row per span of a request phase, each column read from the exporter's `SpanAttributes` as
+  collector/processor/otlp_arrow.py reads the OTLP attributes (the same slots and conversions);
+- `_agg` (view): the per-trace aggregate, `schema.per_trace_sql` over every span present;
+- `clock_offsets` (table, replaced every `OFFSETS_REFRESH_S` by the refreshable materialized view
+  `clock_offsets_rmv`): the best clock sample per minute and host pair, `clock.samples_sql` over every
+  trace. As on DuckDB, where the writer records samples at each refresh, a request's network split uses
+  the offsets known at the last refresh; kept apart so that `requests` does not re-plan the per-trace
+  aggregate for each of its three joins on it (a view made each read ~4x slower);
+- `requests` (view): `schema.requests_sql`, each column cast to its tables.REQUESTS type; a plain
+  view, so it is the same function of the spans present whatever the insert split, and a trace
+  still arriving shows what has arrived;
+- `decode_steps` (MergeTree table fed by the materialized view `decode_steps_mv`): one row per
+  output token, from the compact per-token arrays of each llm.request span (JSON text in
+  `SpanAttributes`, `ARRAY JOIN` over `JSONExtract`), with schema.DECODE_STEP_SQL's columns;
+- `step_rollup` (SummingMergeTree fed by `step_rollup_mv` from the same spans): step_rollup.py's
+  per-minute ITL sums by batch size and prefill bucket, the rows of `step_rollup_select`.
+
+The SQL of the DuckDB store goes through collector/clickhouse/dialect.py; none of it is written
+twice. Every column keeps the DuckDB store's name, unit and meaning (docs/schema.md).
+"""
+
+from __future__ import annotations
+
+from collector.clickhouse.dialect import CH_TYPES, to_clickhouse
+from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE, render_table, ttl_clause
+from collector.processor.enrich import DEVICE_COLUMNS
+from collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
+from collector.store import clock
+from collector.store.schema import DECODE_STEP_SQL, REQUEST_REPLICAS_VIEW, per_trace_sql, requests_sql
+from collector.store.step_rollup import step_rollup_select
+from collector.store.tables import (
+    CLOCK_OFFSETS,
+    DECODE_ARRAYS,
+    DECODE_STEPS,
+    DEVICE_SAMPLES,
+    ENGINE_STEPS,
+    REQUEST_SPANS,
+    REQUESTS,
+    SPANS,
+    STEP_ROLLUP,
+)
+from semantics import semconv as sc
+
+__all__ = ["EXPECTED_TRACE_COLUMNS", "OFFSETS_REFRESH_S", "TAILTRACE_OBJECTS", "ch_type", "init_statements",
+           "refresh_offsets"]
+
+# Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
+# over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
+# apply them, so the SQL does not depend on them: shadowed columns are qualified (schema.py) and every
+# joined value is read through coalesce.
+_SETTINGS = "SETTINGS prefer_column_name_to_alias = 1, join_use_nulls = 1"
+
+# The exporter's columns tailtrace reads, with their types in the pinned exporter version (an older
+# exporter had `Duration Int64`): `tailtrace clickhouse init` and every reader check them.
+EXPECTED_TRACE_COLUMNS = {"Timestamp": "DateTime64(9)", "TraceId": "String", "SpanId": "String",
+                          "ServiceName": "LowCardinality(String)", "SpanAttributes": "Map(LowCardinality(String), String)",
+                          "ResourceAttributes": "Map(LowCardinality(String), String)", "Duration": "UInt64",
+                          "StatusCode": "LowCardinality(String)"}
+# How often clock_offsets is recomputed (s); `refresh_offsets` forces it.
+OFFSETS_REFRESH_S = 10
+
+TAILTRACE_OBJECTS = ("spans", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_agg", "clock_offsets", "clock_offsets_rmv", "requests",
+                     "decode_steps",
+                     "decode_steps_mv", "step_rollup", "step_rollup_mv")
+
+
+def ch_type(logical: str, nullable: bool = True) -> str:
+    """The ClickHouse type of a tables.py logical type (Nullable unless `nullable` is False)."""
+    t = CH_TYPES[logical]
+    return f"Nullable({t})" if nullable else t
+
+
+def _attr(key: str, m: str = "SpanAttributes") -> str:
+    """The attribute's text (AsString), NULL when the span has none (an empty string stays '')."""
+    return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
+
+
+def _num(key: str) -> str:   # otlp_arrow.as_num
+    return f"toFloat64OrNull({_attr(key)})"
+
+
+def _int(key: str) -> str:   # otlp_arrow.as_int: exact for integers (ns times), truncated for other numbers
+    a = _attr(key)
+    return f"coalesce(toInt64OrNull({a}), CAST(trunc(toFloat64OrNull({a})) AS Nullable(Int64)))"
+
+
+_PHASE = _attr(sc.PHASE)
+# otlp_arrow: as_str(gen_ai.request.model or gen_ai.response.model)
+_MODEL = f"coalesce(nullIf({_attr(sc.GEN_AI_REQUEST_MODEL)}, ''), {_attr(sc.GEN_AI_RESPONSE_MODEL)})"
+_FINISH = (f"multiIf({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)} IS NULL, NULL, "
+           f"startsWith({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)}, '['), "
+           f"nullIf(JSONExtractString({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)}, 1), ''), "
+           f"{_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)})")
+
+
+def _in(values) -> str:
+    return "(" + ", ".join(f"'{v}'" for v in sorted(values)) + ")"
+
+
+_IS_NATIVE = f"phase = '{sc.PHASE_VLLM_REQUEST}'"
+
+
+def _native_s(key: str) -> str:
+    """A latency of vLLM's own span (s): NULL unless a finite number >= 0 (otlp_arrow._check_native);
+    NULL on every other span."""
+    x = _num(key)
+    return f"if({_IS_NATIVE} AND isFinite({x}) AND {x} >= 0, {x}, NULL)"
+
+
+def _tokens(new_key: str, old_key: str) -> str:
+    """A token count from the current GenAI usage key, else the older one vLLM's own span carries."""
+    return f"coalesce({_int(new_key)}, {_int(old_key)})"
+
+
+# Each _request_spans column from one exporter row (otlp_arrow.TraceBatchBuilder.add's fact tuple)
+_REQUEST_SPAN_SQL = {
+    "trace_id": "TraceId", "span_id": "SpanId", "phase": "phase", "start_ns": "start_ns",
+    "end_ns": "start_ns + toInt64(Duration)", "duration_ms": "Duration / 1e6",
+    "service_name": "nullIf(ServiceName, '')", "preempted_ms": _num(sc.PREEMPTED_MS),
+    "status": (f"coalesce({_attr(sc.STATUS)}, multiIf(StatusCode = 'Error', 'error', "
+               f"phase IN {_in(ROOT_PHASES)}, 'ok', NULL))"),
+    "request_id": f"coalesce({_attr(sc.REQUEST_ID)}, if({_IS_NATIVE}, {_attr(sc.GEN_AI_REQUEST_ID)}, NULL))",
+    "model": _MODEL,
+    "prompt_tokens": _tokens(sc.GEN_AI_USAGE_INPUT_TOKENS, sc.GEN_AI_USAGE_PROMPT_TOKENS),
+    "output_tokens": _tokens(sc.GEN_AI_USAGE_OUTPUT_TOKENS, sc.GEN_AI_USAGE_COMPLETION_TOKENS),
+    "cached_tokens": _int(sc.CACHED_TOKENS), "preemptions": _int(sc.PREEMPTIONS), "finish_reason": _FINISH,
+    "ttft_s": f"if({_IS_NATIVE}, {_native_s(sc.GEN_AI_LATENCY_TTFT)}, {_num(sc.GEN_AI_LATENCY_TTFT)})", "priority": _attr(sc.PRIORITY), "run_id": _attr(sc.RUN_ID),
+    "schedule_lag_ms": _num(sc.SCHEDULE_LAG_MS), "client_ttft_ms": _num(sc.CLIENT_TTFT_MS),
+    "upstream": _attr(sc.UPSTREAM), "host": _attr(sc.HOST_NAME, "ResourceAttributes"),
+    "first_byte_ns": _int(sc.FIRST_CHUNK_TIME),
+    "queue_s": _native_s(sc.GEN_AI_LATENCY_QUEUE), "prefill_s": _native_s(sc.GEN_AI_LATENCY_PREFILL),
+    "decode_s": _native_s(sc.GEN_AI_LATENCY_DECODE), "e2e_s": _native_s(sc.GEN_AI_LATENCY_E2E),
+}
+assert tuple(_REQUEST_SPAN_SQL) == REQUEST_SPANS.names
+
+# The per-token arrays of tables.DECODE_ARRAYS (t, bs, pf, dc, kv) from the JSON text the exporter writes
+_ARRAYS = {"t": (sc.STEPS_TIME, "Int64"), "bs": (sc.STEPS_BATCH_SIZE, "Int64"),
+           "pf": (sc.STEPS_PREFILL_TOKENS, "Int64"), "dc": (sc.STEPS_DECODE_TOKENS, "Int64"),
+           "kv": (sc.STEPS_KV_USAGE, "Float64")}
+assert tuple(_ARRAYS) == DECODE_ARRAYS.names[2:]  # after trace_id, request_id
+
+
+def _cols(spec, exprs: dict[str, str], not_null: tuple[str, ...] = ()) -> str:
+    return ",\n    ".join(
+        f"CAST({'assumeNotNull(' + exprs[c.name] + ')' if c.name in not_null else exprs[c.name]} "
+        f"AS {ch_type(c.type, c.name not in not_null)}) AS {c.name}" for c in spec.columns)
+
+
+# Each `spans` column from one exporter row (otlp_arrow: every span but phase engine_step; the per-token
+# arrays left out of the attributes). On ClickHouse the attribute values in the JSON are the
+# exporter's strings (AsString), where DuckDB keeps their OTLP types.
+_SPAN_SQL = {
+    "trace_id": "TraceId", "span_id": "SpanId", "parent_span_id": "nullIf(ParentSpanId, '')", "name": "SpanName",
+    "kind": "upper(SpanKind)", "service_name": "nullIf(ServiceName, '')",
+    "start_time": "fromUnixTimestamp64Micro(intDiv(start_ns, 1000), 'UTC')",
+    "end_time": "fromUnixTimestamp64Micro(intDiv(start_ns + toInt64(Duration), 1000), 'UTC')",
+    "duration_ms": "Duration / 1e6", "status_code": "upper(StatusCode)", "status_message": "nullIf(StatusMessage, '')",
+    "phase": "phase",
+    "attributes": f"toJSONString(mapFilter((k, v) -> NOT startsWith(k, '{sc.STEPS_TIME.rsplit('.', 1)[0]}.'), "
+                  "SpanAttributes))",
+    "resource": "toJSONString(ResourceAttributes)",
+    "events": ("if(empty(Events.Name), NULL, toJSONString(arrayMap((n, t, a) -> CAST((n, toUnixTimestamp64Nano(t), a), "
+               "'Tuple(name String, time_unix_nano Int64, attributes Map(String, String))'), Events.Name, "
+               "Events.Timestamp, Events.Attributes)))"),
+    "scope_name": "nullIf(ScopeName, '')",
+}
+assert tuple(_SPAN_SQL) == SPANS.names
+
+# Each `engine_steps` column from one llm.engine.step span (otlp_arrow: time = the span's end)
+_ENGINE_STEP_SQL = {
+    "time": "fromUnixTimestamp64Micro(intDiv(start_ns + toInt64(Duration), 1000), 'UTC')",
+    "service_name": "nullIf(ServiceName, '')", "step_index": _int(sc.STEP_INDEX), "running": _int(sc.RUNNING),
+    "waiting": _int(sc.WAITING), "batch_size": _int(sc.BATCH_SIZE), "prefill_tokens": _int(sc.PREFILL_TOKENS),
+    "decode_tokens": _int(sc.DECODE_TOKENS), "step_ms": _num(sc.STEP_MS), "kv_cache_usage": _num(sc.KV_CACHE_USAGE),
+    "preemptions": _int(sc.PREEMPTIONS), "trace_id": "TraceId", "span_id": "SpanId",
+}
+assert tuple(_ENGINE_STEP_SQL) == ENGINE_STEPS.names
+
+# the span's phase; vLLM's own llm_request span (no tailtrace.phase) gets vllm_request, as otlp_arrow gives it
+_ROWS = (f"(SELECT *, multiIf(mapContains(SpanAttributes, '{sc.PHASE}'), SpanAttributes['{sc.PHASE}'], "
+         f"SpanName = '{sc.SPAN_VLLM_REQUEST}', '{sc.PHASE_VLLM_REQUEST}', NULL) AS phase, "
+         f"toUnixTimestamp64Nano(Timestamp) AS start_ns FROM {TRACES_TABLE})")
+
+
+def _device_samples_view() -> str:
+    """device_samples from the exporter's otel_metrics_gauge: the `tailtrace.device.*` gauges pivoted
+    into one row per (time, host, device_index), as enrich.metrics_to_batch pivots them."""
+    a = lambda k: _attr(k, "Attributes")
+    host = f"coalesce(nullIf({a('host')}, ''), {_attr(sc.HOST_NAME, 'ResourceAttributes')})"
+    dev_index = f"coalesce(toInt64OrNull({a('device_index')}), CAST(trunc(toFloat64OrNull({a('device_index')})) AS Nullable(Int64)))"
+    exprs = {"time": "fromUnixTimestamp64Micro(intDiv(t_ns, 1000), 'UTC')", "host": "host",
+             "device_index": "device_index"}
+    for metric, col in DEVICE_COLUMNS.items():
+        exprs[col] = f"anyIfOrNull(Value, MetricName = '{metric}' AND isFinite(Value))"
+    for k in ("device_uuid", "source", "throttle_reasons"):
+        exprs[k] = f"anyOrNull({a(k)})"
+    assert set(exprs) == set(DEVICE_SAMPLES.names)
+    return f"""CREATE OR REPLACE VIEW device_samples AS
+SELECT {_cols(DEVICE_SAMPLES, exprs)}
+FROM (SELECT *, toUnixTimestamp64Nano(TimeUnix) AS t_ns, {host} AS host, {dev_index} AS device_index
+      FROM otel_metrics_gauge WHERE MetricName IN {_in(DEVICE_COLUMNS)})
+GROUP BY t_ns, host, device_index"""
+
+
+def _spans_view() -> str:
+    return f"""CREATE OR REPLACE VIEW spans AS
+SELECT {_cols(SPANS, _SPAN_SQL)}
+FROM {_ROWS}
+WHERE phase IS NULL OR phase <> '{sc.PHASE_ENGINE_STEP}'"""
+
+
+def _engine_steps_view() -> str:
+    return f"""CREATE OR REPLACE VIEW engine_steps AS
+SELECT {_cols(ENGINE_STEPS, _ENGINE_STEP_SQL)}
+FROM {_ROWS}
+WHERE phase = '{sc.PHASE_ENGINE_STEP}'"""
+
+
+def _request_spans_view() -> str:
+    return f"""CREATE OR REPLACE VIEW _request_spans AS
+SELECT {_cols(REQUEST_SPANS, _REQUEST_SPAN_SQL)}
+FROM {_ROWS}
+WHERE phase IN {_in(FACT_PHASES)}"""
+
+
+_DECODE_NOT_NULL = ("trace_id", "time")
+
+
+def _decode_steps_select(with_service: bool = False) -> str:
+    """decode_steps rows from otel_traces (with `with_service`, a last column service_name: the engine
+    span's service, which the rollup keys by)."""
+    arrays = ", ".join(f"JSONExtract(ifNull({_attr(k)}, ''), 'Array(Nullable({t}))') AS {n}"
+                       for n, (k, t) in _ARRAYS.items())
+    exprs = {c: to_clickhouse(sql) for c, sql in DECODE_STEP_SQL.items()} | {"model": "model"}
+    svc = ", service_name" if with_service else ""
+    return f"""SELECT {_cols(DECODE_STEPS, exprs, _DECODE_NOT_NULL)}{svc}
+FROM (SELECT TraceId AS trace_id, {_attr(sc.REQUEST_ID)} AS request_id, {_MODEL} AS model,
+             nullIf(ServiceName, '') AS service_name, {arrays}
+      FROM {TRACES_TABLE}
+      WHERE {_PHASE} = '{sc.PHASE_ENGINE}' AND mapContains(SpanAttributes, '{sc.STEPS_TIME}'))
+ARRAY JOIN arrayEnumerate(t) AS i"""
+
+
+def _decode_steps_table(ttl_hours: int) -> str:
+    cols = ", ".join(f"{c.name} {ch_type(c.type, c.name not in _DECODE_NOT_NULL)}" for c in DECODE_STEPS.columns)
+    return (f"CREATE TABLE IF NOT EXISTS decode_steps ({cols}) ENGINE = MergeTree PARTITION BY toDate(time) "
+            f"ORDER BY (time, trace_id) {ttl_clause('time', ttl_hours)}")
+
+
+def _step_rollup_table(ttl_hours: int) -> str:
+    cols = ", ".join(f"{c.name} {ch_type(c.type, c.name != 'minute')}" for c in STEP_ROLLUP.columns)
+    keys = ", ".join(c.name for c in STEP_ROLLUP.columns[:5])
+    return (f"CREATE TABLE IF NOT EXISTS step_rollup ({cols}) ENGINE = SummingMergeTree PARTITION BY toDate(minute) "
+            f"ORDER BY ({keys}) {ttl_clause('minute', ttl_hours)} SETTINGS allow_nullable_key = 1")
+
+
+def _step_rollup_select() -> str:
+    """step_rollup's partial rows (step_rollup.step_rollup_select) of the decode steps of inserted spans;
+    readers sum over equal keys, as on DuckDB (SummingMergeTree also merges them)."""
+    exprs = {c: c for c in STEP_ROLLUP.names}
+    inner = to_clickhouse(step_rollup_select(f"({_decode_steps_select(with_service=True)})", "", meta="s"))
+    return f"SELECT {_cols(STEP_ROLLUP, exprs, ('minute',))} FROM ({inner})"
+
+
+def _clock_offsets_table() -> str:
+    cols = ", ".join(f"{c.name} {ch_type(c.type, c.name != 'minute')}" for c in CLOCK_OFFSETS.columns)
+    return f"CREATE TABLE IF NOT EXISTS clock_offsets ({cols}) ENGINE = MergeTree ORDER BY minute"
+
+
+def refresh_offsets(client) -> None:
+    """Recompute clock_offsets now and wait for it (after an insert, before reading `requests` with
+    the offsets of the spans just inserted; `tailtrace clickhouse init` and tests call it)."""
+    client.command("SYSTEM REFRESH VIEW clock_offsets_rmv")
+    client.command("SYSTEM WAIT VIEW clock_offsets_rmv")
+
+
+def _requests_view() -> str:
+    exprs = {c: c for c in REQUESTS.names}
+    return f"""CREATE OR REPLACE VIEW requests AS
+SELECT {_cols(REQUESTS, exprs)}
+FROM ({to_clickhouse(requests_sql("_agg"))})
+{_SETTINGS}"""
+
+
+def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = False) -> list[str]:
+    """The statements of `tailtrace clickhouse init`, in order, to run with `database` as the current
+    database: the database, the exporter's tables (its vendored DDL with a TTL of `ttl_hours`, 0:
+    none), then tailtrace's objects. `backfill`: also fill `decode_steps` from the spans already in
+    `otel_traces` (when the table is new; the materialized view sees only later inserts)."""
+    stmts = [f"CREATE DATABASE IF NOT EXISTS {database}",
+             render_table(TRACES_TABLE, database, ttl_hours),
+             *(render_table(t, database, ttl_hours) for t in METRIC_TABLES),
+             _spans_view(),
+             to_clickhouse(REQUEST_REPLICAS_VIEW),
+             _engine_steps_view(),
+             _device_samples_view(),
+             _request_spans_view(),
+             f"CREATE OR REPLACE VIEW _agg AS {to_clickhouse(per_trace_sql('1'))} {_SETTINGS}",
+             _clock_offsets_table(),
+             (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {OFFSETS_REFRESH_S} SECOND "
+              f"TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg'))} {_SETTINGS}"),
+             _requests_view(),
+             _decode_steps_table(ttl_hours),
+             f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",
+             _step_rollup_table(ttl_hours),
+             f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}"]
+    if backfill:
+        stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}"]
+    return stmts

@@ -1,0 +1,62 @@
+"""Why is it slow? The four-layer diagnosis of the tail (diagnose/, the code of `tailtrace
+explain`): the tail's excess split by phase, the ranked causes with their evidence and the SQL
+that gave it, each linking to its example requests and the time window it speaks of."""
+
+import streamlit as st
+
+from dashboard import charts, ui
+from dashboard.queries import why
+
+ctx = ui.require()
+ui.header("Why is it slow?", "all four, ranked",
+          "The requests above the exact P99 of the metric, their latency beyond the median split by phase, "
+          "and the causes that explain it, with the numbers and the SQL behind each (the same diagnosis as "
+          "`tailtrace explain`).")
+
+linked = why.metric_from_link(st.query_params)
+choices = list(why.METRICS)
+metric = st.segmented_control("Tail of", choices, default=linked or "e2e", format_func=why.METRICS.get,
+                              key="why_metric") or "e2e"
+report = why.diagnose(ctx.src, ctx.filters, metric)
+if report is None:
+    st.stop()
+tail = report.tail
+if tail is None or tail.n_tail == 0:
+    for note in report.notes:
+        st.info(note)
+    ui.show_empty("No request lies above the P99 in this selection: nothing to explain.")
+    st.stop()
+ui.metric_row([
+    ("Requests", f"{tail.n:,}", "ok requests of the selection with this metric"),
+    ("Median", ui.fmt_ms(tail.median_ms), "exact (quantile_cont)"),
+    (tail.label, ui.fmt_ms(tail.threshold_ms), "exact; the tail is strictly above it"),
+    ("Tail excess", ui.fmt_ms(tail.excess_ms), f"sum over the {tail.n_tail} tail requests of their latency minus the median"),
+])
+st.plotly_chart(charts.excess_by_phase(why.phase_frame(report)), key="why_phases")
+for note in report.notes:
+    st.caption(f"Note: {note}")
+
+st.subheader("Causes, ranked")
+if not report.findings:
+    st.info("No detector found a cause beyond the phase split above.")
+for f in report.findings:
+    head = (f"#{f.rank} · {f.layer_label} · {f.title} — explains {100 * f.share:.0f}% of the excess "
+            f"({f.confidence} confidence){' · dominant' if f.dominant else ''}")
+    with st.expander(head, expanded=f.rank == 1):
+        st.markdown(f.summary)
+        for m in f.mitigations:
+            st.markdown(f"- *Suggestion:* {m}")
+        for i, ev in enumerate(f.evidence):
+            st.markdown(f"**Evidence:** {ev.what}")
+            st.dataframe(why.numbers_frame(ev.numbers), hide_index=True)
+            st.code(why.runnable_sql(ev), language="sql")
+        cols = st.columns(min(4, max(1, len(f.example_trace_ids) + 1)))
+        for c, tid in zip(cols, f.example_trace_ids[:3]):
+            c.page_link("app_pages/explorer.py", label=f"request {tid[:12]}…", icon=":material/search:",
+                        query_params={"trace_id": tid})
+        if f.window.get("start"):
+            cols[-1].page_link("app_pages/queue_service.py", label="its window", icon=":material/schedule:",
+                               query_params=why.window_params(f.window))
+if report.capacity is not None:
+    st.subheader("Capacity")
+    st.markdown(report.capacity.text)

@@ -1,0 +1,112 @@
+"""The "Why is it slow?" page's data: the diagnosis of the selection (diagnose.explain, the one
+code path of `tailtrace explain`) over the dashboard's source, and the frames the page shows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from dashboard.source import DataError, DataSource
+
+from .common import Filters
+
+__all__ = ["METRICS", "diagnose", "metric_from_link", "numbers_frame", "phase_frame", "runnable_sql",
+           "source_query", "window_params"]
+
+METRICS = {"e2e": "E2E (outer)", "ttft": "TTFT (outer)", "tpot": "TPOT"}
+# an alert's phase (grafana/generate.py) -> the metric whose tail explains it
+_ALERT_METRIC = {"e2e": "e2e", "ttft": "ttft", "tpot": "tpot", "itl": "tpot", "queue": "e2e", "gateway": "e2e",
+                 "network": "e2e"}
+
+
+def metric_from_link(params: Mapping[str, str]) -> str | None:
+    """The metric a link asks for (`metric=` an explain metric or an alert's phase), else None."""
+    return _ALERT_METRIC.get((params.get("metric") or "").strip().lower())
+
+
+def source_query(src: DataSource):
+    """`query(sql, params) -> rows of JSON values` over a dashboard source, as diagnose reads a
+    store (the values `/api/sql` would answer)."""
+    from collector.query.api import to_json_value
+
+    def query(sql: str, params: Sequence[Any] | None = None) -> list:
+        df = src.query(sql, list(params or []), max_rows=None).df
+        return [[to_json_value(_plain(v)) for v in row] for row in df.astype(object).itertuples(index=False, name=None)]
+
+    return query
+
+
+def _plain(v: Any) -> Any:
+    """A value as the DuckDB client gives it, from what pandas made of it: numpy scalars and arrays
+    to Python's, Timestamps to datetimes, NaN/NaT/NA to None."""
+    import numpy as np
+
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, pd.Timestamp):
+        return None if pd.isna(v) else v.to_pydatetime()
+    if isinstance(v, np.generic):
+        v = v.item()
+    if v is None or v is pd.NaT or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def diagnose(src: DataSource, f: Filters, metric: str):
+    """The diagnosis (diagnose.report.Report) of the requests that completed in the filters' time
+    range, by `metric` (a key of METRICS). The other sidebar filters (model, service, priority)
+    are not applied: the diagnosis reads the whole window. Raises DataError with the diagnosis'
+    own message (an empty window, a store without engine spans is a note, not an error)."""
+    from diagnose.explain import explain
+    from diagnose.source import Scope
+    from tailtrace.errors import UserError
+
+    try:
+        return explain(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end), metric=metric))
+    except UserError as exc:
+        raise DataError(str(exc)) from None
+
+
+def phase_frame(report) -> pd.DataFrame:
+    """One row per phase of the tail's excess: phase (label), column, layer, excess_ms, share, median_ms,
+    tail_mean_ms."""
+    return pd.DataFrame([{"phase": p.label, "column": p.column, "layer": p.layer, "excess_ms": p.excess_ms, "share": p.share,
+                          "median_ms": p.median_ms, "tail_mean_ms": p.tail_mean_ms} for p in report.phases])
+
+
+def numbers_frame(numbers: dict) -> pd.DataFrame:
+    """A finding's evidence numbers as a two-column table (what, value as text)."""
+    return pd.DataFrame({"what": list(numbers), "value": [_num(v) for v in numbers.values()]})
+
+
+def _num(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def runnable_sql(ev) -> str:
+    """The evidence's SQL with its parameters written in, to paste into the SQL page or
+    `tailtrace sql` (strings quoted, None as NULL)."""
+    out, params = [], list(ev.params)
+    for part in ev.sql.split("?"):
+        out.append(part)
+        if params:
+            v = params.pop(0)
+            out.append("NULL" if v is None else repr(v) if not isinstance(v, str) else "'" + v.replace("'", "''") + "'")
+    return "".join(out).strip()
+
+
+def window_params(window: dict) -> dict[str, str]:
+    """A finding's window as the query parameters any page reads (dashboard.ui.link_window)."""
+    return {k: str(window[w]).rstrip("Z") for k, w in (("since", "start"), ("until", "end")) if window.get(w)}

@@ -1,0 +1,90 @@
+"""The capacity line: from a sweep in the store (`tailtrace sweep`: run ids `<sweep id>-r<rate>`,
+loadgen/sweep.py), the highest rate that holds the P99 TTFT SLO with every lower rate holding it
+too (loadgen.sweep.capacity's rule); without one, what the window shows: achieved vs offered rate
+and whether the engine was saturated."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from diagnose.report import Capacity, Evidence, TailSet
+from diagnose.source import Query, sql_time
+from semantics.catalog import SLO_DEFAULTS_MS
+
+__all__ = ["capacity"]
+
+_SWEEP_RUN = re.compile(r"^(sweep-.+)-r(\d+(?:\.\d+)?)$")
+# The P99 holds at a rate when at least 99 % of its requests were ok with TTFT within the SLO
+# (a failed request is a miss, as in loadgen's goodput).
+_HOLDS = 0.99
+
+
+def capacity(query: Query, ts: TailSet, since: dt.datetime, until: dt.datetime) -> Capacity:
+    """The capacity line over requests completed in [since, until) (every run: a sweep is several)."""
+    slo = SLO_DEFAULTS_MS["ttft"]
+    win = ["completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)",
+           [sql_time(since), sql_time(until)]]
+    sql = f"""SELECT run_id, count(*), count(*) FILTER (WHERE ok AND outer_ttft_ms <= ?) / count(*),
+       quantile_cont(outer_ttft_ms, 0.99) FILTER (WHERE ok), avg(prompt_tokens), avg(output_tokens)
+FROM requests WHERE {win[0]} AND run_id LIKE 'sweep-%-r%' GROUP BY run_id ORDER BY run_id"""
+    params = [slo, *win[1]]
+    sweeps: dict[str, list] = {}
+    for run_id, n, within, p99, mean_in, mean_out in query(sql, params):
+        m = _SWEEP_RUN.match(run_id or "")
+        if m:
+            sweeps.setdefault(m.group(1), []).append((float(m.group(2)), n, within, p99, mean_in, mean_out))
+    best = max(sweeps.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
+    if best and len(best[1]) >= 2:
+        return _sweep_line(best[0], sorted(best[1]), slo, sql, params)
+    return _steady(query, ts, win)
+
+
+def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) -> Capacity:
+    from loadgen.sweep import capacity as sweep_capacity
+
+    rows = [{"rate": r, "summary": {"slo_met": (within or 0) >= _HOLDS}} for r, _, within, *_ in rates]
+    slo_text = f"TTFT ≤ {slo / 1000:g} s"
+    rate = sweep_capacity(rows, slo_text, "this trace")["rate"]
+    n = sum(x[1] for x in rates)
+    mean_in = sum((x[4] or 0) * x[1] for x in rates) / n
+    mean_out = sum((x[5] or 0) * x[1] for x in rates) / n
+    mix = f"this trace's mix (mean input {mean_in:.0f}, output {mean_out:.0f} tokens)"
+    if rate is None:
+        text = f"no swept rate holds the P99 SLO ({slo_text}) for {mix}; the lowest was {rates[0][0]:g} req/s"
+    else:
+        text = f"this deployment holds the P99 SLO ({slo_text}) up to {rate:g} req/s of {mix}"
+    per_rate = [{"rate": r, "requests": k, "within_slo": w, "ttft_p99_ms": p} for r, k, w, p, *_ in rates]
+    return Capacity("sweep", text, {"sweep_id": sweep_id, "rate_rps": rate, "slo_ms": slo, "mean_input_tokens":
+                                    mean_in, "mean_output_tokens": mean_out, "rates": per_rate},
+                    [Evidence("per swept rate: requests, the share ok within the TTFT SLO, the P99 TTFT (ms), mean "
+                              "input and output tokens", {"rates": per_rate}, sql, params)])
+
+
+def _steady(query: Query, ts: TailSet, win: list) -> Capacity:
+    sql = f"""SELECT count(*), count(*) FILTER (WHERE ok),
+       count(*) / greatest(epoch(max(arrival_time)) - epoch(min(arrival_time)), 1e-3),
+       count(*) FILTER (WHERE ok) / greatest(epoch(max(completion_time)) - epoch(min(arrival_time)), 1e-3),
+       (SELECT avg(CAST(waiting > 0 AS DOUBLE)) FROM engine_steps WHERE time >= CAST(? AS TIMESTAMP)
+          AND time < CAST(? AS TIMESTAMP)),
+       avg(CAST(queue_ms > greatest(10, 0.1 * coalesce(service_time_ms, 0)) AS DOUBLE)), avg(prompt_tokens), avg(output_tokens)
+FROM requests WHERE {ts.where}"""
+    params = [*win[1], *ts.params]
+    n, ok, offered, achieved, waiting, queued, mean_in, mean_out = query(sql, params)[0]
+    offered, achieved = float(offered or 0), float(achieved or 0)
+    basis = (f"requests waited in {waiting:.0%} of engine steps" if waiting is not None else
+             f"{(queued or 0):.0%} of requests queued in the engine for over 10 ms and a tenth of their service time" if queued is not None else
+             "no engine measurements")
+    saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or (
+        offered > 0 and achieved < 0.9 * offered)
+    text = (f"no sweep in the store; this window: offered {offered:.2f} req/s, achieved {achieved:.2f} req/s "
+            f"({'the engine was saturated' if saturated else 'the engine kept up'}: {basis}); "
+            "`tailtrace sweep` measures the capacity")
+    return Capacity("steady", text, {"offered_rps": offered, "achieved_rps": achieved, "saturated": bool(saturated),
+                                     "waiting_step_share": waiting, "queued_request_share": queued,
+                                     "mean_input_tokens": mean_in, "mean_output_tokens": mean_out},
+                    [Evidence("arrivals and ok completions per second over the window, the share of engine steps "
+                              "with requests waiting, the share of requests that queued in the engine over 10 ms and "
+                              "a tenth of their service time",
+                              {"requests": n, "ok": ok, "offered_rps": offered, "achieved_rps": achieved,
+                               "waiting_step_share": waiting, "queued_request_share": queued}, sql, params)])

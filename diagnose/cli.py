@@ -1,0 +1,76 @@
+"""`tailtrace explain`: the four-layer diagnosis of the tail of a store (file or live collector).
+
+    tailtrace explain --db tailtrace.duckdb --since -15m
+    tailtrace explain --api http://127.0.0.1:9464 --metric ttft --format json
+    tailtrace explain --db tailtrace.duckdb --trace-id 4bf92f3577b34da6a3ce929d0e0e4736
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+__all__ = ["register"]
+
+DEFAULT_API = "http://127.0.0.1:9464"
+
+
+def register(sub) -> None:
+    """Add `explain` to the `tailtrace` sub-parsers (cheap: no DuckDB import)."""
+    p = sub.add_parser("explain", help="why is the tail slow: ranked causes in four layers, with evidence",
+                       description="Explain the requests above the P99 of a metric: their excess over the median, "
+                                   "split by phase, and ranked causes (layer, evidence with its SQL, share of the "
+                                   f"excess, confidence, suggestions). Reads --db PATH or --api URL (default {DEFAULT_API}, "
+                                   "TAILTRACE_API_URL). docs/explain.md.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--store", help="store URL: duckdb:///path | chdb:///dir | clickhouse://host:8123/db")
+    src.add_argument("--db", type=Path, help="a DuckDB store file (read-only; the short form of --store duckdb:///path)")
+    src.add_argument("--api", help="base URL of a collector's query API")
+    p.add_argument("--since", help="start of the window (completion time): ISO 8601, or -15m, -2h, -30s, -1d before "
+                                   "the latest request in the store")
+    p.add_argument("--until", help="end of the window (exclusive), as --since")
+    p.add_argument("--run-id", help="only the requests of this run")
+    p.add_argument("--metric", default="e2e", choices=["e2e", "ttft", "tpot"],
+                   help="the latency whose tail to explain (e2e and ttft: the outer ones; default e2e)")
+    p.add_argument("--quantile", default=0.99,
+                   help="the tail: the requests above this exact quantile (default 0.99, the P99; 0.999 the P999; "
+                        "0.9 for a short window)")
+    p.add_argument("--trace-id", help="explain this one request too: its waterfall, its batch company, its cause")
+    p.add_argument("--format", default="text", choices=["text", "json", "markdown"], help="output (default text)")
+    # `--since -15m`: argparse reads a leading '-' as an option unless it looks like a negative
+    # number; relative times look like one here (else `--since=-15m` would be needed)
+    import re
+
+    p._negative_number_matcher = re.compile(r"^-\d+(\.\d+)?\s*[smhd]?$")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import sys
+
+    from diagnose.explain import explain
+    from diagnose.render import render_json, render_markdown, render_text
+    from diagnose.source import Scope, api_query, db_query, store_query
+
+    scope = Scope(since=args.since, until=args.until, run_id=args.run_id, metric=args.metric, trace_id=args.trace_id,
+                  quantile=args.quantile)
+    close = None
+    if args.store:
+        query, close = store_query(args.store)
+    elif args.db:
+        query, close = db_query(args.db)
+    else:
+        query = api_query(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API)
+    try:
+        report = explain(query, scope)
+    finally:
+        if close:
+            close()
+    if args.format == "json":
+        sys.stdout.write(render_json(report) + "\n")
+    elif args.format == "markdown":
+        sys.stdout.write(render_markdown(report))
+    else:
+        render_text(report)
+    return 0

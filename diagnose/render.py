@@ -1,0 +1,160 @@
+"""The report as text (rich), Markdown or JSON. Each renderer reads only the Report."""
+
+from __future__ import annotations
+
+import json
+
+from diagnose.report import Evidence, Report, TraceReport
+from semantics.catalog import format_ms
+
+__all__ = ["render_json", "render_markdown", "render_text", "waterfall_lines"]
+
+_BAR = 48
+
+
+def render_json(report: Report) -> str:
+    """The report as JSON (docs/explain.schema.json), one document."""
+    return json.dumps(report.to_dict(), indent=2, ensure_ascii=False)
+
+
+def _head(report: Report) -> str:
+    ts = report.tail
+    return (f"{ts.metric.upper()} tail ({ts.column}): {ts.n_tail} of {ts.n} ok requests above the {ts.label} "
+            f"{format_ms(ts.threshold_ms)} (median {format_ms(ts.median_ms)}); excess over the median "
+            f"{format_ms(ts.excess_ms)} in all, window {ts.window['start']} .. {ts.window['end']}")
+
+
+def _numbers(ev: Evidence) -> str:
+    parts = []
+    for k, v in ev.numbers.items():
+        if isinstance(v, list):
+            parts.append(f"{k}: " + "; ".join(", ".join(f"{a}={b}" for a, b in x.items()) if isinstance(x, dict)
+                                             else str(x) for x in v))
+        elif isinstance(v, float):
+            parts.append(f"{k}={v:.4g}")
+        else:
+            parts.append(f"{k}={v}")
+    return ", ".join(parts)
+
+
+def waterfall_lines(tr: TraceReport) -> list[str]:
+    """The request's phases as text bars laid end to end, scaled to its E2E."""
+    total = sum(max(0.0, p["ms"]) for p in tr.phases) or 1.0
+    out = []
+    for p in tr.phases:
+        a = round(p["start_ms"] / total * _BAR)
+        w = max(1, round(max(0.0, p["ms"]) / total * _BAR)) if p["ms"] > 0 else 0
+        out.append(f"{p['label']:<16} {' ' * a}{'█' * w}{' ' * max(0, _BAR - a - w)} {format_ms(p['ms']):>10}")
+    return out
+
+
+def _trace_text(tr: TraceReport) -> list[str]:
+    r, s, c = tr.request, tr.steps, tr.cause
+    head = (f"request {tr.trace_id} ({r.get('request_id') or 'no engine span'}): E2E {format_ms(r['outer_e2e_ms'])}, "
+            f"TTFT {format_ms(r['outer_ttft_ms'])}, {r.get('prompt_tokens')} prompt / {r.get('output_tokens')} "
+            f"output tokens, status {r.get('status')}, upstream {r.get('upstream') or 'n/a'}")
+    lines = [head,
+             *waterfall_lines(tr)]
+    if s.get("steps"):
+        lines.append(f"decode steps: {s['steps']}, batch {s['mean_batch_size']:.1f} sequences on average (max "
+                     f"{s['max_batch_size']}); {s['steps_with_prefill']} shared the batch with "
+                     f"{s['prefill_tokens_shared']} prefill tokens in all; ITL {format_ms(s['itl_with_prefill_ms'])} "
+                     f"with prefill, {format_ms(s['itl_pure_decode_ms'])} pure decode")
+    else:
+        lines.append("decode steps: none stored for this request")
+    lines.append(f"cause: [{c['layer_label']}] {c['why']} (excess {format_ms(c['excess_ms'])} over the median, "
+                 f"{format_ms(c['phase_excess_ms'])} of it in {c['phase']})")
+    return lines
+
+
+def render_text(report: Report, console=None) -> None:
+    """Print the report with rich on `console` (default: stdout, full width when piped)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=160)
+    if report.trace:
+        for line in _trace_text(report.trace):
+            console.print(escape(line))
+        console.print()
+    if report.tail is None:
+        return
+    console.print(f"[bold]{escape(_head(report))}[/]")
+    t = Table("phase", "layer", "median's", "tail mean", "share of excess", "holds most", title="excess by phase "
+              "(adds up to 100 %)", title_justify="left")
+    for p in report.phases:
+        t.add_row(p.label, p.layer, format_ms(p.median_ms), format_ms(p.tail_mean_ms), f"{p.share:.0%}",
+                  str(p.holds_most))
+    console.print(t)
+    if not report.findings:
+        console.print("no finding: no detector found a cause in this tail")
+    for f in report.findings:
+        dom = " [bold red]dominant[/]" if f.dominant else ""
+        console.print(f"\n[bold]{f.rank}. \\[{escape(f.layer_label)}] {escape(f.title)}[/] — explains "
+                      f"{f.share:.0%} of the excess ({format_ms(f.explained_ms)}), confidence {f.confidence}{dom}")
+        console.print(f"   {escape(f.summary)}")
+        for ev in f.evidence:
+            console.print(f"   [dim]evidence:[/] {escape(ev.what)}: {escape(_numbers(ev))}")
+            console.print(f"   [dim]SQL ({escape(json.dumps(ev.params))}):[/] [dim]{escape(' '.join(ev.sql.split()))}[/]")
+        for m in f.mitigations:
+            console.print(f"   suggestion: {escape(m)}")
+        console.print(f"   examples: {', '.join(f.example_trace_ids) or 'none'}; window "
+                      f"{f.window['start']} .. {f.window['end']}")
+    if report.capacity:
+        console.print(f"\n[bold]capacity:[/] {escape(report.capacity.text)}")
+    for n in report.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}")
+
+
+def render_brief(report: Report, console, limit: int = 3) -> None:
+    """The diagnosis in a few lines (`tailtrace demo`'s report): the tail's excess by layer, then
+    the first `limit` findings that explain at least 5% of it (the first always), each with its
+    share, confidence, summary and first suggestion."""
+    from rich.markup import escape
+
+    if report.tail is None or report.tail.n_tail == 0:
+        for n in report.notes:
+            console.print(f"[yellow]note:[/] {escape(n)}")
+        return
+    layers = ", ".join(f"{la['label']} {la['share']:.0%}" for la in sorted(report.layers, key=lambda la: -la["share"]))
+    console.print(f"[bold]Why the tail is slow[/] ({escape(_head(report))}): excess by layer: {escape(layers)}",
+                  soft_wrap=True)
+    if not report.findings:
+        console.print("  no detector found a cause in this tail")
+    shown = [f for i, f in enumerate(report.findings) if i == 0 or max(f.share, f.score or 0.0) >= 0.05]
+    for f in shown[:limit]:
+        dom = " [bold red]dominant[/]" if f.dominant else ""
+        console.print(f"  {f.rank}. \\[{escape(f.layer_label)}] [bold]{escape(f.title)}[/]: explains {f.share:.0%} "
+                      f"of the excess, confidence {f.confidence}{dom}. {escape(f.summary)}", soft_wrap=True)
+        if f.mitigations:
+            console.print(f"     suggestion: {escape(f.mitigations[0])}", soft_wrap=True)
+
+
+def render_markdown(report: Report) -> str:
+    """The report as Markdown (a phase table, one section per finding with its SQL in code blocks)."""
+    out = ["# Why is it slow?", ""]
+    if report.trace:
+        out += ["## One request", "", "```", *_trace_text(report.trace), "```", ""]
+    if report.tail is not None:
+        out += [_head(report), "", "| phase | layer | median's | tail mean | share of excess |", "|---|---|---|---|---|"]
+        out += [f"| {p.label} | {p.layer} | {format_ms(p.median_ms)} | {format_ms(p.tail_mean_ms)} | {p.share:.0%} |"
+                for p in report.phases]
+        out.append("")
+        for f in report.findings:
+            what = (f"Explains **{f.share:.0%}** of the excess ({format_ms(f.explained_ms)}); confidence "
+                    f"{f.confidence}{'; dominant' if f.dominant else ''}. {f.summary}.")
+            out += [f"## {f.rank}. {f.title} ({f.layer_label})", "", what, ""]
+            for ev in f.evidence:
+                out += [f"- {ev.what}: {_numbers(ev)}", "", "  ```sql", *("  " + line for line in ev.sql.splitlines()),
+                        "  ```", f"  params: `{json.dumps(ev.params)}`", ""]
+            out += [f"- suggestion: {m}" for m in f.mitigations]
+            ids = ", ".join(f"`{t}`" for t in f.example_trace_ids) or "none"
+            out += [f"- examples: {ids}; window {f.window['start']} .. {f.window['end']}", ""]
+    if report.capacity:
+        out += [f"**Capacity:** {report.capacity.text}", ""]
+    out += [f"> note: {n}" for n in report.notes]
+    return "\n".join(out).rstrip() + "\n"

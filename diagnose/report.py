@@ -1,0 +1,179 @@
+"""What `tailtrace explain` answers, as plain data: the tail set, its excess split by phase, the
+ranked findings, the capacity line. `Report.to_dict()` is the JSON of docs/explain.schema.json;
+the renderers (diagnose/render.py) and the dashboard read these dataclasses, never the SQL."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+__all__ = ["CONFIDENCES", "DOMINANT_MIN_SHARE", "SCHEMA_ID", "Capacity", "Evidence", "Finding", "PhaseShare",
+           "Report", "TailSet", "TraceReport"]
+
+SCHEMA_ID = "tailtrace.explain/1"
+CONFIDENCES = ("high", "medium", "low")
+# A finding is called dominant when it ranks first, explains at least this share of the tail's
+# excess and has high or medium confidence (docs/explain.md).
+DOMINANT_MIN_SHARE = 0.25
+
+
+@dataclass
+class Evidence:
+    """One query behind a finding: `what` it shows, its `numbers` (name -> value; ms, tokens,
+    fractions as their names say), and the `sql` with its positional `params` exactly as run, so
+    `tailtrace sql` or `/api/sql` can re-run it."""
+
+    what: str
+    numbers: dict
+    sql: str
+    params: list
+
+
+@dataclass
+class Finding:
+    """One cause of the tail. `layer`/`layer_label`: the catalog's layer; `cause`: a stable key
+    (e.g. `engine_queue_burst`); `title`/`summary`: words for people; `phase`: the `requests`
+    column it acts through (None: several or none); `share`: the fraction of the tail's total
+    excess it explains (not added across findings; 0..1); `explained_ms`: that excess in ms;
+    `score`: what ranks it (the share, or for errors the share of misses); `confidence`: one of
+    CONFIDENCES; `mitigations`: one or two suggestions; `example_trace_ids`: tail requests it
+    speaks of; `window`: {"start", "end"} ISO UTC of those requests."""
+
+    layer: str
+    layer_label: str
+    cause: str
+    title: str
+    summary: str
+    share: float
+    explained_ms: float
+    confidence: str
+    evidence: list[Evidence]
+    mitigations: list[str]
+    example_trace_ids: list[str]
+    window: dict
+    phase: str | None = None
+    score: float | None = None
+    rank: int = 0
+    dominant: bool = False
+
+    def rank_key(self) -> float:
+        """What ranks findings: the share (or `score`) times the confidence's weight (1, 0.75, 0.4)."""
+        weight = {"high": 1.0, "medium": 0.75, "low": 0.4}[self.confidence]
+        return (self.share if self.score is None else self.score) * weight
+
+
+@dataclass
+class PhaseShare:
+    """One phase's part of the tail's excess: `column` of `requests` (or `rest_of_ttft`), `label`,
+    its catalog `layer` key; `median_ms` its part of the median's latency (the median split in the
+    proportions of the requests between P40 and P60), `tail_mean_ms` its mean over the tail,
+    `excess_ms` the tail's summed excess in it, `share` of the total (the shares add up to 1; a
+    phase the tail spends less in than the median has a negative share), `holds_most` the number of
+    tail requests whose largest excess is this phase."""
+
+    column: str
+    label: str
+    layer: str
+    median_ms: float
+    tail_mean_ms: float
+    excess_ms: float
+    share: float
+    holds_most: int
+
+
+@dataclass
+class TailSet:
+    """The requests explained: `metric` and its `column`, the `ok` requests of the scope that have
+    it (`n`), their exact median and the tail's threshold, their exact `quantile` (ms,
+    quantile_cont; `label` P99 for 0.99), the tail (strictly above the threshold: `n_tail`) and its
+    total excess over the median (`excess_ms`). `window`: the scope's [start, end) as ISO UTC;
+    `where`/`params`: the SQL condition on `requests` selecting the population (the tail adds
+    `AND <column> > threshold`)."""
+
+    metric: str
+    column: str
+    n: int
+    median_ms: float
+    quantile: float
+    threshold_ms: float
+    n_tail: int
+    excess_ms: float
+    window: dict
+    where: str
+    params: list
+
+    @property
+    def tail_where(self) -> str:
+        """The SQL condition on `requests` selecting the tail (its parameters: `tail_params`)."""
+        return f"{self.where} AND {self.column} > ?"
+
+    @property
+    def tail_params(self) -> list:
+        """The parameters of `tail_where`: the population's, then the threshold."""
+        return [*self.params, self.threshold_ms]
+
+    @property
+    def label(self) -> str:
+        """The tail's quantile as the field writes it: P99, P999, P90."""
+        from semantics.catalog import quantile_label
+
+        return quantile_label(self.quantile)
+
+
+@dataclass
+class Capacity:
+    """The capacity line: `kind` 'sweep' (the store holds several rates of one sweep) or 'steady';
+    `text` the sentence; `numbers` what it rests on; `evidence` its query."""
+
+    kind: str
+    text: str
+    numbers: dict
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+@dataclass
+class TraceReport:
+    """One request (`--trace-id`): its phases in the order it lived them [{column, label, layer,
+    start_ms, ms}] (start relative to its arrival), its decode steps' batch company, and its cause."""
+
+    trace_id: str
+    request: dict
+    phases: list[dict]
+    steps: dict
+    cause: dict
+    evidence: list[Evidence]
+
+
+@dataclass
+class Report:
+    """The whole answer: the scope, the tail set, the phase split (adds up to 1), the layers'
+    shares (their phases' sum), the ranked findings, the capacity line, notes on what the store
+    could not tell, and for `--trace-id` the one request."""
+
+    scope: dict
+    tail: TailSet | None
+    phases: list[PhaseShare]
+    layers: list[dict]
+    findings: list[Finding]
+    capacity: Capacity | None
+    notes: list[str]
+    trace: TraceReport | None = None
+
+    def to_dict(self) -> dict:
+        """The report as JSON values, following docs/explain.schema.json."""
+        tail = None
+        if self.tail is not None:
+            tail = {k: v for k, v in asdict(self.tail).items() if k not in ("where", "params")}
+            tail["label"] = self.tail.label
+            tail["sql_where"] = self.tail.tail_where
+            tail["sql_params"] = self.tail.tail_params
+        return {
+            "schema": SCHEMA_ID,
+            "scope": self.scope,
+            "tail": tail,
+            "phases": [asdict(p) for p in self.phases],
+            "layers": self.layers,
+            "findings": [asdict(f) for f in self.findings],
+            "capacity": asdict(self.capacity) if self.capacity else None,
+            "notes": list(self.notes),
+            "trace": asdict(self.trace) if self.trace else None,
+        }

@@ -1,0 +1,164 @@
+"""Where `tailtrace explain` reads from: one `query(sql, params) -> rows` over a store file or a
+live collector, and the scope (time window, run, metric) it explains.
+
+Both sources answer with the same JSON values (times as ISO strings, non-finite floats as None,
+as the collector's `/api/sql` serves them: `collector.query.api.to_json_value`), so every
+detector runs one code path. SQL here selects times as `epoch_us(...)` and takes them as
+`CAST(? AS TIMESTAMP)` with ISO strings, which both sources accept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from semantics.catalog import METRIC_PHASES
+from tailtrace.errors import UserError
+
+__all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "iso", "parse_time", "sql_time", "store_query"]
+
+Query = Callable[[str, Sequence | None], list]
+
+# --metric -> the `requests` column it reads: the catalog's metric phases of the same name (e2e and
+# ttft are the outer ones, tpot the engine's decode_ms / (output_tokens - 1)).
+METRICS: dict[str, str] = {m.name: m.column for m in METRIC_PHASES if m.name in ("e2e", "ttft", "tpot")}
+
+_REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What to explain: requests that completed in [since, until) (ISO 8601 strings, or relative
+    `-15m`, `-2h`, `-30s`, `-1d` before the latest completion in the store; None: open), of one run
+    (`run_id`; None: all), by `metric` (a key of METRICS), its tail above the exact `quantile`
+    (0.99: the P99; 0.5 < quantile < 1). `trace_id`: explain that one request. Raises UserError
+    for an unknown metric, a quantile outside (0.5, 1) or a time that does not parse."""
+
+    since: str | None = None
+    until: str | None = None
+    run_id: str | None = None
+    metric: str = "e2e"
+    trace_id: str | None = None
+    quantile: float = 0.99
+
+    def __post_init__(self):
+        if self.metric not in METRICS:
+            raise UserError(f"--metric {self.metric!r}: choose one of {', '.join(METRICS)}")
+        try:
+            q = float(self.quantile)
+        except (TypeError, ValueError):
+            q = float("nan")
+        if not 0.5 < q < 1.0:
+            raise UserError(f"--quantile {self.quantile!r}: give the tail's quantile above the median and below 1, "
+                            "like 0.99 (P99), 0.999 (P999) or 0.9 (P90)")
+        object.__setattr__(self, "quantile", q)  # frozen
+        for name in ("since", "until"):
+            v = getattr(self, name)
+            if v is not None:
+                parse_time(v, dt.datetime(2000, 1, 1), f"--{name}")  # checked now, resolved later
+
+
+def parse_time(text: str, latest: dt.datetime, what: str = "time") -> dt.datetime:
+    """A naive UTC datetime from ISO 8601 (`2025-10-09T08:53:20Z`, an offset, or naive = UTC) or a
+    relative time `-<n>(s|m|h|d)` before `latest` (the store's latest completion). Raises UserError."""
+    s = str(text).strip()
+    m = _REL.match(s)
+    if m:
+        return latest - dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+    try:
+        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise UserError(f"{what} {text!r}: give ISO 8601 (2025-10-09T08:53:20Z) or a relative time "
+                        f"like -15m, -2h, -30s, -1d (before the latest request in the store)") from None
+    if t.tzinfo is not None:
+        t = t.astimezone(dt.UTC).replace(tzinfo=None)
+    return t
+
+
+def sql_time(t: dt.datetime) -> str:
+    """A naive UTC datetime as the string parameter `CAST(? AS TIMESTAMP)` takes (microseconds)."""
+    return t.strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+def iso(epoch_us: float | None) -> str | None:
+    """Microseconds since the epoch as ISO 8601 UTC with a `Z` (None stays None)."""
+    if epoch_us is None:
+        return None
+    t = dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(epoch_us))
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
+    """(query, close) over a store file opened read-only as the collector's `--db` readers open it
+    (`collector.store.duckdb_store.open_readonly`), each statement run by the SQL API's own guard
+    (`collector.query.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`).
+    Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (missing file, held by a
+    running collector, a failed statement)."""
+    import duckdb
+
+    from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
+    from collector.query.api import to_json_value
+    from collector.query.readonly import run_guarded
+    from collector.store.duckdb_store import open_readonly
+
+    con = open_readonly(path)
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        try:
+            res = run_guarded(con.cursor, sql, list(params or []), timeout_s=timeout_s, max_rows=None)
+        except (QueryInvalid, QueryRefused, QueryTimeout) as exc:
+            raise UserError(f"store query failed: {exc}") from None
+        except duckdb.Error as exc:
+            raise UserError(f"store query failed: {' '.join(str(exc).split())[:300]}") from None
+        return [[to_json_value(v) for v in r] for r in res.rows]
+
+    return query, con.close
+
+
+def api_query(url: str, *, timeout_s: float = 60.0) -> Query:
+    """query over a live collector's `/api/sql` at base URL `url` (`tailtrace.stack.sql_api`).
+    Raises UserError when the URL is not http(s) or the API cannot be reached or refuses."""
+    from tailtrace.stack import sql_api
+    from tailtrace.urls import check_http_url
+
+    base = check_http_url(url, "--api", "http://127.0.0.1:9464").rstrip("/")
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        return sql_api(base, sql, list(params or []), timeout_s=timeout_s)
+
+    return query
+
+
+def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
+    """(query, close) over a store URL (`duckdb:///path` as `db_query`; `chdb:///dir` or
+    `clickhouse://host:8123/db`: each statement translated from DuckDB's dialect by
+    collector/clickhouse/dialect.py, its `?` bound as literals, run under readonly=1 and the
+    timeout). Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (a bad URL, an
+    unreachable store, a database without the schema, a failed statement)."""
+    from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
+
+    store = parse_store_url(url)
+    if store.kind == "duckdb":
+        return db_query(store.path, timeout_s=timeout_s)
+    from collector.clickhouse.dialect import bind, to_clickhouse
+    from collector.clickhouse.query import run_readonly
+    from collector.query.api import to_json_value
+
+    client = connect_clickhouse(store)
+    try:
+        check_schema(client, store)
+    except UserError:
+        client.close()
+        raise
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        try:
+            res = run_readonly(client, bind(to_clickhouse(sql), params), timeout_s=timeout_s, max_rows=10**9)
+        except UserError as exc:
+            raise UserError(f"store query failed on {store.text}: {exc}") from None
+        return [[to_json_value(v) for v in r] for r in res["rows"]]
+
+    return query, client.close

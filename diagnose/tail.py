@@ -1,0 +1,149 @@
+"""The tail set and the apportioning of its excess by phase.
+
+Tail set: the `ok` requests of the scope (semantics.catalog.LATENCY_POPULATION) strictly above the
+exact P99 of the metric (`quantile_cont`), as every surface of tailtrace defines it (`--quantile`
+asks another: 0.999 for the P999, 0.9 when a short window holds too few requests for a P99 tail). A tail
+request's excess is its metric minus the median's. The median is split into phases in the
+proportions of the requests around it (between P40 and P60 of the metric): `ref_c = median x
+mean(c) / mean(metric)` over those requests. Since a request's phases tile its metric (for E2E:
+the catalog's phases plus `unattributed_ms`, the honest residual the store keeps), the phases'
+excesses sum(c_i - ref_c) add up exactly to the total excess sum(m_i - median): the shares add up
+to 1. TTFT's phases are the prefix of a request before its first token (network in, gateway,
+gateway queue, engine queue, prefill) plus the rest of TTFT as its own residual; TPOT lives in
+decode alone (docs/explain.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from diagnose.report import PhaseShare, TailSet
+from diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
+from semantics.catalog import (
+    LATENCY_POPULATION,
+    LAYER_GATEWAY,
+    LAYER_NONE,
+    PHASES,
+    UNATTRIBUTED,
+    phase_by_column,
+)
+from tailtrace.errors import UserError
+
+__all__ = ["MetricPhase", "metric_phases", "phase_split", "resolve_window", "tail_set"]
+
+
+@dataclass(frozen=True)
+class MetricPhase:
+    """A phase of a metric's split: `column` (a `requests` column or a residual's name), `sql` (its
+    per-request value, ms), `label`, `layer` (a catalog Layer)."""
+
+    column: str
+    sql: str
+    label: str
+    layer: object
+
+
+_TTFT_PREFIX = ("gateway_ms", "gateway_queue_ms", "queue_ms", "prefill_ms")
+
+
+def metric_phases(metric: str) -> list[MetricPhase]:
+    """The phases that tile `metric` (a key of source.METRICS) for one request, residual last."""
+    col = METRICS[metric]
+    if metric == "e2e":
+        return [MetricPhase(p.column, f"coalesce({p.column}, 0)", p.label, p.layer) for p in (*PHASES, UNATTRIBUTED)]
+    if metric == "ttft":
+        net = MetricPhase("network_in_ms", "coalesce(network_in_ms, 0)", "Network (way in)", LAYER_GATEWAY)
+        pre = [net] + [MetricPhase(c, f"coalesce({c}, 0)", phase_by_column(c).label, phase_by_column(c).layer)
+                       for c in _TTFT_PREFIX]
+        rest = f"{col} - ({' + '.join(p.sql for p in pre)})"
+        return pre + [MetricPhase("rest_of_ttft", rest, "Rest of TTFT (vLLM frontend, first token out, unattributed)",
+                                  LAYER_NONE)]
+    d = phase_by_column("decode_ms")
+    return [MetricPhase("decode_ms", col, d.label, d.layer)]
+
+
+def resolve_window(query: Query, scope: Scope) -> tuple[dt.datetime, dt.datetime, dict]:
+    """The scope's [since, until) as naive UTC datetimes (an open end: the first/last completion of
+    the store's requests, the last + 1 ms) and a few store facts {n_requests, first_us, last_us}.
+    Raises UserError for an empty store or a window that ends before it starts."""
+    n, first, last = query("SELECT count(*), epoch_us(min(completion_time)), epoch_us(max(completion_time)) "
+                           "FROM requests", [])[0]
+    if not n or first is None:
+        raise UserError("the store holds no requests (no client, gateway or llm.request spans yet); "
+                        "send traffic through an instrumented stack first")
+    to_dt = lambda us: dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(us))
+    latest = to_dt(last)
+    since = parse_time(scope.since, latest, "--since") if scope.since else to_dt(first)
+    until = parse_time(scope.until, latest, "--until") if scope.until else latest + dt.timedelta(milliseconds=1)
+    if until <= since:
+        raise UserError(f"--until ({sql_time(until)}) is not after --since ({sql_time(since)})")
+    return since, until, {"n_requests": n, "first_us": first, "last_us": last}
+
+
+def tail_set(query: Query, scope: Scope, since: dt.datetime, until: dt.datetime) -> TailSet:
+    """The tail set of `scope` in [since, until): population, exact median and threshold (the scope's
+    quantile, P99 by default), the tail's size
+    and excess. Raises UserError when the window holds no `ok` request with the metric (naming what
+    the store holds)."""
+    col = METRICS[scope.metric]
+    terms = [LATENCY_POPULATION, f"{col} IS NOT NULL", "completion_time >= CAST(? AS TIMESTAMP)",
+             "completion_time < CAST(? AS TIMESTAMP)"]
+    params: list = [sql_time(since), sql_time(until)]
+    if scope.run_id:
+        terms.append("run_id = ?")
+        params.append(scope.run_id)
+    where = " AND ".join(terms)
+    n, med, threshold = query(f"SELECT count(*), quantile_cont({col}, 0.5), quantile_cont({col}, ?) "
+                              f"FROM requests WHERE {where}", [scope.quantile, *params])[0]
+    window = {"start": iso(_us(since)), "end": iso(_us(until))}
+    if not n:
+        all_n, ok_n = query("SELECT count(*), count(*) FILTER (WHERE ok) FROM requests WHERE completion_time >= "
+                            "CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
+                            + (" AND run_id = ?" if scope.run_id else ""), params)[0]
+        what = f"run {scope.run_id!r} in " if scope.run_id else ""
+        raise UserError(f"no ok request with {col} in {what}{window['start']} .. {window['end']} "
+                        f"({all_n} requests there, {ok_n} ok); widen --since/--until"
+                        + (" or check --run-id" if scope.run_id else "")
+                        + (", or use --metric e2e (TPOT needs 2+ output tokens and engine spans)"
+                           if scope.metric != "e2e" and ok_n else ""))
+    ts = TailSet(scope.metric, col, n, med, scope.quantile, threshold, 0, 0.0, window, where, params)
+    n_tail, excess = query(f"SELECT count(*), sum({col} - ?) FROM requests WHERE {ts.tail_where}",
+                           [med, *ts.tail_params])[0]
+    ts.n_tail, ts.excess_ms = n_tail, float(excess or 0.0)
+    return ts
+
+
+def _us(t: dt.datetime) -> int:
+    return round((t - dt.datetime(1970, 1, 1)).total_seconds() * 1e6)
+
+
+def phase_split(query: Query, ts: TailSet) -> tuple[list[PhaseShare], dict[str, float], str, list]:
+    """The tail's excess split by phase (shares add up to 1), the median's phase profile
+    {column: ref ms}, and the SQL and params that gave it."""
+    phases = metric_phases(ts.metric)
+    col = ts.column
+    band = ", ".join(f"avg({p.sql})" for p in phases)
+    tail_sums = ", ".join(f"sum({p.sql})" for p in phases)
+    sql = f"""WITH pop AS (SELECT * FROM requests WHERE {ts.where}),
+q AS (SELECT quantile_cont({col}, 0.4) AS lo, quantile_cont({col}, 0.6) AS hi FROM pop)
+SELECT (SELECT avg({col}) FROM pop, q WHERE {col} BETWEEN lo AND hi),
+       (SELECT [{band}] FROM pop, q WHERE {col} BETWEEN lo AND hi),
+       (SELECT [{tail_sums}] FROM pop WHERE {col} > ?)"""
+    params = [*ts.params, ts.threshold_ms]
+    band_m, band_c, tail_c = query(sql, params)[0]
+    band_m = float(band_m or 0.0)
+    ref = {p.column: (ts.median_ms * float(b or 0.0) / band_m if band_m else 0.0) for p, b in zip(phases, band_c)}
+    # per tail request, the phase holding its largest excess (index into phases, 1-based)
+    refs = ", ".join(f"{p.sql} - ?" for p in phases)
+    most = query(f"""SELECT list_position(l, list_max(l)) AS i, count(*) FROM
+        (SELECT [{refs}] AS l FROM requests WHERE {ts.tail_where}) GROUP BY 1""",
+                 [*ref.values(), *ts.tail_params])
+    holds = {int(i): int(k) for i, k in most if i is not None}
+    out = []
+    for i, (p, s) in enumerate(zip(phases, tail_c), start=1):
+        ex = float(s or 0.0) - ts.n_tail * ref[p.column]
+        out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
+                              float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,
+                              ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0)))
+    return out, ref, sql, params

@@ -1,0 +1,109 @@
+"""`tailtrace clickhouse init` and `tailtrace sql --store` on chdb; bad store URLs and schemas:
+one line naming what is wrong and the command that fixes it, exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from collector.clickhouse.exporter_encoding import encode_traces
+from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.cli import main
+from tests.clickhouse.conftest import insert_spans
+from tests.clickhouse.spans import build_spans
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_init_then_sql_store_reads_requests(tmp_path, capsys):
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    assert main(["clickhouse", "init", "--url", url]) == 0   # idempotent
+    capsys.readouterr()
+    store = parse_store_url(url)
+    client = connect_clickhouse(store)
+    try:
+        insert_spans(client, encode_traces(build_spans(n_full=6)[0]))
+    finally:
+        client.close()
+    assert main(["sql", "--store", url, "--format", "json",
+                 ("SELECT count(*) AS n, countIf(ok) AS ok, quantileExactInclusive(0.5)(outer_e2e_ms) > 0 AS p "
+                 "FROM requests")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 6 full traces, a client timeout, one without arrays, one engine-only, a 429, and vLLM's own
+    # spans: 3 under a client span, 1 alone, 1 beside a full trace's (its own row: 1 more full trace)
+    assert out["columns"] == ["n", "ok", "p"] and out["rows"] == [[15, 13, True]]
+    # the row cap holds, to the row
+    assert main(["sql", "--store", url, "--format", "json", "--max-rows", "3", "SELECT * FROM decode_steps"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["rows"]) == 3 and out["truncated"] is True
+    # readonly=1, enforced by the engine: no writes, no table functions reaching files
+    for q in ("INSERT INTO otel_traces (TraceId) VALUES ('x')", "SELECT * FROM file('/etc/passwd', 'LineAsString')"):
+        assert main(["sql", "--store", url, q]) == 2
+        assert "readonly" in _err(capsys).lower()
+
+
+def test_sql_store_duckdb_is_db(tmp_path, capsys):
+    import duckdb
+
+    path = tmp_path / "s.duckdb"
+    duckdb.connect(str(path)).execute("CREATE TABLE requests AS SELECT 1 AS n").close()
+    assert main(["sql", "--store", f"duckdb://{path}", "--format", "json", "SELECT n FROM requests"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == [[1]]
+
+
+@pytest.mark.parametrize("url, words", [
+    ("ftp://x/y", "unknown scheme 'ftp'"),
+    ("chdb://relative/dir", "three slashes"),
+    ("clickhouse://127.0.0.1:1/otel", "cannot reach ClickHouse"),
+    ("clickhouse://:8123/otel", "names no host"),
+])
+def test_bad_store_urls_are_one_line(url, words, capsys):
+    assert main(["sql", "--store", url, "SELECT 1"]) == 2
+    assert words in _err(capsys)
+
+
+def test_missing_store_and_schema_name_the_fix(tmp_path, capsys):
+    url = f"chdb://{tmp_path / 'none'}"
+    assert main(["sql", "--store", url, "SELECT 1"]) == 2
+    assert f"tailtrace clickhouse init --url {url}" in _err(capsys)
+    # a database without the schema
+    store = parse_store_url(f"chdb://{tmp_path / 'bare'}")
+    connect_clickhouse(store, create=True).close()
+    assert main(["sql", "--store", store.text, "SELECT 1"]) == 2
+    err = _err(capsys)
+    assert "no otel_traces" in err and f"tailtrace clickhouse init --url {store.text}" in err
+    # a table from another exporter version (Duration Int64, as before v0.100)
+    client = connect_clickhouse(store)
+    client.command("CREATE TABLE otel_traces (Timestamp DateTime64(9), TraceId String, SpanId String, "
+                   "ServiceName LowCardinality(String), SpanAttributes Map(LowCardinality(String), String), "
+                   "ResourceAttributes Map(LowCardinality(String), String), Duration Int64, "
+                   "StatusCode LowCardinality(String)) ENGINE = MergeTree ORDER BY Timestamp")
+    client.close()
+    assert main(["sql", "--store", store.text, "SELECT 1"]) == 2
+    assert "another exporter version (Duration is Int64, not UInt64)" in _err(capsys)
+
+
+def test_a_chdb_directory_held_by_another_process_is_one_line(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    capsys.readouterr()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", ("import sys, clickhouse_connect; c = clickhouse_connect.get_client(dsn=sys.argv[1]); "
+                                "print('open', flush=True); sys.stdin.read()"), url],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        assert main(["sql", "--store", url, "SELECT 1"]) == 2
+        assert "held by another process" in _err(capsys)
+    finally:
+        holder.stdin.close()
+        holder.wait(30)

@@ -1,0 +1,183 @@
+"""The same spans through tailtrace's DuckDB path (the real processor and store) and, encoded as the
+OpenTelemetry Collector's ClickHouse exporter encodes them, into chdb: `requests` and
+`decode_steps` equal row for row; exact quantiles equal on both engines."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import duckdb
+import pytest
+
+from collector.clickhouse.dialect import to_clickhouse
+from collector.clickhouse.exporter_encoding import encode_traces
+from collector.clickhouse.query import run_readonly
+from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS, SPANS
+from semantics import semconv as sc
+from semantics.catalog import QUANTILES
+from tests.clickhouse.conftest import duckdb_store, insert_spans
+from tests.clickhouse.spans import build_spans
+
+TOL_MS = 1e-6
+
+
+@pytest.fixture(scope="module")
+def spans():
+    return build_spans()[0]
+
+
+@pytest.fixture(scope="module")
+def duck(spans, tmp_path_factory):
+    """A read-only connection on the DuckDB store the real writer made from `spans`."""
+    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", spans)
+    con = duckdb.connect(str(path), read_only=True)
+    yield con
+    con.close()
+
+
+def _norm(v):
+    if hasattr(v, "tzinfo") and v.tzinfo is not None:   # ClickHouse DateTime64(6, 'UTC') -> naive UTC, as DuckDB's
+        return v.replace(tzinfo=None)
+    return v
+
+
+def _diff(names, want: dict, got: dict, what: str) -> list[str]:
+    errors = [(f"{what}: keys only in DuckDB {sorted(set(want) - set(got))[:3]}, only in ClickHouse "
+              f"{sorted(set(got) - set(want))[:3]}")] if set(want) != set(got) else []
+    for k in sorted(set(want) & set(got)):
+        for n, a, b in zip(names, want[k], got[k]):
+            b = _norm(b)
+            if isinstance(a, float) and isinstance(b, float):
+                if abs(a - b) > TOL_MS:
+                    errors.append(f"{what} {k} {n}: DuckDB {a!r}, ClickHouse {b!r}")
+            elif a != b:
+                errors.append(f"{what} {k} {n}: DuckDB {a!r}, ClickHouse {b!r}")
+    return errors
+
+
+def _requests(rows):
+    return {r[1]: r for r in rows}   # by trace_id
+
+
+def _steps(rows):
+    return {(r[0], r[2]): r for r in rows}   # by (trace_id, token_index)
+
+
+def test_requests_and_decode_steps_equal_row_for_row(spans, duck, chdb_store):
+    _, client = chdb_store
+    rows = encode_traces(spans)
+    # the exporter's batches split traces anywhere: insert in three shuffled parts
+    random.Random(3).shuffle(rows)
+    for part in (rows[:50], rows[50:400], rows[400:]):
+        insert_spans(client, part)
+    cols = ", ".join(REQUESTS.names)
+    want = _requests(duck.execute(f"SELECT {cols} FROM requests").fetchall())
+    # read as `tailtrace sql --store` reads: readonly=1, so the views' own SETTINGS cannot apply
+    got = _requests(run_readonly(client, f"SELECT {cols} FROM requests", max_rows=10**6)["rows"])
+    assert len(want) == 49
+    src = REQUESTS.names.index("source")
+    native = {t: w for t, w in want.items() if w[src] == "vllm-native"}
+    # vLLM's own span fills the rows with no plugin span (3 under a client span, 1 alone, its bad
+    # latencies NULL); beside the plugin's spans of a full trace the row is the plugin's
+    assert len(native) == 4 and sum(w[src] == "plugin" for w in want.values()) == 44  # and the 429: no engine
+    bad = native[(bytes([8]) + bytes(15)).hex()]
+    assert bad[REQUESTS.names.index("prefill_ms")] is None and bad[REQUESTS.names.index("decode_ms")] is None
+    assert bad[REQUESTS.names.index("queue_ms")] == pytest.approx(20.0)
+    # the fixture exercises what it claims: clock offsets across hosts, preemption, failures, engine only
+    assert duck.execute("SELECT count(*) FROM clock_offsets WHERE offset_ms <> 0").fetchone()[0] > 0
+    assert {w[REQUESTS.names.index("status")] for w in want.values()} == {"ok", "error"}
+    assert any((w[REQUESTS.names.index("preempted_ms")] or 0) > 0 for w in want.values())
+    assert sum(w[REQUESTS.names.index("client_e2e_ms")] is None for w in want.values()) == 3
+    assert _diff(REQUESTS.names, want, got, "requests") == []
+
+    dcols = ", ".join(DECODE_STEPS.names)
+    want_s = _steps(duck.execute(f"SELECT {dcols} FROM decode_steps").fetchall())
+    got_s = _steps(run_readonly(client, f"SELECT {dcols} FROM decode_steps", max_rows=10**6)["rows"])
+    assert len(want_s) > 500
+    # the short batch-size array: its last token has a NULL batch size on both
+    assert any(r[DECODE_STEPS.names.index("batch_size")] is None for r in want_s.values())
+    assert _diff(DECODE_STEPS.names, want_s, got_s, "decode_steps") == []
+
+
+def test_a_trace_still_arriving_shows_what_has_arrived(spans, chdb_store):
+    _, client = chdb_store
+    rows = [r for r in encode_traces(spans) if r[1] == (bytes([1, 0, 0]) + bytes(13)).hex()]
+    engine = [r for r in rows if r[7].startswith("vllm")]
+    insert_spans(client, engine)
+    first = client.query("SELECT e2e_ms, client_e2e_ms, outer_e2e_ms FROM requests").result_rows
+    assert len(first) == 1 and first[0][1] is None and first[0][2] == pytest.approx(first[0][0], abs=TOL_MS)
+    insert_spans(client, [r for r in rows if not r[7].startswith("vllm")])
+    e2e, client_e2e, outer = client.query("SELECT e2e_ms, client_e2e_ms, outer_e2e_ms FROM requests").result_rows[0]
+    assert client_e2e is not None and outer == pytest.approx(client_e2e, abs=TOL_MS) and client_e2e > e2e
+
+
+def test_exact_quantiles_equal_duckdb_quantile_cont(duck, chdb_store):
+    _, client = chdb_store
+    rng = random.Random(5)
+    # a connection of its own: a result left open on DuckDB's default connection (duckdb.execute)
+    # breaks every later duckdb.sql in the process ("connection has an unfinished result")
+    con = duckdb.connect()
+    for n in (100, 1001, 12345):
+        values = [rng.lognormvariate(3, 1.5) for _ in range(n)]
+        sql = "SELECT " + ", ".join(f"quantile_cont(x, {q})" for q in QUANTILES) + " FROM v"
+        duck_q = con.execute(sql.replace("FROM v", "FROM (SELECT unnest(?) AS x)"), [values]).fetchone()
+        ch_sql = to_clickhouse(sql).replace("FROM v", "FROM (SELECT arrayJoin({v:Array(Float64)}) AS x)")
+        assert "quantileExactInclusive(0.99)(x)" in ch_sql
+        ch_q = client.query(ch_sql, parameters={"v": values}).result_rows[0]
+        for q, a, b in zip(QUANTILES, duck_q, ch_q):
+            assert b == pytest.approx(a, rel=1e-12), (n, q)
+    # and ClickHouse's sampling quantile does not (the reason the dialect never uses it)
+    values = [rng.lognormvariate(3, 1.5) for _ in range(12345)]
+    exact = con.execute("SELECT quantile_cont(x, 0.999) FROM (SELECT unnest(?) AS x)", [values]).fetchone()[0]
+    con.close()
+    sampled = client.query("SELECT quantile(0.999)(x) FROM (SELECT arrayJoin({v:Array(Float64)}) AS x)",
+                           parameters={"v": values}).result_rows[0][0]
+    assert sampled != pytest.approx(exact, rel=1e-9)
+
+
+def test_spans_and_engine_steps_equal_row_for_row(spans, duck, chdb_store):
+    _, client = chdb_store
+    insert_spans(client, encode_traces(spans))
+    # every spans column but the JSON ones (the exporter keeps attribute values as AsString text)
+    cols = [c for c in SPANS.names if c not in ("attributes", "resource", "events")]
+    q = f"SELECT {', '.join(cols)} FROM spans"
+    want = {(r[0], r[1]): r for r in duck.execute(q).fetchall()}
+    got = {(r[0], r[1]): r for r in run_readonly(client, q, max_rows=10**6)["rows"]}
+    assert len(want) > 400
+    assert _diff(cols, want, got, "spans") == []
+    # the attributes hold the same keys and, read back as text, the same values
+    q = "SELECT trace_id, span_id, attributes FROM spans"
+    want_a = {(r[0], r[1]): json.loads(r[2]) for r in duck.execute(q).fetchall()}
+    got_a = {(r[0], r[1]): json.loads(r[2]) for r in run_readonly(client, q, max_rows=10**6)["rows"]}
+    assert {k: sorted(v) for k, v in want_a.items()} == {k: sorted(v) for k, v in got_a.items()}
+    k = next(k for k, v in want_a.items() if sc.GEN_AI_USAGE_INPUT_TOKENS in v)
+    assert got_a[k][sc.GEN_AI_USAGE_INPUT_TOKENS] == str(want_a[k][sc.GEN_AI_USAGE_INPUT_TOKENS])
+    q = f"SELECT {', '.join(ENGINE_STEPS.names)} FROM engine_steps"
+    want_e = {r[-1]: r for r in duck.execute(q).fetchall()}
+    got_e = {r[-1]: r for r in run_readonly(client, q, max_rows=10**6)["rows"]}
+    assert len(want_e) == 240
+    assert _diff(ENGINE_STEPS.names, want_e, got_e, "engine_steps") == []
+
+
+def test_init_backfills_decode_steps_from_spans_already_there(spans, duck, tmp_path):
+    """An otel_traces the exporter filled before `tailtrace clickhouse init`: the new decode_steps and
+    step_rollup get the steps of the spans already there (the materialized views see only later inserts)."""
+    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.cli import main
+
+    store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
+    client = connect_clickhouse(store, create=True)
+    client.command(render_table("otel_traces", store.database))
+    client.insert("otel_traces", encode_traces(spans), column_names=list(TRACE_INSERT_COLUMNS))
+    client.close()
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        n = client.command("SELECT count() FROM decode_steps")
+        rolled = client.command("SELECT sum(steps) FROM step_rollup")
+    finally:
+        client.close()
+    assert n == duck.execute("SELECT count(*) FROM decode_steps").fetchone()[0]
+    assert rolled == duck.execute("SELECT sum(steps) FROM step_rollup").fetchone()[0]

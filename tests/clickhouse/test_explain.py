@@ -1,0 +1,50 @@
+"""`tailtrace explain` on chdb gives the report it gives on DuckDB for the same spans: the same
+findings, ranks, shares, numbers and notes (floats within 1e-6 relative)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.cli import main
+from tests.clickhouse.conftest import duckdb_store, insert_spans
+from tests.clickhouse.spans import build_spans
+
+
+def _differences(a, b, path="") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}.{k}: only on one engine" for k in set(a) ^ set(b)]
+        for k in set(a) & set(b):
+            out += _differences(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items on DuckDB, {len(b)} on ClickHouse"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _differences(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
+        return [] if b == pytest.approx(a, rel=1e-6, abs=1e-9) else [f"{path}: DuckDB {a}, ClickHouse {b}"]
+    return [] if a == b else [f"{path}: DuckDB {a!r}, ClickHouse {b!r}"]
+
+
+def _explain(url: str, *extra: str) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["explain", "--store", url, "--format", "json", *extra]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_explain_on_chdb_equals_explain_on_duckdb(tmp_path, chdb_store):
+    store, client = chdb_store
+    req, _ = build_spans(n_full=100, seed=11)
+    duck = duckdb_store(tmp_path / "t.duckdb", req)
+    insert_spans(client, encode_traces(req))
+    client.close()   # chdb: one open handle per data directory
+    want = _explain(f"duckdb://{duck}")
+    got = _explain(store.text)
+    assert len(want["findings"]) >= 4     # the span set gives explain something to find
+    assert [f["cause"] for f in got["findings"]] == [f["cause"] for f in want["findings"]]
+    assert _differences(want, got) == []

@@ -1,0 +1,87 @@
+"""`tailtrace clickhouse load --url URL --from PATH.duckdb`: a DuckDB store that the real processor
+and writer made, moved into chdb, answers with the same `requests`, `decode_steps`, `engine_steps`
+and `step_rollup` rows; bad sources and targets are one line, exit 2."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+from collector.clickhouse.query import run_readonly
+from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
+from tailtrace.cli import main
+from tests.clickhouse.conftest import duckdb_store
+from tests.clickhouse.spans import build_spans
+from tests.clickhouse.test_equality import _diff, _requests, _steps
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def duck_path(tmp_path_factory):
+    return duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", build_spans()[0])
+
+
+def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rows into otel_traces" in out and "694 rows into decode_steps" in out
+    duck = duckdb.connect(str(duck_path), read_only=True)
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        def both(sql):
+            return duck.execute(sql).fetchall(), run_readonly(client, sql, max_rows=10**6)["rows"]
+
+        want, got = map(_requests, both(f"SELECT {', '.join(REQUESTS.names)} FROM requests"))
+        assert len(want) == 49
+        assert _diff(REQUESTS.names, want, got, "requests") == []
+        want, got = map(_steps, both(f"SELECT {', '.join(DECODE_STEPS.names)} FROM decode_steps"))
+        assert len(want) == 694
+        assert _diff(DECODE_STEPS.names, want, got, "decode_steps") == []
+        want, got = (({r[-1]: r for r in rows}) for rows in both(f"SELECT {', '.join(ENGINE_STEPS.names)} FROM engine_steps"))
+        assert len(want) == 240
+        assert _diff(ENGINE_STEPS.names, want, got, "engine_steps") == []
+        # the rollup explain reads at scale, and the spans of every phase
+        q = ("SELECT service_name, batch_size, prefill_bucket, sum(steps), round(sum(itl_sum_ms), 6) FROM step_rollup "
+             "GROUP BY ALL ORDER BY ALL")
+        want, got = both(q)
+        assert len(want) > 10 and [tuple(r) for r in got] == [tuple(r) for r in want]
+        q = "SELECT phase, count(*), round(sum(duration_ms), 6) FROM spans GROUP BY phase ORDER BY phase"
+        want, got = both(q)
+        assert [tuple(r) for r in got] == [tuple(r) for r in want]
+    finally:
+        duck.close()
+        client.close()
+    # loading again would count every span twice: refused
+    assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 2
+    assert "loaded before" in _err(capsys)
+
+
+def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    capsys.readouterr()
+    assert main(["clickhouse", "load", "--url", url, "--from", str(tmp_path / "none.duckdb")]) == 2
+    assert "no DuckDB file at" in _err(capsys)
+    foreign = tmp_path / "foreign.duckdb"
+    duckdb.connect(str(foreign)).execute("CREATE TABLE spans (x INTEGER)").close()
+    assert main(["clickhouse", "load", "--url", url, "--from", str(foreign)]) == 2
+    assert "is not a tailtrace store (table spans lacks trace_id" in _err(capsys)
+    text = tmp_path / "notes.duckdb"
+    text.write_text("not a database\n" * 100)
+    assert main(["clickhouse", "load", "--url", url, "--from", str(text)]) == 2
+    assert "not a valid DuckDB database file" in _err(capsys)
+    # a target without the schema
+    bare = parse_store_url(f"chdb://{tmp_path / 'bare'}")
+    connect_clickhouse(bare, create=True).close()
+    assert main(["clickhouse", "load", "--url", bare.text, "--from", str(duck_path)]) == 2
+    assert f"tailtrace clickhouse init --url {bare.text}" in _err(capsys)
+    assert main(["clickhouse", "load", "--url", f"duckdb://{duck_path}", "--from", str(duck_path)]) == 2
+    assert "is a DuckDB store" in _err(capsys)

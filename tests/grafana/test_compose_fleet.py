@@ -1,0 +1,135 @@
+"""deploy/fleet/compose.yaml (no Docker here): `docker compose config` where Compose v2 runs, and
+always the structural checks of tests/grafana/test_compose.py: services and pinned images, ports on
+loopback, bind mounts that exist, the files the images COPY, every `tailtrace` command line parsed by
+the real CLI parser; then the wiring: vLLM scalable behind one name that the gateway resolves, the
+collector-contrib's ClickHouse exporter (create_schema false, batching, retry, sending queue) on the
+database `clickhouse init` creates, Grafana with grafana-clickhouse-datasource and the generated rules."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from test_compose import (
+    ROOT,
+    _interpolate,
+    check_compose_config,
+    check_images_copy_every_package,
+    check_ports_and_mounts,
+)
+
+FLEET = ROOT / "deploy" / "fleet"
+COMPOSE = FLEET / "compose.yaml"
+PORTS = {"vllm": [], "gateway": [8080], "otel-collector": [4318, 4317], "clickhouse": [8123, 9000],
+         "clickhouse-init": [], "grafana": [3000]}
+ENV = {"CLICKHOUSE_PASSWORD": "p", "CLICKHOUSE_READER_PASSWORD": "r"}
+
+
+def _doc() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def _argv(svc) -> list[str]:
+    return [_interpolate(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
+
+
+def test_docker_compose_config_accepts_it():
+    check_compose_config(COMPOSE, ENV)
+
+
+def test_services_images_ports_and_mounts():
+    doc = _doc()
+    check_images_copy_every_package(doc)
+    services = doc["services"]
+    assert set(services) == set(PORTS)
+    for name, svc in services.items():
+        image = _interpolate(svc["image"])
+        if "build" not in svc:   # third-party images are pinned to a release
+            assert re.search(r":\d+(\.\d+)+$", image), f"{name}: {image} is not pinned"
+        check_ports_and_mounts(doc, name, PORTS[name], FLEET)
+        build = svc.get("build")
+        if build:
+            ctx = (FLEET / build["context"]).resolve()
+            assert ctx == ROOT
+            for line in build["dockerfile_inline"].splitlines():
+                if line.strip().startswith("COPY"):
+                    for src in line.split()[1:-1]:
+                        assert (ctx / src).exists(), f"{name}: COPY {src}: missing in the repo"
+            # every package the distribution ships is in the image (semantics: the catalog)
+            if "pip install" in build["dockerfile_inline"]:
+                assert "COPY semantics ./semantics" in build["dockerfile_inline"], name
+    # vLLM: N replicas on the GPU, no host port, no fixed name (so `--scale vllm=N` works)
+    vllm = services["vllm"]
+    assert "container_name" not in vllm and "ports" not in vllm
+    assert int(_interpolate(str(vllm["deploy"]["replicas"]))) >= 2
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+
+
+def test_tailtrace_command_lines_parse_and_wire_the_services():
+    from collector.clickhouse.store_url import parse_store_url
+    from tailtrace.cli import build_parser
+
+    services = _doc()["services"]
+    parser = build_parser()
+    parsed = {}
+    for name, svc in services.items():
+        argv = _argv(svc)
+        if argv and argv[0] == "tailtrace":
+            parsed[name] = parser.parse_args(argv[1:])
+            assert callable(getattr(parsed[name], "func", None)), name
+    assert set(parsed) == {"vllm", "gateway", "clickhouse-init"}
+    # the gateway resolves every address of the vLLM service's name, on vLLM's port
+    gw = parsed["gateway"]
+    assert gw.host == "0.0.0.0" and gw.upstream_dns == "http://vllm:8000" and not gw.upstreams
+    assert "--port=8000" in _argv(services["vllm"])
+    # every layer sends OTLP to the collector-contrib
+    for name in ("vllm", "gateway"):
+        assert "--otlp-endpoint=http://otel-collector:4318" in _argv(services[name]), name
+    # init creates the schema in the database the exporter writes, before the exporter starts
+    store = parse_store_url(parsed["clickhouse-init"].url)
+    assert (store.kind, store.host, store.port, store.database) == ("clickhouse", "clickhouse", 8123, "otel")
+    assert services["otel-collector"]["depends_on"]["clickhouse-init"]["condition"] == "service_completed_successfully"
+    assert services["clickhouse-init"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+
+
+def test_collector_contrib_exports_to_clickhouse_as_tailtrace_reads_it():
+    from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE
+
+    cfg = yaml.safe_load((FLEET / "otel-collector.yaml").read_text())
+    ch = cfg["exporters"]["clickhouse"]
+    assert ch["create_schema"] is False
+    assert ch["endpoint"].startswith("tcp://clickhouse:9000") and ch["database"] == "otel"
+    assert ch["traces_table_name"] == TRACES_TABLE
+    assert set(ch["metrics_tables"].values()) == set(METRIC_TABLES)
+    assert ch["sending_queue"]["enabled"] is True and ch["sending_queue"]["queue_size"] > 0
+    assert ch["retry_on_failure"]["enabled"] is True
+    assert cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    for kind in ("traces", "metrics"):
+        pipe = cfg["service"]["pipelines"][kind]
+        assert pipe["exporters"] == ["clickhouse"] and pipe["processors"][-1] == "batch"
+        assert pipe["processors"][0] == "memory_limiter"
+    # the password is the compose environment's, never written in the file
+    assert ch["password"] == "${env:CLICKHOUSE_PASSWORD}"
+    assert "CLICKHOUSE_PASSWORD" in _doc()["services"]["otel-collector"]["environment"]
+
+
+def test_grafana_has_the_clickhouse_plugin_datasource_and_rules():
+    services = _doc()["services"]
+    g = services["grafana"]
+    plugin, version = g["environment"]["GF_INSTALL_PLUGINS"].split()
+    assert plugin == "grafana-clickhouse-datasource" and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    mounts = dict(_interpolate(v).split(":")[:2] for v in g["volumes"] if v.startswith("./"))
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    ds = yaml.safe_load((FLEET / "grafana/provisioning/datasources/clickhouse.yaml").read_text())["datasources"][0]
+    assert ds["type"] == plugin and ds["jsonData"]["host"] == "clickhouse" and ds["jsonData"]["port"] == 9000
+    assert ds["jsonData"]["defaultDatabase"] == "otel"
+    # the reader is read-only, declared in the server's users.d, its password from the same variable
+    users = (FLEET / "clickhouse/users.d/tailtrace.xml").read_text()
+    assert f"<{ds['jsonData']['username']}>" in users and "<readonly>1</readonly>" in users
+    assert ds["secureJsonData"]["password"] == "${CLICKHOUSE_READER_PASSWORD}"
+    assert "CLICKHOUSE_READER_PASSWORD" in g["environment"] and "CLICKHOUSE_READER_PASSWORD" in \
+        services["clickhouse"]["environment"]
+    rules = yaml.safe_load((FLEET / "grafana/provisioning/alerting/tailtrace-clickhouse.yaml").read_text())
+    sources = {q["datasourceUid"] for r in rules["groups"][0]["rules"] for q in r["data"]} - {"__expr__"}
+    assert sources == {ds["uid"]}

@@ -2,7 +2,8 @@
 
 **Load.** A steady open-loop Poisson stream of short requests (`--input-tokens`, default 16;
 `--output-tokens`, default 64 here: long enough that decodes are running when the long prompt
-comes) at `--rate` req/s for `--duration` s, run id `<base>-steady`; and, under its own run id
+comes) at `--rate` req/s for `--duration` s, plus one arrival each `LEAD_ARRIVALS_MS` before the
+long prompt (so that some are decoding when it comes on a fast host too), run id `<base>-steady`; and, under its own run id
 `<base>-long`, one prompt of N token ids (`--prompt-tokens`,
 default 14,000) asking for `LONG_OUTPUT_TOKENS` tokens. Its ids are drawn under a content seed of
 its own, new at each run (`details["long_seed"]`): no KV block of it is in vLLM's prefix cache,
@@ -87,13 +88,18 @@ from semantics import catalog
 from tailtrace.errors import UserError
 from tailtrace.stack import sql_api, wait_for_store
 
-__all__ = ["BASELINE_S", "LEAD_MS", "LONG_OUTPUT_TOKENS", "MIN_BASELINE", "check_prompt_tokens", "long_offset_ms", "run"]
+__all__ = ["BASELINE_S", "LEAD_ARRIVALS_MS", "LEAD_MS", "LONG_OUTPUT_TOKENS", "MIN_BASELINE", "check_prompt_tokens",
+           "long_offset_ms", "run", "with_lead_arrivals"]
 
 NAME = "long-prompt"
 LONG_OUTPUT_TOKENS = 4
 BASELINE_S = 8.0  # pure-decode baseline steps: within this many s before and after the window
 MIN_BASELINE = 3  # pure-decode samples a batch size needs to serve as a baseline
 LEAD_MS = 500.0  # the long prompt follows a cluster of steady arrivals this close
+# steady arrivals added this many ms before the long prompt, so that requests are decoding when it
+# comes whatever the host's speed (an idle 2-core box decodes 128 tokens in ~0.5 s: at 3 req/s a
+# Poisson stream alone often had one request running, and the test asks for two)
+LEAD_ARRIVALS_MS = (300.0, 250.0, 200.0, 150.0)
 _SETUP_S = 3.0  # time for both replays to ask the gateway for its model and build their prompts
 _COMPLETE = "ok AND client_e2e_ms IS NOT NULL AND network_out_ms IS NOT NULL AND e2e_ms IS NOT NULL"
 
@@ -121,6 +127,13 @@ def long_offset_ms(offsets_ms: list[float], duration_s: float) -> float:
     return best + LEAD_MS
 
 
+def with_lead_arrivals(offsets_ms: list[float], long_at_ms: float) -> list[float]:
+    """`offsets_ms` (ms from the start) with one steady arrival `LEAD_ARRIVALS_MS` before
+    `long_at_ms` each (none before the first offset, so the schedule's start is unchanged), sorted."""
+    first = min(offsets_ms)
+    return sorted([*offsets_ms, *(long_at_ms - d for d in LEAD_ARRIVALS_MS if long_at_ms - d > first)])
+
+
 def _mean(values) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
@@ -143,12 +156,13 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     runs = {"steady": f"{base}-steady", "long": f"{base}-long"}
     shape = shape_trace(out / f"{base}.shape.csv", options.input_tokens, options.output_tokens)
     offsets = poisson_offsets_ms(shape, options.rate, options.duration_s, options.seed)
+    long_at_s = long_offset_ms(offsets, options.duration_s) / 1e3
+    offsets = with_lead_arrivals(offsets, long_at_s * 1e3)
     steady_trace = shape_trace(out / f"{runs['steady']}.plan.csv", options.input_tokens, options.output_tokens,
                                offsets)
     long_trace = shape_trace(out / f"{runs['long']}.plan.csv", n_long, LONG_OUTPUT_TOKENS)
     long_seed = secrets.randbits(31)  # fresh content: nothing of it in the prefix cache
     start = time.perf_counter() + _SETUP_S  # both on one clock
-    long_at_s = long_offset_ms(offsets, options.duration_s) / 1e3
     configs = [burst_config(steady_trace, gw, runs["steady"], target.otlp_url, model,
                             start_at_perf_s=start + min(offsets) / 1e3),
                dataclasses.replace(burst_config(long_trace, gw, runs["long"], target.otlp_url, model,

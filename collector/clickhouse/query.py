@@ -5,24 +5,67 @@ The DuckDB parser guard does not apply here: the server enforces the protections
 `max_execution_time` (the statement timeout) and `max_result_rows` with `result_overflow_mode=break`
 (the row cap, exact to the row here: the client keeps cap rows and reports `truncated`). On a real
 server, give readers a user whose profile has `readonly=1` too (docs/fleet.md).
+
+Such a user may change no setting unless its profile gives the setting a `changeable_in_readonly`
+constraint ("Cannot modify 'max_result_rows' setting in readonly mode"). So the guard reads, once per
+client, which of its settings this user may change (`system.settings`, whose `readonly` column is 1
+where the current user may not) and sends only those; the others stand as the server's profile has
+them, which then is the guard (deploy/fleet/clickhouse makes all of them changeable). A row cap fixed
+by the server with `result_overflow_mode=break` still reports `truncated` when it was reached.
 """
 
 from __future__ import annotations
 
 from tailtrace.errors import UserError
 
-__all__ = ["guard_settings", "run_readonly"]
+__all__ = ["GUARD_SETTINGS", "guard_settings", "run_readonly", "server_settings"]
+
+# the settings a guarded read sets, when this user may change them
+GUARD_SETTINGS = ("max_execution_time", "max_result_rows", "result_overflow_mode", "join_algorithm", "readonly")
 
 
-def guard_settings(timeout_s: float, max_rows: int, *, asof: bool = False) -> dict:
+def server_settings(client) -> dict[str, tuple[str, bool]]:
+    """{setting: (its value for this session, whether this user may change it)} for GUARD_SETTINGS,
+    from the server's `system.settings` (read once per client, then kept on it). Raises
+    clickhouse-connect's errors as the query does."""
+    cached = getattr(client, "_tailtrace_guard", None)
+    if cached is None:
+        names = ", ".join(f"'{n}'" for n in GUARD_SETTINGS)
+        rows = client.query(f"SELECT name, value, readonly FROM system.settings WHERE name IN ({names})").result_rows
+        cached = {name: (str(value), not int(ro)) for name, value, ro in rows}
+        try:
+            client._tailtrace_guard = cached
+        except AttributeError:  # a client that takes no attributes reads them each time
+            pass
+    return cached
+
+
+def guard_settings(timeout_s: float, max_rows: int, *, asof: bool = False,
+                   server: dict[str, tuple[str, bool]] | None = None) -> dict:
     """The ClickHouse settings of one guarded read (readonly last). `asof`: the query has an ASOF
     JOIN, which ClickHouse's default hash join cannot run without an equality (explain's long-prompt
-    detector has none); the sort-merge join can."""
+    detector has none); the sort-merge join can. `server` (from `server_settings`): the settings
+    this user may not change are left out (the server's own values stand), and so is `readonly`
+    where the session is read-only already; None: every one is sent."""
     s = {"max_execution_time": max(1, round(timeout_s)), "max_result_rows": max_rows + 1,
          "result_overflow_mode": "break"}
     if asof:
         s["join_algorithm"] = "full_sorting_merge,hash"
-    return {**s, "readonly": 1}
+    s["readonly"] = 1
+    if server is not None:
+        s = {k: v for k, v in s.items() if server.get(k, ("", True))[1]}
+        if server.get("readonly", ("0", True))[0] not in ("", "0"):
+            s.pop("readonly", None)
+    return s
+
+
+def _fixed_row_cap(server: dict[str, tuple[str, bool]]) -> int | None:
+    """The server's own row cap, when this user may not change it and it breaks (not throws)."""
+    value, changeable = server.get("max_result_rows", ("0", True))
+    mode = server.get("result_overflow_mode", ("throw", True))[0]
+    if changeable or mode != "break" or not value.isdigit() or int(value) == 0:
+        return None
+    return int(value)
 
 
 def _naive_utc(v):
@@ -37,14 +80,31 @@ def _naive_utc(v):
 def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 10_000) -> dict:
     """Run one query on `client` under guard_settings; returns {"columns", "types", "rows" (lists,
     at most `max_rows`; times as naive UTC datetimes), "truncated"}. Raises `UserError` with ClickHouse's first line when the
-    server refuses or fails the query (a write, a table function, a timeout, bad SQL)."""
+    server refuses or fails the query (a write, a table function, a timeout, bad SQL); where the
+    server's profile fixes a setting the query needs, the line says which and how to allow it."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
+    asof = " ASOF " in sql.upper()
     try:
-        res = client.query(sql, settings=guard_settings(timeout_s, max_rows, asof=" ASOF " in sql.upper()))
+        server = server_settings(client)
     except ClickHouseError as exc:
-        text = " ".join(str(exc).split())
-        raise UserError(text[:500]) from None
+        raise UserError(_first_line(exc)) from None
+    settings = guard_settings(timeout_s, max_rows, asof=asof, server=server)
+    try:
+        res = client.query(sql, settings=settings)
+    except ClickHouseError as exc:
+        text = _first_line(exc)
+        fixed = [k for k in guard_settings(timeout_s, max_rows, asof=asof) if k not in settings and k != "readonly"]
+        if fixed:
+            text += (f" (this ClickHouse user may not change {', '.join(fixed)}: give them a changeable_in_readonly "
+                     "constraint in its profile, as deploy/fleet/clickhouse does; docs/fleet.md)")
+        raise UserError(text) from None
     rows = [[_naive_utc(v) for v in r] for r in res.result_rows]
+    cap = _fixed_row_cap(server)
+    truncated = len(rows) > max_rows or (cap is not None and len(rows) >= cap)
     return {"columns": list(res.column_names), "types": [t.name for t in res.column_types],
-            "rows": rows[:max_rows], "truncated": len(rows) > max_rows}
+            "rows": rows[:max_rows], "truncated": truncated}
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:500]

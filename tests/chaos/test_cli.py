@@ -132,3 +132,17 @@ def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
     finally:
         kill_marked(mark)
         stop_process(stub, 5)
+
+
+def test_long_prompt_comes_after_lead_arrivals():
+    """long-prompt's schedule: the steady arrivals each LEAD_ARRIVALS_MS before the long prompt are
+    added to the Poisson ones, none before the first (the schedule keeps its start)."""
+    from chaos.long_prompt import LEAD_ARRIVALS_MS, long_offset_ms, with_lead_arrivals
+
+    offsets = [0.0, 900.0, 4100.0, 4300.0, 7000.0, 11000.0]
+    at = long_offset_ms(offsets, 12.0)
+    assert 4000.0 <= at - 500.0 <= 8000.0, at
+    out = with_lead_arrivals(offsets, at)
+    assert out == sorted(out) and len(out) == len(offsets) + len(LEAD_ARRIVALS_MS)
+    assert sorted(set(out) - set(offsets)) == sorted(at - d for d in LEAD_ARRIVALS_MS)
+    assert with_lead_arrivals([200.0, 900.0], 400.0) == [200.0, 250.0, 900.0]

@@ -126,7 +126,7 @@ def test_long_prompt_chunks_share_exactly_the_steps_the_store_says(vllm_server, 
                          ChaosOptions(duration_s=16, rate=3.0, output_tokens=128, prompt_tokens=n))
     d = res.details
     print({r.phase: (round(r.injected_ms, 2), None if r.attributed_ms is None else round(r.attributed_ms, 2), r.n)
-           for r in res.rows}, len(d["co_scheduled_truth"]), d["chunks"], d["prefill_share"])
+           for r in res.rows}, len(d["co_scheduled_truth"]), d["chunks"], d["prefill_share"], d["co_requests"])
     # its chunks: the steps between its first schedule and its first token carry its whole prompt
     # (the steady stream's own prefills taken out; a short request may get the last chunk step's
     # leftover budget for part of its prompt), in more than one chunk of at most vLLM's budget

@@ -133,3 +133,23 @@ def test_grafana_has_the_clickhouse_plugin_datasource_and_rules():
     rules = yaml.safe_load((FLEET / "grafana/provisioning/alerting/tailtrace-clickhouse.yaml").read_text())
     sources = {q["datasourceUid"] for r in rules["groups"][0]["rules"] for q in r["data"]} - {"__expr__"}
     assert sources == {ds["uid"]}
+
+
+def test_the_reader_may_set_every_guard_of_tailtraces_reads():
+    """A readonly=1 user may change no setting without a changeable_in_readonly constraint, and those
+    need settings_constraints_replace_previous in the server's config (ClickHouse's docs): the
+    reader's profile gives one to each setting the guarded read sends (tests/clickhouse/
+    test_readonly_user.py shows what a reader without them meets), and the server mounts both files."""
+    import xml.etree.ElementTree as ET
+
+    from collector.clickhouse.query import GUARD_SETTINGS
+
+    users = ET.parse(FLEET / "clickhouse/users.d/tailtrace.xml").getroot()
+    profile = users.find("profiles/tailtrace_readonly")
+    assert profile.findtext("readonly") == "1"
+    changeable = {c.tag for c in profile.find("constraints") if c.find("changeable_in_readonly") is not None}
+    assert changeable == set(GUARD_SETTINGS) - {"readonly"}, changeable
+    config = ET.parse(FLEET / "clickhouse/config.d/tailtrace.xml").getroot()
+    assert config.findtext("access_control_improvements/settings_constraints_replace_previous") == "true"
+    mounts = {v.split(":")[1] for v in _doc()["services"]["clickhouse"]["volumes"] if v.startswith("./")}
+    assert {"/etc/clickhouse-server/users.d/tailtrace.xml", "/etc/clickhouse-server/config.d/tailtrace.xml"} <= mounts

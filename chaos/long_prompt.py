@@ -49,7 +49,9 @@ decode running meanwhile waits for each of them: its ITL rises in exactly those 
   (itl_ms - the median itl_ms of the pure-decode steps, i.e. batch_prefill_tokens = 0, at the same
   batch size), injected = mean of (the client's gap - the client's baseline). Pure-decode steps
   are taken within `BASELINE_S` of the long prompt's window, outside it; a token whose batch size
-  has fewer than `MIN_BASELINE` of them, or whose chunk is not its own, is left out (counted).
+  has fewer than `MIN_BASELINE` of them takes the nearest batch size that has (the lead arrivals make
+  the chunks' batch larger than most of the stream's; a decode step's ITL on this model moves little
+  with the batch beside a chunk's seconds), and one whose chunk is not its own is left out (counted).
 - the steady requests that were decoding when the long prompt was first scheduled and shared a
   step with it, against the control (steady requests that ended before the long one was sent or
   were sent after it ended): the Hodges-Lehmann shift of every other phase, where 0 is expected
@@ -89,7 +91,7 @@ from tailtrace.errors import UserError
 from tailtrace.stack import sql_api, wait_for_store
 
 __all__ = ["BASELINE_S", "LEAD_ARRIVALS_MS", "LEAD_MS", "LONG_OUTPUT_TOKENS", "MIN_BASELINE", "check_prompt_tokens",
-           "long_offset_ms", "run", "with_lead_arrivals"]
+           "long_offset_ms", "nearest_baseline", "run", "with_lead_arrivals"]
 
 NAME = "long-prompt"
 LONG_OUTPUT_TOKENS = 4
@@ -132,6 +134,17 @@ def with_lead_arrivals(offsets_ms: list[float], long_at_ms: float) -> list[float
     `long_at_ms` each (none before the first offset, so the schedule's start is unchanged), sorted."""
     first = min(offsets_ms)
     return sorted([*offsets_ms, *(long_at_ms - d for d in LEAD_ARRIVALS_MS if long_at_ms - d > first)])
+
+
+def nearest_baseline(base_itl_ms: dict[int, list[float]], batch_size: int) -> tuple[int, float] | None:
+    """(batch size, median ITL ms) of the pure-decode steps at the batch size nearest `batch_size`
+    (the smaller of two as near) among those with at least `MIN_BASELINE` of them; None when none
+    has. `base_itl_ms`: {batch size: [ITL ms of its pure-decode steps]}."""
+    sizes = sorted((abs(b - batch_size), b) for b, v in base_itl_ms.items() if len(v) >= MIN_BASELINE)
+    if not sizes:
+        return None
+    b = sizes[0][1]
+    return b, statistics.median(base_itl_ms[b])
 
 
 def _mean(values) -> float | None:
@@ -238,7 +251,8 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     compared, no_baseline, merged = [], 0, 0
     for trace, k in sorted(stored):
         itl, b = by_key[(trace, k)]
-        if trace not in recs or len(base_store.get(b, ())) < MIN_BASELINE or base_client is None:
+        base = nearest_baseline(base_store, b)
+        if trace not in recs or base is None or base_client is None:
             no_baseline += 1
             continue
         here, before = chunk_at(trace, times[(trace, k)]), chunk_at(trace, times.get((trace, k - 1), 0))
@@ -247,11 +261,13 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
             continue
         c = recs[trace].chunk_unix_nano
         gap = (c[here] - c[before]) / 1e6
-        compared.append({"trace_id": trace, "token_index": k, "batch_size": b, "itl_ms": itl, "client_gap_ms": gap,
-                         "store_rise_ms": itl - statistics.median(base_store[b]), "client_rise_ms": gap - base_client})
+        compared.append({"trace_id": trace, "token_index": k, "batch_size": b, "baseline_batch_size": base[0],
+                         "itl_ms": itl, "client_gap_ms": gap, "store_rise_ms": itl - base[1],
+                         "client_rise_ms": gap - base_client})
     if not compared:
         raise UserError(f"no decode step shared a step with the long prompt ({len(stored)} co-scheduled tokens in "
-                        f"the store, {len(recs)} steady requests): raise --rate or --output-tokens")
+                        f"the store, {no_baseline} with no pure-decode baseline, {merged} merged into the chunk before; "
+                        f"{len(recs)} steady requests): raise --rate or --output-tokens")
     rise_client = _mean(c["client_rise_ms"] for c in compared)
     rise_store = _mean(c["store_rise_ms"] for c in compared)
 

@@ -146,3 +146,14 @@ def test_long_prompt_comes_after_lead_arrivals():
     assert out == sorted(out) and len(out) == len(offsets) + len(LEAD_ARRIVALS_MS)
     assert sorted(set(out) - set(offsets)) == sorted(at - d for d in LEAD_ARRIVALS_MS)
     assert with_lead_arrivals([200.0, 900.0], 400.0) == [200.0, 250.0, 900.0]
+
+
+def test_long_prompt_baseline_takes_the_nearest_batch_size_with_enough_steps():
+    from chaos.long_prompt import MIN_BASELINE, nearest_baseline
+
+    base = {3: [1.0] * MIN_BASELINE, 4: [9.0] * (MIN_BASELINE - 1), 7: [2.0, 3.0, 4.0][:MIN_BASELINE] + [5.0]}
+    assert nearest_baseline(base, 3) == (3, 1.0)
+    assert nearest_baseline(base, 4) == (3, 1.0)      # 4 has too few; 3 is nearer than 7
+    assert nearest_baseline(base, 5) == (3, 1.0)      # 3 and 7 as near: the smaller
+    assert nearest_baseline(base, 6)[0] == 7 and nearest_baseline(base, 12)[0] == 7
+    assert nearest_baseline({4: [1.0]}, 4) is None

@@ -1,0 +1,183 @@
+"""The rollups on ClickHouse (collector/clickhouse/rollups.py): the same spans through tailtrace's
+DuckDB path and, in three inserts as the exporter would batch them, into chdb; the readers of
+step_histogram (the dashboard's ITL percentiles and batch-size counts), latency_histogram and the
+totals (the Prometheus exporter's) give the same numbers on both engines, before and after
+ClickHouse merges the partial rows. metric_points: the same OTLP gauge and sum points through the
+DuckDB collector and, encoded as the exporter encodes them, through the ClickHouse view."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import duckdb
+import pytest
+
+from collector.clickhouse.dialect import bind, to_clickhouse
+from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics, encode_traces
+from collector.clickhouse.query import run_readonly
+from collector.store import latency_histogram, step_histogram, totals
+from semantics import semconv as sc
+from semantics.catalog import QUANTILES
+from tests.clickhouse.conftest import duckdb_store, insert_spans
+from tests.clickhouse.spans import build_spans
+
+
+@pytest.fixture(scope="module")
+def spans():
+    return build_spans(n_full=60, seed=11)[0]
+
+
+@pytest.fixture(scope="module")
+def duck(spans, tmp_path_factory):
+    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", spans)
+    con = duckdb.connect(str(path), read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture
+def split(spans, chdb_store):
+    """The chdb client holding `spans` inserted in three parts (every third span in each)."""
+    _, client = chdb_store
+    rows = encode_traces(spans)
+    for i in range(3):
+        insert_spans(client, rows[i::3])
+    return client
+
+
+def _on_duck(con, sql, params=()):
+    return [tuple(r) for r in con.execute(sql, list(params)).fetchall()]
+
+
+def _on_ch(client, sql, params=()):
+    return [tuple(r) for r in run_readonly(client, bind(to_clickhouse(sql), list(params)), max_rows=10**6)["rows"]]
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return a is not None and b is not None and b == pytest.approx(a, rel=1e-9, abs=1e-12)
+    return a == b
+
+
+def _same(want, got) -> list[str]:
+    if len(want) != len(got):
+        return [f"{len(want)} rows on DuckDB, {len(got)} on ClickHouse"]
+    return [f"row {i}: DuckDB {w}, ClickHouse {g}" for i, (w, g) in enumerate(zip(want, got))
+            if len(w) != len(g) or not all(_close(a, b) for a, b in zip(w, g))]
+
+
+def _readers(con_or_client, run) -> dict:
+    """What the dashboard and the exporter read from the rollups."""
+    t_min, t_max = run(con_or_client, "SELECT min(time), max(time) FROM decode_steps")[0]
+    t_min, t_max = (t.replace(tzinfo=None) if t.tzinfo else t for t in (t_min, t_max))
+    # a range with partial minutes at both ends (those from decode_steps, the whole ones from the rollup)
+    start, end = t_min + dt.timedelta(seconds=7, microseconds=3), t_max - dt.timedelta(seconds=5)
+    out = {}
+    for name, kw in (("all", {}), ("range", {"start": start, "end": end}), ("model", {"models": ["m"]})):
+        rows = step_histogram.rows_sql("itl_us", **kw)
+        s = step_histogram.summary_from_rows(run(con_or_client, *step_histogram.summary_sql(rows, QUANTILES, 10)),
+                                             len(QUANTILES))
+        out[f"itl {name}"] = [(s["n"], s["mean"], s["max"], *s["quantiles"]), *s["bins"]]
+        out[f"batch {name}"] = run(con_or_client, *step_histogram.counts_sql(step_histogram.rows_sql("batch_size", **kw)))
+    out["step_histogram"] = run(con_or_client, "SELECT minute, service_name, model, metric, value, CAST(sum(steps) AS BIGINT) "
+                                "FROM step_histogram GROUP BY ALL HAVING sum(steps) <> 0 ORDER BY ALL")
+    out["latency_histogram"] = run(con_or_client, latency_histogram.READ)
+    out["request_totals"] = run(con_or_client, totals.READ_REQUESTS)
+    out["engine_totals"] = run(con_or_client, totals.READ_ENGINE)
+    out["engine_histogram"] = run(con_or_client, totals.READ_ENGINE_HISTOGRAM)
+    return out
+
+
+def _compare(want: dict, got: dict) -> list[str]:
+    return [f"{k}: {d}" for k in want for d in _same(want[k], got[k])]
+
+
+def test_rollups_read_the_same_on_both_engines_whatever_the_insert_split(duck, split):
+    want = _readers(duck, _on_duck)
+    # the fixture has every rollup populated: a test that compared empty tables could not fail
+    assert want["itl all"][0][0] > 500 and len(want["batch all"]) == 8 and len(want["step_histogram"]) > 10
+    assert {r[1] for r in want["latency_histogram"]} >= {"itl", "ttft", "e2e"}
+    assert sum(r[2] for r in want["request_totals"]) > 60 and len(want["engine_totals"]) == 3
+    assert want["itl range"][0][0] < want["itl all"][0][0]
+    assert _compare(want, _readers(split, _on_ch)) == []
+    # ClickHouse merges the partial rows of the three inserts: the sums stay
+    for t in ("step_histogram", "_latency_histogram_itl", "engine_totals", "engine_histogram", "step_rollup"):
+        split.command(f"OPTIMIZE TABLE {t} FINAL")
+    assert int(split.command("SELECT count() FROM step_histogram")) == len(want["step_histogram"])
+    assert _compare(want, _readers(split, _on_ch)) == []
+
+
+def _metrics_request(now_ns: int):
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    from collector.testing import set_any_value
+
+    def attrs(target, d):
+        for k, v in d.items():
+            kv = target.add()
+            kv.key = k
+            set_any_value(kv.value, v)
+
+    req = ExportMetricsServiceRequest()
+    for svc in ("vllm-0", "vllm-1"):
+        rm = req.resource_metrics.add()
+        attrs(rm.resource.attributes, {"service.name": svc, "host.name": f"h-{svc}"})
+        sm = rm.scope_metrics.add()
+        sm.scope.name = "vllm"
+        for i in range(3):
+            g = sm.metrics.add()
+            g.name = "vllm:num_requests_running"
+            p = g.gauge.data_points.add()
+            p.time_unix_nano = now_ns - (3 - i) * 10**9
+            p.as_int = i + 1
+            attrs(p.attributes, {"model_name": "m", "engine": "0"})
+            s = sm.metrics.add()
+            s.name = "vllm:prompt_tokens"
+            s.sum.aggregation_temporality = 2 if i else 1
+            s.sum.is_monotonic = True
+            p = s.sum.data_points.add()
+            p.time_unix_nano = now_ns - (3 - i) * 10**9
+            p.as_double = 100.5 * (i + 1) if i != 2 else float("nan")
+            # an attribute named as the temporality label: the label wins, as on DuckDB
+            attrs(p.attributes, {"model_name": "m", "service_name": "mine", "aggregation_temporality": "x"})
+        d = sm.metrics.add()   # a device gauge: device_samples, not metric_points
+        d.name = sc.DEVICE_UTIL_PCT
+        p = d.gauge.data_points.add()
+        p.time_unix_nano = now_ns
+        p.as_double = 50.0
+        attrs(p.attributes, {"host": f"h-{svc}", "device_index": 0, "device_uuid": "GPU-1", "source": "nvml"})
+    return req
+
+
+def test_metric_points_and_device_samples_equal_duckdbs(chdb_store, tmp_path):
+    from collector.processor.enrich import metrics_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+
+    now_ns = time.time_ns()
+    req = _metrics_request(now_ns)
+    store = DuckDBStore(tmp_path / "m.duckdb").start()
+    try:
+        store.submit(metrics_to_batch(req)).result(60)
+    finally:
+        store.stop()
+    con = duckdb.connect(str(tmp_path / "m.duckdb"), read_only=True)
+    try:
+        want = [(t, src, n, json.loads(lab), v) for t, src, n, lab, v in con.execute(
+            "SELECT time, source, name, CAST(labels AS VARCHAR), value FROM metric_points").fetchall()]
+        want_dev = con.execute("SELECT * FROM device_samples ORDER BY host").fetchall()
+    finally:
+        con.close()
+    _, client = chdb_store
+    for table, rows in encode_metrics(req).items():
+        client.insert(table, rows, column_names=list(METRIC_COLUMNS[table]))
+    got = [(t.replace(tzinfo=None), src, n, json.loads(lab), v) for t, src, n, lab, v in run_readonly(
+        client, "SELECT time, source, name, labels, value FROM metric_points")["rows"]]
+    key = lambda r: (r[0], r[2], json.dumps(r[3], sort_keys=True))   # noqa: E731
+    assert len(want) == 12 and any(r[4] is None for r in want)      # the NaN point reads NULL
+    # the exporter's label values are strings (AsString): the DuckDB ones here are strings too
+    assert sorted(got, key=key) == sorted(want, key=key)
+    got_dev = [tuple(v.replace(tzinfo=None) if isinstance(v, dt.datetime) else v for v in r)
+               for r in run_readonly(client, "SELECT * FROM device_samples ORDER BY host")["rows"]]
+    assert len(want_dev) == 2 and got_dev == [tuple(r) for r in want_dev]

@@ -174,10 +174,60 @@ def test_metric_points_and_device_samples_equal_duckdbs(chdb_store, tmp_path):
         client.insert(table, rows, column_names=list(METRIC_COLUMNS[table]))
     got = [(t.replace(tzinfo=None), src, n, json.loads(lab), v) for t, src, n, lab, v in run_readonly(
         client, "SELECT time, source, name, labels, value FROM metric_points")["rows"]]
-    key = lambda r: (r[0], r[2], json.dumps(r[3], sort_keys=True))   # noqa: E731
+    key = lambda r: (r[0], r[2], json.dumps(r[3], sort_keys=True))
     assert len(want) == 12 and any(r[4] is None for r in want)      # the NaN point reads NULL
     # the exporter's label values are strings (AsString): the DuckDB ones here are strings too
     assert sorted(got, key=key) == sorted(want, key=key)
     got_dev = [tuple(v.replace(tzinfo=None) if isinstance(v, dt.datetime) else v for v in r)
                for r in run_readonly(client, "SELECT * FROM device_samples ORDER BY host")["rows"]]
     assert len(want_dev) == 2 and got_dev == [tuple(r) for r in want_dev]
+
+
+def _scrape(query, now_s: float) -> dict:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from collector.export.prometheus import make_registry
+
+    text = generate_latest(make_registry(query, now=lambda: now_s)).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if fam.name != "tailtrace_exporter_collect_duration_seconds"}
+
+
+def test_prometheus_exporter_on_chdb_serves_what_it_serves_on_duckdb(duck, split):
+    now_s = _on_duck(duck, "SELECT epoch(max(completion_time)) FROM requests")[0][0] + 30
+    want = _scrape(lambda sql, params=None: _on_duck(duck, sql, params or []), now_s)
+    got = _scrape(lambda sql, params=None: _on_ch(split, sql, params or []), now_s)
+    errors = {k[1]: v for k, v in got.items() if k[0] == "tailtrace_exporter_query_errors" and v}
+    assert errors == {}
+    assert want[("tailtrace_latency_window_samples", (("model", "m"), ("phase", "e2e"), ("window", "5m")))] > 10
+    diff = [f"{k}: DuckDB {want.get(k)}, ClickHouse {got.get(k)}" for k in sorted(set(want) | set(got))
+            if k not in want or k not in got or got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12)]
+    assert diff == []
+
+
+def test_tailtrace_metrics_serves_a_chdb_store(spans, tmp_path, capsys):
+    import urllib.request
+
+    from collector.export.metrics_cli import serve
+    from tailtrace.cli import main
+    from tests.clickhouse.conftest import new_chdb_store
+
+    store, client = new_chdb_store(tmp_path / "ch")
+    try:
+        insert_spans(client, encode_traces(spans))
+    finally:
+        client.close()
+    port, stop = serve(store.text, port=0)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
+            text = r.read().decode()
+    finally:
+        stop()
+    assert 'tailtrace_exporter_query_errors{query="latency_histograms"} 0.0' in text
+    assert 'tailtrace_requests_total{model="m",status="ok"}' in text
+    assert "tailtrace_latency_seconds_bucket{" in text and 'phase="itl"' in text
+    # bad input: one line, exit 2
+    assert main(["metrics", "--store", f"chdb://{tmp_path / 'none'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no chdb store" in err[0] and "tailtrace clickhouse init" in err[0]

@@ -34,7 +34,7 @@ label values are the exporter's strings (AsString), where DuckDB keeps their OTL
 
 from __future__ import annotations
 
-__all__ = ["ROLLUP_OBJECTS", "backfill_statements", "rollup_statements"]
+__all__ = ["BACKFILLED", "ROLLUP_OBJECTS", "backfill_statements", "rollup_statements"]
 
 ROLLUP_OBJECTS = ("step_histogram", "step_histogram_mv", "_latency_histogram_itl", "_latency_histogram_itl_mv",
                   "latency_histogram", "request_totals", "engine_totals", "engine_totals_mv", "engine_histogram",
@@ -139,10 +139,23 @@ def rollup_statements(ttl_hours: int) -> list[str]:
     ]
 
 
-def backfill_statements() -> list[str]:
-    """INSERTs filling the insert-fed rollups from the rows already there (a store whose tables are
-    new: a materialized view sees only later inserts). `_latency_histogram_itl` is filled by its view
-    when objects.py's backfill inserts decode_steps."""
+#: the rollup tables fed by materialized views, which a backfill fills from the rows already there
+BACKFILLED = ("step_histogram", "_latency_histogram_itl", "engine_totals", "engine_histogram")
+
+
+def backfill_statements(tables=None) -> list[str]:
+    """INSERTs filling insert-fed rollup tables (of BACKFILLED) from the rows already there: a store
+    whose tables are new (a materialized view sees only later inserts). `tables` None: every one but
+    `_latency_histogram_itl`, for a fresh store, where its view counts the decode steps that
+    objects.py's backfill inserts; else those named (an older store's new tables: the ITL counted from
+    `decode_steps` as it is)."""
     src = _sources()
-    return [f"INSERT INTO {t.removesuffix('_step')} {src[t]}" for t in
-            ("step_histogram", "engine_totals", "engine_histogram", "engine_histogram_step")]
+    names = [t for t in BACKFILLED if t != "_latency_histogram_itl"] if tables is None else list(tables)
+    unknown = set(names) - set(BACKFILLED)
+    if unknown:
+        raise ValueError(f"no backfilled rollup {sorted(unknown)}; one of {BACKFILLED}")
+    out = []
+    for t in BACKFILLED:
+        if t in names:
+            out += [f"INSERT INTO {t} {src[k]}" for k in src if k.removesuffix("_step") == t]
+    return out

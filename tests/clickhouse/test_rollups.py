@@ -231,3 +231,33 @@ def test_tailtrace_metrics_serves_a_chdb_store(spans, tmp_path, capsys):
     assert main(["metrics", "--store", f"chdb://{tmp_path / 'none'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no chdb store" in err[0] and "tailtrace clickhouse init" in err[0]
+
+
+@pytest.mark.parametrize("before", ["no schema", "older schema"])
+def test_init_backfills_the_rollups_from_spans_already_there(before, spans, duck, tmp_path):
+    """Spans the exporter wrote before `tailtrace clickhouse init` (no tailtrace objects), or before
+    the init that added the rollups: init counts them into the new rollup tables."""
+    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
+    from collector.clickhouse.rollups import BACKFILLED, ROLLUP_OBJECTS
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.cli import main
+    from tests.clickhouse.conftest import new_chdb_store
+
+    if before == "no schema":
+        store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
+        client = connect_clickhouse(store, create=True)
+        client.command(render_table("otel_traces", store.database))
+        client.insert("otel_traces", encode_traces(spans), column_names=list(TRACE_INSERT_COLUMNS))
+    else:
+        store, client = new_chdb_store(tmp_path / "ch")
+        insert_spans(client, encode_traces(spans))
+        for name in reversed(ROLLUP_OBJECTS):   # the store as an init from before the rollups left it
+            client.command(f"DROP {'TABLE' if name in BACKFILLED else 'VIEW'} {name}")
+    client.close()
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        want, got = _readers(duck, _on_duck), _readers(client, _on_ch)
+    finally:
+        client.close()
+    assert want["itl all"][0][0] > 500 and _compare(want, got) == []

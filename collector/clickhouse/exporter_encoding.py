@@ -100,14 +100,19 @@ def _map(kvs) -> dict[str, str]:
     return {kv.key: as_string(kv.value) for kv in kvs}
 
 
+def _resource(resource) -> tuple[dict[str, str], str]:
+    """(the resource's attributes through AsString, ServiceName: `service.name` when a string, else '')."""
+    svc = next((kv.value.string_value for kv in resource.attributes
+                if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value"), "")
+    return _map(resource.attributes), svc
+
+
 def encode_traces(req) -> list[list]:
     """The exporter's rows (lists in `TRACE_INSERT_COLUMNS` order) of an OTLP
     ExportTraceServiceRequest `req`, one per span."""
     rows = []
     for rs in req.resource_spans:
-        res = _map(rs.resource.attributes)
-        svc = next((kv.value.string_value for kv in rs.resource.attributes
-                    if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value"), "")
+        res, svc = _resource(rs.resource)
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 rows.append([
@@ -139,9 +144,7 @@ def encode_metrics(req) -> dict[str, list[list]]:
     summary points are left out (not encoded here)."""
     out: dict[str, list[list]] = {t: [] for t in METRIC_COLUMNS}
     for rm in req.resource_metrics:
-        res = _map(rm.resource.attributes)
-        svc = next((kv.value.string_value for kv in rm.resource.attributes
-                    if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value"), "")
+        res, svc = _resource(rm.resource)
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 kind = m.WhichOneof("data")

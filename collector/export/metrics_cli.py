@@ -23,7 +23,7 @@ def store_query(url: str, timeout_s: float = 10.0):
     -> list[tuple]` runs one read-only statement in DuckDB's dialect (translated for ClickHouse),
     safe to call from several threads. Raises `UserError`: a bad URL, a missing store, a database
     without tailtrace's schema (the line names `tailtrace clickhouse init`)."""
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
+    from collector.clickhouse.store_url import parse_store_url
 
     store = parse_store_url(url)
     if store.kind == "duckdb":
@@ -37,23 +37,16 @@ def store_query(url: str, timeout_s: float = 10.0):
 
         return query, con.close
 
-    from collector.clickhouse.dialect import bind, to_clickhouse
-    from collector.clickhouse.query import run_readonly
+    from collector.clickhouse.query import open_query
 
-    client = connect_clickhouse(store)
-    try:
-        check_schema(client, store)
-    except UserError:
-        client.close()
-        raise
+    run, close = open_query(store, timeout_s=timeout_s, max_rows=10**7)
     lock = threading.Lock()   # one client (chdb: one per directory), shared by the server's threads
 
     def query(sql: str, params: list | None = None) -> list[tuple]:
-        text = bind(to_clickhouse(sql), params or [])
         with lock:
-            return [tuple(r) for r in run_readonly(client, text, timeout_s=timeout_s, max_rows=10**7)["rows"]]
+            return [tuple(r) for r in run(sql, params)]
 
-    return query, client.close
+    return query, close
 
 
 def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float = 10.0):

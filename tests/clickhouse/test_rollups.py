@@ -20,21 +20,7 @@ from collector.clickhouse.query import run_readonly
 from collector.store import latency_histogram, step_histogram, totals
 from semantics import semconv as sc
 from semantics.catalog import QUANTILES
-from tests.clickhouse.conftest import duckdb_store, insert_spans
-from tests.clickhouse.spans import build_spans
-
-
-@pytest.fixture(scope="module")
-def spans():
-    return build_spans(n_full=60, seed=11)[0]
-
-
-@pytest.fixture(scope="module")
-def duck(spans, tmp_path_factory):
-    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", spans)
-    con = duckdb.connect(str(path), read_only=True)
-    yield con
-    con.close()
+from tests.clickhouse.conftest import insert_spans
 
 
 @pytest.fixture
@@ -99,7 +85,7 @@ def test_rollups_read_the_same_on_both_engines_whatever_the_insert_split(duck, s
     # the fixture has every rollup populated: a test that compared empty tables could not fail
     assert want["itl all"][0][0] > 500 and len(want["batch all"]) == 8 and len(want["step_histogram"]) > 10
     assert {r[1] for r in want["latency_histogram"]} >= {"itl", "ttft", "e2e"}
-    assert sum(r[2] for r in want["request_totals"]) > 60 and len(want["engine_totals"]) == 3
+    assert sum(r[2] for r in want["request_totals"]) > 40 and len(want["engine_totals"]) == 3
     assert want["itl range"][0][0] < want["itl all"][0][0]
     assert _compare(want, _readers(split, _on_ch)) == []
     # ClickHouse merges the partial rows of the three inserts: the sums stay
@@ -200,7 +186,7 @@ def test_prometheus_exporter_on_chdb_serves_what_it_serves_on_duckdb(duck, split
     got = _scrape(lambda sql, params=None: _on_ch(split, sql, params or []), now_s)
     errors = {k[1]: v for k, v in got.items() if k[0] == "tailtrace_exporter_query_errors" and v}
     assert errors == {}
-    assert want[("tailtrace_latency_window_samples", (("model", "m"), ("phase", "e2e"), ("window", "5m")))] > 10
+    assert want[("tailtrace_latency_window_samples", (("model", "m"), ("phase", "e2e"), ("window", "5m")))] > 3
     diff = [f"{k}: DuckDB {want.get(k)}, ClickHouse {got.get(k)}" for k in sorted(set(want) | set(got))
             if k not in want or k not in got or got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12)]
     assert diff == []

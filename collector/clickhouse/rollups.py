@@ -64,7 +64,9 @@ def _engine_steps_rows() -> str:
     """The `engine_steps` rows of the spans of one insert into otel_traces (the view's SELECT)."""
     from collector.clickhouse.objects import _engine_steps_view
 
-    return "(" + _engine_steps_view().split(" AS\n", 1)[1] + ")"
+    head, select = _engine_steps_view().split(" AS\n", 1)
+    assert head == "CREATE OR REPLACE VIEW engine_steps", head
+    return f"({select})"
 
 
 def _sources() -> dict[str, str]:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -59,16 +58,6 @@ def _rows(n: int, k: int, now_ns: int, seed: int = 1) -> list[list]:
     return rows
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
-
-
 def main(argv=None) -> int:
     """Run the benchmark (see the module docstring); prints the table; returns 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
 
+    from bench.scrape import _timed as _median_ms
     from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
     from collector.clickhouse.query import open_query
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
@@ -124,14 +114,16 @@ def main(argv=None) -> int:
             scrape_ms = _median_ms(lambda: generate_latest(registry), args.repeats)
         finally:
             close()
-    print(f"chdb store: {args.requests} llm.request spans x {args.tokens} tokens = {steps} decode steps, "
-          f"{args.batch} spans per insert")
-    print(f"insert through every materialized view: {ins_s:.1f} s = {args.requests / ins_s:,.0f} spans/s, "
-          f"{steps / ins_s:,.0f} decode steps/s")
-    print(f"dashboard ITL percentiles from step_histogram: {rollup_ms:8.1f} ms")
-    print(f"same figures from a scan of decode_steps:      {scan_ms:8.1f} ms   (scan / rollup = {scan_ms / rollup_ms:.1f}x)")
-    print(f"same numbers on both: {same}  (n {a[0]}, P99 {a[3 + QUANTILES.index(0.99)]:.3f} ms)")
-    print(f"one /metrics scrape of the Prometheus exporter: {scrape_ms:8.1f} ms")
+    p99 = a[3 + QUANTILES.index(0.99)]
+    for line in ((f"chdb store: {args.requests} llm.request spans x {args.tokens} tokens = {steps} decode steps, "
+                 f"{args.batch} spans per insert"),
+                 (f"insert through every materialized view: {ins_s:.1f} s = {args.requests / ins_s:,.0f} spans/s, "
+                 f"{steps / ins_s:,.0f} decode steps/s"),
+                 f"dashboard ITL percentiles, from step_histogram: {rollup_ms:8.1f} ms",
+                 f"  the same from a scan of decode_steps:         {scan_ms:8.1f} ms (scan / rollup {scan_ms / rollup_ms:.2f})",
+                 f"  the same numbers on both: {same} (n {a[0]}, P99 {p99:.3f} ms)",
+                 f"one /metrics scrape of the Prometheus exporter: {scrape_ms:8.1f} ms"):
+        print(line)
     return 0
 
 

@@ -2,8 +2,10 @@
 DuckDB path and, in three inserts as the exporter would batch them, into chdb; the readers of
 step_histogram (the dashboard's ITL percentiles and batch-size counts), latency_histogram and the
 totals (the Prometheus exporter's) give the same numbers on both engines, before and after
-ClickHouse merges the partial rows. metric_points: the same OTLP gauge and sum points through the
-DuckDB collector and, encoded as the exporter encodes them, through the ClickHouse view."""
+ClickHouse merges the partial rows, and so does one scrape of the Prometheus exporter (also served by
+`tailtrace metrics --store chdb://`); `clickhouse init` backfills the rollups of spans already there.
+metric_points and device_samples: the same OTLP gauge and sum points through the DuckDB collector and,
+encoded as the exporter encodes them, through the ClickHouse views."""
 
 from __future__ import annotations
 
@@ -21,16 +23,6 @@ from collector.store import latency_histogram, step_histogram, totals
 from semantics import semconv as sc
 from semantics.catalog import QUANTILES
 from tests.clickhouse.conftest import insert_spans
-
-
-@pytest.fixture
-def split(spans, chdb_store):
-    """The chdb client holding `spans` inserted in three parts (every third span in each)."""
-    _, client = chdb_store
-    rows = encode_traces(spans)
-    for i in range(3):
-        insert_spans(client, rows[i::3])
-    return client
 
 
 def _on_duck(con, sql, params=()):
@@ -78,21 +70,6 @@ def _readers(con_or_client, run) -> dict:
 
 def _compare(want: dict, got: dict) -> list[str]:
     return [f"{k}: {d}" for k in want for d in _same(want[k], got[k])]
-
-
-def test_rollups_read_the_same_on_both_engines_whatever_the_insert_split(duck, split):
-    want = _readers(duck, _on_duck)
-    # the fixture has every rollup populated: a test that compared empty tables could not fail
-    assert want["itl all"][0][0] > 500 and len(want["batch all"]) == 8 and len(want["step_histogram"]) > 10
-    assert {r[1] for r in want["latency_histogram"]} >= {"itl", "ttft", "e2e"}
-    assert sum(r[2] for r in want["request_totals"]) > 40 and len(want["engine_totals"]) == 3
-    assert want["itl range"][0][0] < want["itl all"][0][0]
-    assert _compare(want, _readers(split, _on_ch)) == []
-    # ClickHouse merges the partial rows of the three inserts: the sums stay
-    for t in ("step_histogram", "_latency_histogram_itl", "engine_totals", "engine_histogram", "step_rollup"):
-        split.command(f"OPTIMIZE TABLE {t} FINAL")
-    assert int(split.command("SELECT count() FROM step_histogram")) == len(want["step_histogram"])
-    assert _compare(want, _readers(split, _on_ch)) == []
 
 
 def _metrics_request(now_ns: int):
@@ -180,30 +157,45 @@ def _scrape(query, now_s: float) -> dict:
             for s in fam.samples if fam.name != "tailtrace_exporter_collect_duration_seconds"}
 
 
-def test_prometheus_exporter_on_chdb_serves_what_it_serves_on_duckdb(duck, split):
-    now_s = _on_duck(duck, "SELECT epoch(max(completion_time)) FROM requests")[0][0] + 30
-    want = _scrape(lambda sql, params=None: _on_duck(duck, sql, params or []), now_s)
-    got = _scrape(lambda sql, params=None: _on_ch(split, sql, params or []), now_s)
-    errors = {k[1]: v for k, v in got.items() if k[0] == "tailtrace_exporter_query_errors" and v}
-    assert errors == {}
-    assert want[("tailtrace_latency_window_samples", (("model", "m"), ("phase", "e2e"), ("window", "5m")))] > 3
-    diff = [f"{k}: DuckDB {want.get(k)}, ClickHouse {got.get(k)}" for k in sorted(set(want) | set(got))
-            if k not in want or k not in got or got[k] != pytest.approx(want[k], rel=1e-9, abs=1e-12)]
-    assert diff == []
-
-
-def test_tailtrace_metrics_serves_a_chdb_store(spans, tmp_path, capsys):
+def test_rollups_and_the_exporter_read_the_same_on_both_engines_whatever_the_insert_split(duck, spans, tmp_path,
+                                                                                         capsys):
     import urllib.request
 
     from collector.export.metrics_cli import serve
     from tailtrace.cli import main
     from tests.clickhouse.conftest import new_chdb_store
 
+    want = _readers(duck, _on_duck)
+    # the fixture has every rollup populated: a test that compared empty tables could not fail
+    assert want["itl all"][0][0] > 500 and len(want["batch all"]) == 8 and len(want["step_histogram"]) > 10
+    assert {r[1] for r in want["latency_histogram"]} >= {"itl", "ttft", "e2e"}
+    assert sum(r[2] for r in want["request_totals"]) > 40 and len(want["engine_totals"]) == 3
+    assert want["itl range"][0][0] < want["itl all"][0][0]
+    now_s = _on_duck(duck, "SELECT epoch(max(completion_time)) FROM requests")[0][0] + 30
+    want_scrape = _scrape(lambda sql, params=None: _on_duck(duck, sql, params or []), now_s)
+    assert want_scrape[("tailtrace_latency_window_samples", (("model", "m"), ("phase", "e2e"), ("window", "5m")))] > 3
+
     store, client = new_chdb_store(tmp_path / "ch")
     try:
-        insert_spans(client, encode_traces(spans))
+        rows = encode_traces(spans)
+        for i in range(3):   # every third span in each insert: a trace's spans in three inserts
+            insert_spans(client, rows[i::3])
+        assert _compare(want, _readers(client, _on_ch)) == []
+        # the Prometheus exporter's scrape, sample for sample
+        got_scrape = _scrape(lambda sql, params=None: _on_ch(client, sql, params or []), now_s)
+        assert {k[1]: v for k, v in got_scrape.items() if k[0] == "tailtrace_exporter_query_errors" and v} == {}
+        assert [f"{k}: DuckDB {want_scrape.get(k)}, ClickHouse {got_scrape.get(k)}"
+                for k in sorted(set(want_scrape) | set(got_scrape))
+                if k not in want_scrape or k not in got_scrape
+                or got_scrape[k] != pytest.approx(want_scrape[k], rel=1e-9, abs=1e-12)] == []
+        # ClickHouse merges the partial rows of the three inserts: the sums stay
+        for t in ("step_histogram", "_latency_histogram_itl", "engine_totals", "engine_histogram", "step_rollup"):
+            client.command(f"OPTIMIZE TABLE {t} FINAL")
+        assert int(client.command("SELECT count() FROM step_histogram")) == len(want["step_histogram"])
+        assert _compare(want, _readers(client, _on_ch)) == []
     finally:
         client.close()
+    # `tailtrace metrics`' server on the store
     port, stop = serve(store.text, port=0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as r:
@@ -219,31 +211,27 @@ def test_tailtrace_metrics_serves_a_chdb_store(spans, tmp_path, capsys):
     assert len(err) == 1 and "no chdb store" in err[0] and "tailtrace clickhouse init" in err[0]
 
 
-@pytest.mark.parametrize("before", ["no schema", "older schema"])
-def test_init_backfills_the_rollups_from_spans_already_there(before, spans, duck, tmp_path):
-    """Spans the exporter wrote before `tailtrace clickhouse init` (no tailtrace objects), or before
-    the init that added the rollups: init counts them into the new rollup tables."""
+def test_init_backfills_the_rollups_from_spans_already_there(spans, duck, tmp_path):
+    """Spans the exporter wrote before `tailtrace clickhouse init` (no tailtrace objects), then a store
+    as an init from before the rollups left it: each init counts the spans there into the new tables."""
     from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
     from collector.clickhouse.rollups import BACKFILLED, ROLLUP_OBJECTS
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main
-    from tests.clickhouse.conftest import new_chdb_store
 
-    if before == "no schema":
-        store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
-        client = connect_clickhouse(store, create=True)
-        client.command(render_table("otel_traces", store.database))
-        client.insert("otel_traces", encode_traces(spans), column_names=list(TRACE_INSERT_COLUMNS))
-    else:
-        store, client = new_chdb_store(tmp_path / "ch")
-        insert_spans(client, encode_traces(spans))
-        for name in reversed(ROLLUP_OBJECTS):   # the store as an init from before the rollups left it
-            client.command(f"DROP {'TABLE' if name in BACKFILLED else 'VIEW'} {name}")
+    want = _readers(duck, _on_duck)
+    assert want["itl all"][0][0] > 500
+    store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
+    client = connect_clickhouse(store, create=True)
+    client.command(render_table("otel_traces", store.database))
+    client.insert("otel_traces", encode_traces(spans), column_names=list(TRACE_INSERT_COLUMNS))
     client.close()
-    assert main(["clickhouse", "init", "--url", store.text]) == 0
-    client = connect_clickhouse(store)
-    try:
-        want, got = _readers(duck, _on_duck), _readers(client, _on_ch)
-    finally:
-        client.close()
-    assert want["itl all"][0][0] > 500 and _compare(want, got) == []
+    for before in ("no schema", "older schema"):
+        assert main(["clickhouse", "init", "--url", store.text]) == 0, before
+        client = connect_clickhouse(store)
+        try:
+            assert _compare(want, _readers(client, _on_ch)) == [], before
+            for name in reversed(ROLLUP_OBJECTS):   # the store as an init from before the rollups left it
+                client.command(f"DROP {'TABLE' if name in BACKFILLED else 'VIEW'} {name}")
+        finally:
+            client.close()

@@ -248,7 +248,8 @@ def to_clickhouse(sql: str) -> str:
     s = _calls(s, "time_bucket", _time_bucket)
     s = _calls(s, "string_agg", _string_agg)
     s = _calls(s, "round", _round)
-    s = re.sub(r"::\s*(\w+)\[\]", lambda m: f"::Array({CH_TYPES[m.group(1).upper()]})", s)
+    s = re.sub(r"::\s*(\w+)\[\]", lambda m: (f"::Array({CH_TYPES[m.group(1).upper()]})"
+                                             if m.group(1).upper() in CH_TYPES else m.group(0)), s)
     return s
 
 

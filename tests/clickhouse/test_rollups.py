@@ -235,3 +235,26 @@ def test_init_backfills_the_rollups_from_spans_already_there(spans, duck, tmp_pa
                 client.command(f"DROP {'TABLE' if name in BACKFILLED else 'VIEW'} {name}")
         finally:
             client.close()
+
+
+def test_the_dialects_new_rewrites_give_duckdbs_values(chdb_store):
+    """round (half away from zero, where ClickHouse's float round is half to even), epoch_ms (rounded
+    to the ms, where toUnixTimestamp64Milli truncates), isnan, typed list literals and UNPIVOT (NULLs
+    dropped) give on chdb what DuckDB gives for the same text."""
+    _, client = chdb_store
+    con = duckdb.connect()
+    try:
+        ts = ("2026-12-02 03:00:00.937500", "2026-12-02 03:00:00.938500", "2026-12-02 03:00:00.937400")
+        rounded = ", ".join(f"round(CAST({x} AS DOUBLE))" for x in ("2.5", "-2.5", "3.5", "0.49999999999999994", "1234.4999"))
+        scalar = (f"SELECT {rounded}, "
+                  + ", ".join(f"epoch_ms(CAST('{t}' AS TIMESTAMP))" for t in ts)
+                  + ", isnan(CAST('nan' AS DOUBLE)), isnan(1.0), ([0.5, 1.5]::DOUBLE[])[2]")
+        unpivot = ("SELECT id, phase, v FROM (UNPIVOT (SELECT 1 AS id, 1.5 AS \"ttft\", CAST(NULL AS DOUBLE) AS \"e2e\", "
+                   "2.5 AS itl) ON \"ttft\", \"e2e\", itl INTO NAME phase VALUE v) ORDER BY phase")
+        for sql in (scalar, unpivot):
+            want = _on_duck(con, sql)
+            assert [tuple(float(x) if isinstance(x, (bool, int, float)) else x for x in r) for r in _on_ch(client, sql)] \
+                == [tuple(float(x) if isinstance(x, (bool, int, float)) else x for x in r) for r in want], sql
+        assert _on_duck(con, scalar)[0][:3] == (3.0, -3.0, 4.0)   # not ClickHouse's 2, -2, 4
+    finally:
+        con.close()

@@ -138,27 +138,21 @@ def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[
     collector/clickhouse/dialect.py, its `?` bound as literals, run under readonly=1 and the
     timeout). Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (a bad URL, an
     unreachable store, a database without the schema, a failed statement)."""
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
+    from collector.clickhouse.store_url import parse_store_url
 
     store = parse_store_url(url)
     if store.kind == "duckdb":
         return db_query(store.path, timeout_s=timeout_s)
-    from collector.clickhouse.dialect import bind, to_clickhouse
-    from collector.clickhouse.query import run_readonly
+    from collector.clickhouse.query import open_query
     from collector.query.api import to_json_value
 
-    client = connect_clickhouse(store)
-    try:
-        check_schema(client, store)
-    except UserError:
-        client.close()
-        raise
+    run, close = open_query(store, timeout_s=timeout_s)
 
     def query(sql: str, params: Sequence | None = None) -> list:
         try:
-            res = run_readonly(client, bind(to_clickhouse(sql), params), timeout_s=timeout_s, max_rows=10**9)
+            rows = run(sql, params)
         except UserError as exc:
             raise UserError(f"store query failed on {store.text}: {exc}") from None
-        return [[to_json_value(v) for v in r] for r in res["rows"]]
+        return [[to_json_value(v) for v in r] for r in rows]
 
-    return query, client.close
+    return query, close

@@ -13,7 +13,8 @@ def register(sub) -> None:
     csub = p.add_subparsers(dest="clickhouse_command", metavar="COMMAND", required=True)
     i = csub.add_parser("init", help="create the exporter's tables and tailtrace's views (idempotent)",
                         description="Apply the OpenTelemetry Collector ClickHouse exporter's DDL (vendored, pinned) "
-                                    "and tailtrace's objects: requests, decode_steps, clock_offsets.")
+                                    "and tailtrace's objects: requests, decode_steps, clock_offsets, the rollups "
+                                    "(step_histogram, latency_histogram, totals) and metric_points.")
     i.add_argument("--url", required=True,
                    help="chdb:///dir (in-process, one process per directory) or clickhouse://host:8123/db")
     i.add_argument("--ttl-hours", type=int, default=72,
@@ -76,12 +77,18 @@ def _init(args) -> int:
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         fresh = not int(client.command("EXISTS TABLE decode_steps"))
+        from collector.clickhouse.rollups import BACKFILLED, backfill_statements
+
+        new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
         try:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
                 client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
             for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh):
                 client.command(stmt)
+            if not fresh and new_rollups:   # a store from before the rollups: count what is there
+                for stmt in backfill_statements(new_rollups):
+                    client.command(stmt)
             refresh_offsets(client)
         except ClickHouseError as exc:
             raise UserError(f"ClickHouse at {store.text} refused the schema: "
@@ -90,5 +97,5 @@ def _init(args) -> int:
     finally:
         client.close()
     print(f"{store.text}: database {store.database!r} has otel_traces, otel_metrics_* and tailtrace's "
-          "requests, decode_steps, clock_offsets")
+          "requests, decode_steps, clock_offsets, the rollups and metric_points")
     return 0

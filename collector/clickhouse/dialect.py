@@ -25,6 +25,13 @@ ClickHouse objects (collector/clickhouse/objects.py) are generated from the same
   NULL for a missing key, as DuckDB gives (an empty string value reads as NULL too; the exporter's
   maps hold no other kind).
 - `a // b` (integer division of a column or number by one) -> `intDiv(a, b)`.
+- `round(x)` (one argument) -> half away from zero, as DuckDB rounds (ClickHouse's `round` of a float
+  rounds half to even: 2.5 -> 2); `isnan` -> `isNaN`; `epoch_ms(t)` -> its microseconds rounded to the
+  ms half away from zero, as DuckDB's (`toUnixTimestamp64Milli` truncates);
+  `[...]::DOUBLE[]` (a typed list literal) -> `[...]::Array(Float64)`.
+- `UNPIVOT (q) ON c1, c2, ... INTO NAME n VALUE v` -> a SELECT of q's other columns, `n` (the column's
+  name) and `v`, one row per column whose value is not NULL (DuckDB's UNPIVOT drops NULLs), through
+  `arrayJoin` over `[('c1', c1), ...]`.
 - `?` placeholders -> literals (`bind`), as ClickHouse's HTTP interface takes no positional parameters.
 
 Anything else passes through unchanged (ClickHouse also reads `GROUP BY ALL`, CTEs, CASE,
@@ -43,7 +50,8 @@ CH_TYPES = {"VARCHAR": "String", "JSON": "String", "BIGINT": "Int64", "INTEGER":
             "BOOLEAN": "Bool", "TIMESTAMP": "DateTime64(6, 'UTC')"}
 
 _RENAME = {"arg_max": "argMax", "arg_min": "argMin", "any_value": "any", "epoch_us": "toUnixTimestamp64Micro",
-           "list_position": "indexOf", "list_max": "arrayMax", "to_microseconds": "toIntervalMicrosecond"}
+           "list_position": "indexOf", "list_max": "arrayMax", "to_microseconds": "toIntervalMicrosecond",
+           "isnan": "isNaN"}
 _FILTER = re.compile(r"\)\s+FILTER\s*\(\s*WHERE\s", re.IGNORECASE)
 
 
@@ -187,25 +195,61 @@ def _time_bucket(args: str) -> str:
     return f"toStartOfInterval({to_clickhouse(parts[1].strip())}, {parts[0].strip()}, {_BUCKET_ORIGIN})"
 
 
+def _round(args: str) -> str:
+    args = _calls(args, "round", _round)   # the rest of the text is translated already
+    if len(_split_top(args, ",")) != 1:
+        return f"round({args})"
+    x = f"({args})"
+    # x - trunc(x) is exact in floating point, so a tie is seen as a tie
+    return f"if(abs({x} - trunc({x})) >= 0.5, trunc({x}) + sign({x}), trunc({x}))"
+
+
+_UNPIVOT = re.compile(r"\bUNPIVOT\s*\(", re.IGNORECASE)
+_UNPIVOT_ON = re.compile(r"""(?is)\s*ON\s+(.+?)\s+INTO\s+NAME\s+(\w+)\s+VALUE\s+(\w+)""")
+
+
+def _unpivot(s: str) -> str:
+    while m := _UNPIVOT.search(s):
+        o = m.end() - 1
+        c = _close(s, o)
+        on = _UNPIVOT_ON.match(s, c + 1)
+        if not on:
+            raise ValueError(f"UNPIVOT without ON ... INTO NAME n VALUE v: {s[m.start():m.start() + 80]!r}")
+        cols = [x.strip() for x in _split_top(on.group(1), ",")]
+        name, value = on.group(2), on.group(3)
+        pairs = ", ".join(f"tuple('{x.strip(chr(34))}', {x})" for x in cols)
+        new = (f"SELECT * EXCEPT (_u), tupleElement(_u, 1) AS {name}, tupleElement(_u, 2) AS {value} "
+               f"FROM (SELECT * EXCEPT ({', '.join(cols)}), arrayJoin([{pairs}]) AS _u FROM {s[o:c + 1]}) "
+               f"WHERE tupleElement(_u, 2) IS NOT NULL")
+        s = s[:m.start()] + new + s[on.end():]
+    return s
+
+
 _JSON_KEY = re.compile(r"""\bjson_extract_string\(\s*(\w+(?:\.\w+)?)\s*,\s*'\$\."([^"']+)"'\s*\)""")
 
 
 def to_clickhouse(sql: str) -> str:
     """`sql` (DuckDB's dialect, as the store writes it) in ClickHouse's dialect (see the module
     docstring for what changes). Raises ValueError on unbalanced parentheses."""
-    s = _filters(sql)
+    s = _unpivot(sql)
+    s = _filters(s)
     s = _JSON_KEY.sub(r"nullIf(JSONExtractString(\1, '\2'), '')", s)
     for duck, ch in _RENAME.items():
         s = re.sub(rf"\b{duck}\s*\(", f"{ch}(", s)
     s = re.sub(r"(\w+(?:\.\w+)?)\s+IS\s+NOT\s+TRUE\b", r"ifNull(\1, 0) <> 1", s, flags=re.IGNORECASE)
     s = re.sub(r"(\w+(?:\.\w+)?)\s+IS\s+TRUE\b", r"ifNull(\1, 0) = 1", s, flags=re.IGNORECASE)
     s = _calls(s, "make_timestamp", _make_timestamp)
+    s = _calls(s, "epoch_ms", lambda a: (f"intDiv(toUnixTimestamp64Micro({to_clickhouse(a)}) + "
+                                         f"if(toUnixTimestamp64Micro({to_clickhouse(a)}) >= 0, 500, -500), 1000)"))
     s = _calls(s, "epoch", lambda a: f"(toUnixTimestamp64Micro({to_clickhouse(a)}) / 1e6)")
     s = re.sub(r"(\b\w+(?:\.\w+)?)\s*//\s*(\w+)", r"intDiv(\1, \2)", s)
     s = _calls(s, "CAST", _cast)
     s = _calls(s, "quantile_cont", _quantile_cont)
     s = _calls(s, "time_bucket", _time_bucket)
     s = _calls(s, "string_agg", _string_agg)
+    s = _calls(s, "round", _round)
+    s = re.sub(r"::\s*(\w+)\[\]", lambda m: (f"::Array({CH_TYPES[m.group(1).upper()]})"
+                                             if m.group(1).upper() in CH_TYPES else m.group(0)), s)
     return s
 
 

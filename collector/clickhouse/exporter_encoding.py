@@ -13,6 +13,11 @@ One row per span, in the column order of the vendored insert (`exporter_schema.T
   JSON text (`[1,2]`, `["length"]`) — so tailtrace's per-token arrays arrive as JSON text;
 - `ScopeName`, `ScopeVersion`: the instrumentation scope; `Events.*`/`Links.*`: parallel arrays.
 
+Metrics (`encode_metrics`): one row per gauge or sum data point, in the columns of the vendored
+`otel_metrics_gauge` / `otel_metrics_sum` tables (`METRIC_COLUMNS`): `TimeUnix`/`StartTimeUnix` ns,
+`Value` the point's double (an int point as float64), `Attributes` through `AsString()`, `ServiceName`
+as for spans, `AggregationTemporality` the OTLP enum (sums), `IsMonotonic`; no exemplars.
+
 Used by the tests (the fixture: the same spans through tailtrace's DuckDB path and into ClickHouse)
 and by anything that must write spans as the exporter does. Pure: no ClickHouse.
 """
@@ -27,7 +32,7 @@ import numpy as np
 
 from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
 
-__all__ = ["as_string", "as_string_plain", "encode_traces"]
+__all__ = ["METRIC_COLUMNS", "as_string", "as_string_plain", "encode_metrics", "encode_traces"]
 
 _KINDS = ("Unspecified", "Internal", "Server", "Client", "Producer", "Consumer")
 _STATUS = ("Unset", "Ok", "Error")
@@ -95,14 +100,19 @@ def _map(kvs) -> dict[str, str]:
     return {kv.key: as_string(kv.value) for kv in kvs}
 
 
+def _resource(resource) -> tuple[dict[str, str], str]:
+    """(the resource's attributes through AsString, ServiceName: `service.name` when a string, else '')."""
+    svc = next((kv.value.string_value for kv in resource.attributes
+                if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value"), "")
+    return _map(resource.attributes), svc
+
+
 def encode_traces(req) -> list[list]:
     """The exporter's rows (lists in `TRACE_INSERT_COLUMNS` order) of an OTLP
     ExportTraceServiceRequest `req`, one per span."""
     rows = []
     for rs in req.resource_spans:
-        res = _map(rs.resource.attributes)
-        svc = next((kv.value.string_value for kv in rs.resource.attributes
-                    if kv.key == "service.name" and kv.value.WhichOneof("value") == "string_value"), "")
+        res, svc = _resource(rs.resource)
         for ss in rs.scope_spans:
             for sp in ss.spans:
                 rows.append([
@@ -118,3 +128,35 @@ def encode_traces(req) -> list[list]:
                 ])
     assert all(len(r) == len(TRACE_INSERT_COLUMNS) for r in rows)
     return rows
+
+
+_METRIC_BASE = ("ResourceAttributes", "ResourceSchemaUrl", "ScopeName", "ScopeVersion", "ScopeAttributes",
+                "ScopeDroppedAttrCount", "ScopeSchemaUrl", "ServiceName", "MetricName", "MetricDescription",
+                "MetricUnit", "Attributes", "StartTimeUnix", "TimeUnix", "Value", "Flags")
+#: the columns `encode_metrics` fills, per exporter table
+METRIC_COLUMNS = {"otel_metrics_gauge": _METRIC_BASE,
+                  "otel_metrics_sum": (*_METRIC_BASE, "AggregationTemporality", "IsMonotonic")}
+
+
+def encode_metrics(req) -> dict[str, list[list]]:
+    """The exporter's rows of the gauge and sum points of an OTLP ExportMetricsServiceRequest `req`:
+    {table: rows (lists in METRIC_COLUMNS[table] order)}. Histogram, exponential histogram and
+    summary points are left out (not encoded here)."""
+    out: dict[str, list[list]] = {t: [] for t in METRIC_COLUMNS}
+    for rm in req.resource_metrics:
+        res, svc = _resource(rm.resource)
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                kind = m.WhichOneof("data")
+                if kind not in ("gauge", "sum"):
+                    continue
+                data = getattr(m, kind)
+                for p in data.data_points:
+                    v = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
+                    row = [res, rm.schema_url, sm.scope.name, sm.scope.version, _map(sm.scope.attributes),
+                           sm.scope.dropped_attributes_count, sm.schema_url, svc, m.name, m.description, m.unit,
+                           _map(p.attributes), p.start_time_unix_nano, p.time_unix_nano, v, p.flags]
+                    if kind == "sum":
+                        row += [int(data.aggregation_temporality), bool(data.is_monotonic)]
+                    out[f"otel_metrics_{kind}"].append(row)
+    return out

@@ -12,11 +12,14 @@ Everything travels through Parquet files in a temporary directory, each inserted
   (from `duration_ms`);
 - the engine steps (`engine_steps`, not spans in DuckDB) as `llm.engine.step` spans of Duration 0
   ending at their `time`, so the ClickHouse `engine_steps` view gives the same rows;
-- `decode_steps` and `step_rollup`, DuckDB's Arrow batches written to Parquet by pyarrow (the source
+- `decode_steps`, `step_rollup` and `step_histogram`, DuckDB's Arrow batches written to Parquet by pyarrow (the source
   is opened with the store's reader guards, no file-system access from SQL, so DuckDB's own `COPY ...
   TO` is refused), inserted into the ClickHouse tables as they are: the per-token arrays are not in the DuckDB spans (the writer exploded them), and
   the rows keep the exact ns inter-token latencies the writer computed. The spans go into
-  `otel_traces` without those arrays, so `decode_steps_mv` adds nothing twice.
+  `otel_traces` without those arrays, so `decode_steps_mv` (and the rollups fed from the same arrays)
+  add nothing twice. The other rollups (collector/clickhouse/rollups.py) fill themselves: the ITL
+  histogram from the inserted `decode_steps`, the engine totals from the engine-step spans, the
+  request totals and phases from `requests`.
 
 `clock_offsets` is then recomputed from the loaded spans (as its refreshable view would). Not moved:
 `device_samples` and `metric_points` (ClickHouse keeps them in the exporter's otel_metrics_* tables).
@@ -30,7 +33,14 @@ from pathlib import Path
 
 from collector.clickhouse.exporter_encoding import as_string_plain
 from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, TRACES_TABLE
-from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUEST_SPANS, SPANS, STEP_ROLLUP
+from collector.store.tables import (
+    DECODE_STEPS,
+    ENGINE_STEPS,
+    REQUEST_SPANS,
+    SPANS,
+    STEP_HISTOGRAM,
+    STEP_ROLLUP,
+)
 from semantics import semconv as sc
 from tailtrace.errors import UserError
 
@@ -64,7 +74,7 @@ def open_source(path: Path):
 
     con = open_readonly(path)
     have = {(t, c) for t, c in con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall()}
-    for spec in (SPANS, REQUEST_SPANS, ENGINE_STEPS, DECODE_STEPS, STEP_ROLLUP):
+    for spec in (SPANS, REQUEST_SPANS, ENGINE_STEPS, DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
         lacking = [c for c in spec.v1_names if (spec.name, c) not in have]
         if lacking:
             con.close()
@@ -182,11 +192,11 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True) -> dict[str,
         with tempfile.TemporaryDirectory(prefix="tailtrace-load-") as tmp:
             traces = Path(tmp) / "otel_traces.parquet"
             counts[TRACES_TABLE] = _write_traces(con, traces)
-            for spec in (DECODE_STEPS, STEP_ROLLUP):
+            for spec in (DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
                 counts[spec.name] = _write_table(con, spec, Path(tmp) / f"{spec.name}.parquet")
             if counts[TRACES_TABLE]:
                 _insert_parquet(client, TRACES_TABLE, traces, TRACE_INSERT_COLUMNS)
-            for spec in (DECODE_STEPS, STEP_ROLLUP):
+            for spec in (DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
                 if counts[spec.name]:
                     _insert_parquet(client, spec.name, Path(tmp) / f"{spec.name}.parquet", spec.names)
     finally:

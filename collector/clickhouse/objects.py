@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collector.clickhouse.dialect import CH_TYPES, to_clickhouse
 from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE, render_table, ttl_clause
+from collector.clickhouse.rollups import ROLLUP_OBJECTS, backfill_statements, rollup_statements
 from collector.processor.enrich import DEVICE_COLUMNS
 from collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
 from collector.store import clock
@@ -72,7 +73,7 @@ OFFSETS_REFRESH_S = 10
 
 TAILTRACE_OBJECTS = ("spans", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_agg", "clock_offsets", "clock_offsets_rmv", "requests",
                      "decode_steps",
-                     "decode_steps_mv", "step_rollup", "step_rollup_mv")
+                     "decode_steps_mv", "step_rollup", "step_rollup_mv", *ROLLUP_OBJECTS)
 
 
 def ch_type(logical: str, nullable: bool = True) -> str:
@@ -314,7 +315,9 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              _decode_steps_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",
              _step_rollup_table(ttl_hours),
-             f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}"]
+             f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}",
+             *rollup_statements(ttl_hours)]   # step_histogram, latency_histogram, totals, metric_points
     if backfill:
-        stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}"]
+        stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}",
+                  *backfill_statements()]
     return stmts

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tailtrace.errors import UserError
 
-__all__ = ["GUARD_SETTINGS", "guard_settings", "run_readonly", "server_settings"]
+__all__ = ["GUARD_SETTINGS", "guard_settings", "open_query", "run_readonly", "server_settings"]
 
 # the settings a guarded read sets, when this user may change them
 GUARD_SETTINGS = ("max_execution_time", "max_result_rows", "result_overflow_mode", "join_algorithm", "readonly")
@@ -108,3 +108,27 @@ def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 1
 
 def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:500]
+
+
+def open_query(store, *, timeout_s: float = 60.0, max_rows: int = 10**9):
+    """(query, close) on the ClickHouse store `store` (a StoreUrl of kind chdb or clickhouse; its
+    schema checked): `query(sql, params=None) -> list of row lists` runs one statement written in
+    DuckDB's dialect, translated by collector/clickhouse/dialect.py, its `?` bound as literals, under
+    `run_readonly`'s guards (times as naive UTC datetimes). Not for concurrent calls: one client
+    (chdb: one per directory). Raises UserError: the store unreachable or without the schema (at
+    open), a failed statement (at each query)."""
+    from collector.clickhouse.dialect import bind, to_clickhouse
+    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+
+    client = connect_clickhouse(store)
+    try:
+        check_schema(client, store)
+    except UserError:
+        client.close()
+        raise
+
+    def query(sql: str, params=None) -> list:
+        return run_readonly(client, bind(to_clickhouse(sql), list(params or [])), timeout_s=timeout_s,
+                            max_rows=max_rows)["rows"]
+
+    return query, client.close

@@ -25,7 +25,8 @@ import math
 from collector.store.tables import DIRTY
 from semantics import catalog
 
-__all__ = ["COMPACT", "READ", "REBUILD", "REFRESH_DELTAS", "bucketed_sql", "steps_insert"]
+__all__ = ["COMPACT", "READ", "REBUILD", "REFRESH_DELTAS", "bucketed_sql", "request_phases_select", "steps_insert",
+           "steps_select"]
 
 
 _BOUNDS = catalog.LATENCY_BUCKETS_SECONDS
@@ -62,9 +63,15 @@ def _request_values(where: str) -> str:
             f"WHERE ({catalog.LATENCY_POPULATION}) AND ({where})) ON {on} INTO NAME phase VALUE v")
 
 
+def request_phases_select(where: str = "true") -> str:
+    """SELECT (model, phase, k, n, sum_s) of the request phases over the `requests` rows matching
+    `where` (the ok ones: catalog.LATENCY_POPULATION), seconds."""
+    return bucketed_sql(_request_values(where))
+
+
 def _delta(sign: int, where: str) -> str:
     return (f"INSERT INTO latency_histogram SELECT model, phase, k, {sign} * n, {sign} * sum_s "
-            f"FROM ({bucketed_sql(_request_values(where))})")
+            f"FROM ({request_phases_select(where)})")
 
 
 
@@ -72,18 +79,25 @@ def _delta(sign: int, where: str) -> str:
 REFRESH_DELTAS = (_delta(-1, DIRTY), _delta(+1, DIRTY))
 
 
+def steps_select(steps: str, meta_join: str, meta: str = "m") -> str:
+    """SELECT (model, 'itl', k, n, sum_s) counting the ITL (s) of the decode-step rows of relation
+    `steps` (alias s, columns of `decode_steps`); `meta_join` joins the alias `meta` that gives each
+    step's model (`meta="s"` with no join: the steps' own `model`, as on ClickHouse)."""
+    return bucketed_sql(
+        f"SELECT CAST({meta}.model AS VARCHAR) AS model, 'itl' AS phase, s.itl_ms / 1000.0 AS v FROM {steps} s "
+        f"{meta_join} WHERE s.{catalog.ITL_POPULATION}")
+
+
 def steps_insert(steps: str, meta_join: str) -> str:
     """`INSERT INTO latency_histogram` counting the ITL of the decode-step rows of relation `steps`
     (alias s, columns of `decode_steps`); `meta_join` joins the alias m that gives each step's model."""
-    return ("INSERT INTO latency_histogram " + bucketed_sql(
-        f"SELECT CAST(m.model AS VARCHAR) AS model, 'itl' AS phase, s.itl_ms / 1000.0 AS v FROM {steps} s "
-        f"{meta_join} WHERE s.{catalog.ITL_POPULATION}"))
+    return "INSERT INTO latency_histogram " + steps_select(steps, meta_join)
 
 
 #: recount from the rows (a store from before the rollup; test stores written row by row)
 REBUILD = [
     "DELETE FROM latency_histogram",
-    "INSERT INTO latency_histogram " + bucketed_sql(_request_values("true")),
+    "INSERT INTO latency_histogram " + request_phases_select(),
     steps_insert("decode_steps", "LEFT JOIN (SELECT request_id, any_value(model) AS model FROM requests "
                  "GROUP BY ALL) m ON m.request_id = s.request_id"),
 ]

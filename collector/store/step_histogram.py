@@ -33,6 +33,7 @@ __all__ = [
     "counts_sql",
     "rows_sql",
     "step_histogram_insert",
+    "step_histogram_select",
     "summary_from_rows",
     "summary_sql",
 ]
@@ -42,14 +43,22 @@ STEP_HISTOGRAM_METRICS = {"itl_us": "CAST(round(itl_ms * 1000) AS BIGINT)",
                           "batch_size": "CAST(batch_size AS BIGINT)"}  # over decode_steps' columns
 
 
-def step_histogram_insert(steps: str, meta_join: str) -> str:
-    """`INSERT INTO step_histogram` counting the decode-step rows of relation `steps` (alias s);
-    `meta_join` joins the alias m that gives each step's service_name and model."""
-    parts = [f"""SELECT date_trunc('minute', s.time) AS minute, m.service_name, m.model, '{metric}' AS metric,
+def step_histogram_select(steps: str, meta_join: str, meta: str = "m") -> str:
+    """The `step_histogram` rows (minute, service_name, model, metric, value, steps) counting the
+    decode-step rows of relation `steps` (alias s); `meta_join` joins the alias `meta` that gives each
+    step's service_name and model (`meta="s"` with no join when `steps` carries them, as the
+    ClickHouse rollup's source does)."""
+    parts = [f"""SELECT date_trunc('minute', s.time) AS minute, {meta}.service_name, {meta}.model, '{metric}' AS metric,
                 {expr} AS value, count(*) AS steps
             FROM {steps} s {meta_join} WHERE {expr} IS NOT NULL GROUP BY ALL"""
              for metric, expr in STEP_HISTOGRAM_METRICS.items()]
-    return "INSERT INTO step_histogram " + " UNION ALL ".join(parts)
+    return " UNION ALL ".join(parts)
+
+
+def step_histogram_insert(steps: str, meta_join: str) -> str:
+    """`INSERT INTO step_histogram` counting the decode-step rows of relation `steps` (alias s);
+    `meta_join` joins the alias m that gives each step's service_name and model."""
+    return "INSERT INTO step_histogram " + step_histogram_select(steps, meta_join)
 
 
 # Service and model of each decode step's request: its llm.request span (the writer does the same
@@ -167,7 +176,7 @@ def summary_sql(rows: tuple[str, list[Any]], probs: Sequence[float],
     SELECT 'total' AS kind, CAST(total AS DOUBLE) AS x, s AS a, CAST(mx AS DOUBLE) AS b, NULL AS c FROM tot
     UNION ALL
     SELECT 'q', i, h, (SELECT min(value) FROM c WHERE cum > floor(qs.h)),
-           (SELECT min(value) FROM c WHERE cum > least(floor(qs.h) + 1, qs.total - 1)) FROM qs{hist}"""
+           (SELECT min(value) FROM c WHERE cum > least(floor(qs.h) + 1, CAST(qs.total - 1 AS DOUBLE))) FROM qs{hist}"""
     return sql, rows[1]
 
 

@@ -23,34 +23,47 @@ from collector.store.latency_histogram import bucketed_sql
 from collector.store.tables import DIRTY
 
 __all__ = ["COMPACT", "ENGINE_INSERT", "READ_ENGINE", "READ_ENGINE_HISTOGRAM", "READ_REQUESTS",
-           "REBUILD_ENGINE", "REFRESH_DELTAS", "rebuild_requests"]
+           "REBUILD_ENGINE", "REFRESH_DELTAS", "engine_selects", "rebuild_requests", "requests_select"]
 
+
+
+def requests_select(where: str, sign: int = 1) -> str:
+    """SELECT (model, status, requests, prompt_tokens, output_tokens) over the `requests` rows
+    matching `where`, each count times `sign`."""
+    return (f"SELECT r.model, r.status, {sign} * count(*) AS requests, "
+            f"{sign} * coalesce(sum(r.prompt_tokens), 0) AS prompt_tokens, "
+            f"{sign} * coalesce(sum(r.output_tokens), 0) AS output_tokens FROM requests r WHERE {where} GROUP BY ALL")
 
 
 def _requests_delta(sign: int, where: str) -> str:
-    return (f"INSERT INTO request_totals SELECT model, status, {sign} * count(*), "
-            f"{sign} * coalesce(sum(prompt_tokens), 0), {sign} * coalesce(sum(output_tokens), 0) "
-            f"FROM requests WHERE {where} GROUP BY ALL")
-
+    return "INSERT INTO request_totals " + requests_select(where, sign)
 
 
 #: (before, after): run in the refresh's transaction, before its DELETE and after its INSERT
 REFRESH_DELTAS = (_requests_delta(-1, DIRTY), _requests_delta(+1, DIRTY))
 
 
+def engine_selects(steps: str) -> list[tuple[str, str]]:
+    """(table, SELECT) pairs counting the `engine_steps` rows of relation `steps` into the engine
+    rollups (engine_totals, then engine_histogram twice), each column named as in the table."""
+    return [
+        ("engine_totals", f"""SELECT s.service_name, count(*) AS steps, coalesce(sum(s.preemptions), 0) AS preemptions,
+            coalesce(sum(s.prefill_tokens), 0) AS prefill_tokens, coalesce(sum(s.decode_tokens), 0) AS decode_tokens,
+            max(s.time) AS last_time, arg_max(s.waiting, s.time) AS last_waiting,
+            arg_max(s.running, s.time) AS last_running, arg_max(s.batch_size, s.time) AS last_batch_size,
+            arg_max(s.kv_cache_usage, s.time) AS last_kv_cache_usage, arg_max(s.step_ms, s.time) AS last_step_ms
+            FROM {steps} s GROUP BY ALL"""),
+        ("engine_histogram", f"""SELECT s.service_name, 'batch_size' AS metric, s.batch_size AS value, count(*) AS n,
+            CAST(NULL AS DOUBLE) AS sum_s FROM {steps} s WHERE s.batch_size IS NOT NULL GROUP BY ALL"""),
+        ("engine_histogram", "SELECT model AS service_name, 'step' AS metric, k AS value, n, sum_s FROM (" + bucketed_sql(
+            f"SELECT CAST(service_name AS VARCHAR) AS model, 'step' AS phase, step_ms / 1000.0 AS v FROM {steps}")
+         + ")"),
+    ]
+
+
 def _engine_inserts(steps: str) -> list[str]:
     """The statements counting the `engine_steps` rows of relation `steps` into the engine rollups."""
-    return [
-        f"""INSERT INTO engine_totals SELECT service_name, count(*), coalesce(sum(preemptions), 0),
-            coalesce(sum(prefill_tokens), 0), coalesce(sum(decode_tokens), 0), max(time),
-            arg_max(waiting, time), arg_max(running, time), arg_max(batch_size, time),
-            arg_max(kv_cache_usage, time), arg_max(step_ms, time) FROM {steps} GROUP BY ALL""",
-        f"""INSERT INTO engine_histogram SELECT service_name, 'batch_size', batch_size, count(*), NULL
-            FROM {steps} WHERE batch_size IS NOT NULL GROUP BY ALL""",
-        "INSERT INTO engine_histogram SELECT model, 'step', k, n, sum_s FROM (" + bucketed_sql(
-            f"SELECT CAST(service_name AS VARCHAR) AS model, 'step' AS phase, step_ms / 1000.0 AS v FROM {steps}")
-        + ")",
-    ]
+    return [f"INSERT INTO {table} {select}" for table, select in engine_selects(steps)]
 
 
 #: run by the writer after it inserts a batch of `engine_steps` registered as `_batch`

@@ -57,6 +57,25 @@ def both_stores(directory, req):
     return duck, store.text
 
 
+@pytest.fixture(scope="module")
+def spans():
+    """The span set of tests/clickhouse/spans.py (default shape), built once per module."""
+    from tests.clickhouse.spans import build_spans
+
+    return build_spans()[0]
+
+
+@pytest.fixture(scope="module")
+def duck(spans, tmp_path_factory):
+    """A read-only connection on the DuckDB store the real writer made from `spans`."""
+    import duckdb
+
+    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", spans)
+    con = duckdb.connect(str(path), read_only=True)
+    yield con
+    con.close()
+
+
 @pytest.fixture
 def chdb_store(tmp_path):
     """(StoreUrl, client) of a fresh chdb store with the schema applied (`clickhouse init`'s statements)."""

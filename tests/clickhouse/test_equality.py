@@ -16,24 +16,9 @@ from collector.clickhouse.query import run_readonly
 from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS, SPANS
 from semantics import semconv as sc
 from semantics.catalog import QUANTILES
-from tests.clickhouse.conftest import duckdb_store, insert_spans
-from tests.clickhouse.spans import build_spans
+from tests.clickhouse.conftest import insert_spans
 
 TOL_MS = 1e-6
-
-
-@pytest.fixture(scope="module")
-def spans():
-    return build_spans()[0]
-
-
-@pytest.fixture(scope="module")
-def duck(spans, tmp_path_factory):
-    """A read-only connection on the DuckDB store the real writer made from `spans`."""
-    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", spans)
-    con = duckdb.connect(str(path), read_only=True)
-    yield con
-    con.close()
 
 
 def _norm(v):

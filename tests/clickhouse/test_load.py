@@ -1,6 +1,6 @@
 """`tailtrace clickhouse load --url URL --from PATH.duckdb`: a DuckDB store that the real processor
 and writer made, moved into chdb, answers with the same `requests`, `decode_steps`, `engine_steps`
-and `step_rollup` rows; bad sources and targets are one line, exit 2."""
+and `step_rollup` rows, and the same readings of the rollups; bad sources and targets are one line, exit 2."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from tailtrace.cli import main
 from tests.clickhouse.conftest import duckdb_store
 from tests.clickhouse.spans import build_spans
 from tests.clickhouse.test_equality import _diff, _requests, _steps
+from tests.clickhouse.test_rollups import _compare, _on_ch, _on_duck, _readers
 
 
 def _err(capsys) -> str:
@@ -53,6 +54,8 @@ def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
              "GROUP BY ALL ORDER BY ALL")
         want, got = both(q)
         assert len(want) > 10 and [tuple(r) for r in got] == [tuple(r) for r in want]
+        # the dashboard's and the exporter's readers of the rollups
+        assert _compare(_readers(duck, _on_duck), _readers(client, _on_ch)) == []
         q = "SELECT phase, count(*), round(sum(duration_ms), 6) FROM spans GROUP BY phase ORDER BY phase"
         want, got = both(q)
         assert [tuple(r) for r in got] == [tuple(r) for r in want]

@@ -3,7 +3,7 @@ always the structural checks of tests/grafana/test_compose.py: services and pinn
 loopback, bind mounts that exist, the files the images COPY, every `tailtrace` command line parsed by
 the real CLI parser; then the wiring: vLLM scalable behind one name that the gateway resolves, the
 collector-contrib's ClickHouse exporter (create_schema false, batching, retry, sending queue) on the
-database `clickhouse init` creates, Grafana with grafana-clickhouse-datasource and the generated rules."""
+database `clickhouse init` creates, `tailtrace metrics` on it, Grafana with grafana-clickhouse-datasource and the generated rules."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from test_compose import (
 FLEET = ROOT / "deploy" / "fleet"
 COMPOSE = FLEET / "compose.yaml"
 PORTS = {"vllm": [], "gateway": [8080], "otel-collector": [4318, 4317], "clickhouse": [8123, 9000],
-         "clickhouse-init": [], "grafana": [3000]}
+         "clickhouse-init": [], "tailtrace-metrics": [9465], "grafana": [3000]}
 ENV = {"CLICKHOUSE_PASSWORD": "p", "CLICKHOUSE_READER_PASSWORD": "r"}
 
 
@@ -78,7 +78,7 @@ def test_tailtrace_command_lines_parse_and_wire_the_services():
         if argv and argv[0] == "tailtrace":
             parsed[name] = parser.parse_args(argv[1:])
             assert callable(getattr(parsed[name], "func", None)), name
-    assert set(parsed) == {"vllm", "gateway", "clickhouse-init"}
+    assert set(parsed) == {"vllm", "gateway", "clickhouse-init", "tailtrace-metrics"}
     # the gateway resolves every address of the vLLM service's name, on vLLM's port
     gw = parsed["gateway"]
     assert gw.host == "0.0.0.0" and gw.upstream_dns == "http://vllm:8000" and not gw.upstreams
@@ -91,6 +91,12 @@ def test_tailtrace_command_lines_parse_and_wire_the_services():
     assert (store.kind, store.host, store.port, store.database) == ("clickhouse", "clickhouse", 8123, "otel")
     assert services["otel-collector"]["depends_on"]["clickhouse-init"]["condition"] == "service_completed_successfully"
     assert services["clickhouse-init"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    # the Prometheus exporter reads the same database, once its schema is there
+    metrics = parsed["tailtrace-metrics"]
+    assert metrics.host == "0.0.0.0" and f"--port={metrics.port}" in _argv(services["tailtrace-metrics"])
+    assert parse_store_url(metrics.store).database == store.database and parse_store_url(metrics.store).host == "clickhouse"
+    assert services["tailtrace-metrics"]["depends_on"]["clickhouse-init"]["condition"] == \
+        "service_completed_successfully"
 
 
 def test_collector_contrib_exports_to_clickhouse_as_tailtrace_reads_it():

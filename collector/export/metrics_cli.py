@@ -1,0 +1,108 @@
+"""`tailtrace metrics --store URL`: the Prometheus exporter (collector/export/prometheus.py) on any store.
+
+`tailtrace collect` serves `/metrics` from the DuckDB file it writes. Where spans land elsewhere (the
+fleet: the OpenTelemetry Collector's ClickHouse exporter), this command serves the same `/metrics`
+from a store URL, as `tailtrace sql --store` reads one: `clickhouse://host:8123/db` (a server; the
+exporter's queries are translated by collector/clickhouse/dialect.py and run under the server's
+guards, collector/clickhouse/query.py), `chdb:///dir` (in-process ClickHouse; one process per
+directory: tests and a single process), or `duckdb:///path` / `--db PATH` (a saved DuckDB store, the
+collector stopped: a running collector holds its file, and serves `/metrics` itself).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from tailtrace.errors import UserError
+
+__all__ = ["register", "serve", "store_query"]
+
+
+def store_query(url: str, timeout_s: float = 10.0):
+    """(query, close) on the store at `url` (a store URL, or a DuckDB file path): `query(sql, params)
+    -> list[tuple]` runs one read-only statement in DuckDB's dialect (translated for ClickHouse),
+    safe to call from several threads. Raises `UserError`: a bad URL, a missing store, a database
+    without tailtrace's schema (the line names `tailtrace clickhouse init`)."""
+    from collector.clickhouse.store_url import parse_store_url
+
+    store = parse_store_url(url)
+    if store.kind == "duckdb":
+        from collector.query.readonly import run_guarded
+        from collector.store.duckdb_store import open_readonly
+
+        con = open_readonly(store.path)
+
+        def query(sql: str, params: list | None = None) -> list[tuple]:
+            return [tuple(r) for r in run_guarded(con.cursor, sql, params, timeout_s=timeout_s, max_rows=None).rows]
+
+        return query, con.close
+
+    from collector.clickhouse.query import open_query
+
+    run, close = open_query(store, timeout_s=timeout_s, max_rows=10**7)
+    lock = threading.Lock()   # one client (chdb: one per directory), shared by the server's threads
+
+    def query(sql: str, params: list | None = None) -> list[tuple]:
+        with lock:
+            return [tuple(r) for r in run(sql, params)]
+
+    return query, close
+
+
+def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float = 10.0):
+    """Serve `/metrics` of the store at `url` on `host:port` (0: any free port) from a daemon thread.
+    Returns (port, stop): the bound port and a function that stops the server and closes the store.
+    Raises `UserError` as `store_query` does, or when the port cannot be bound."""
+    from prometheus_client import start_http_server
+
+    from collector.export.prometheus import make_registry
+
+    query, close = store_query(url, timeout_s)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=make_registry(query))
+    except OSError as exc:
+        close()
+        raise UserError(f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc}") from None
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+        close()
+
+    return server.server_port, stop
+
+
+def register(sub) -> None:
+    """Add `metrics` to the `tailtrace` sub-parsers."""
+    from tailtrace.procs import env_port_default
+
+    p = sub.add_parser("metrics", help="serve the Prometheus /metrics of a store (ClickHouse, chdb or a DuckDB file)",
+                       description=__doc__.split("\n\n", 1)[1])
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--store", help="store URL: clickhouse://host:8123/db, chdb:///dir or duckdb:///path")
+    g.add_argument("--db", help="a DuckDB store file (the short form of --store duckdb:///path)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=env_port_default("TAILTRACE_METRICS_PORT", 9465),
+                   help="port of /metrics (env TAILTRACE_METRICS_PORT; default 9465)")
+    p.add_argument("--query-timeout", type=float, default=10.0, help="per-query time budget, s (default 10)")
+    p.set_defaults(func=_metrics)
+
+
+def _metrics(args) -> int:
+    import time
+
+    if not 0 <= int(args.port) <= 65535:
+        raise UserError(f"--port {args.port} is not a port (0..65535)")
+    if not args.query_timeout > 0:
+        raise UserError("--query-timeout must be a positive number of seconds")
+    url = args.store or args.db
+    port, stop = serve(url, args.host, int(args.port), args.query_timeout)
+    print(f"tailtrace metrics: /metrics of {url} on http://{args.host}:{port}/metrics", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop()

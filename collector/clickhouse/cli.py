@@ -76,11 +76,13 @@ def _init(args) -> int:
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         fresh = not int(client.command("EXISTS TABLE decode_steps"))
+        fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))
         try:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
                 client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
-            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh):
+            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
+                                        backfill_traces=fresh_traces):
                 client.command(stmt)
             refresh_offsets(client)
         except ClickHouseError as exc:

@@ -80,11 +80,13 @@ def _init(args) -> int:
         from collector.clickhouse.rollups import BACKFILLED, backfill_statements
 
         new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
+        fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))
         try:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
                 client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
-            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh):
+            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
+                                        backfill_traces=fresh_traces):
                 client.command(stmt)
             if not fresh and new_rollups:   # a store from before the rollups: count what is there
                 for stmt in backfill_statements(new_rollups):

@@ -34,6 +34,13 @@ ClickHouse objects (collector/clickhouse/objects.py) are generated from the same
   `arrayJoin` over `[('c1', c1), ...]`.
 - `?` placeholders -> literals (`bind`), as ClickHouse's HTTP interface takes no positional parameters.
 
+For an aggregate kept as a state (an AggregatingMergeTree column fed by a materialized view, merged
+at read), `aggregate_state` rewrites one `agg(args) [FILTER (WHERE cond)] AS name` item into its
+`-State` and `-Merge` forms. The filter moves into the arguments (`if(cond, arg, NULL)`, rows with a
+NULL argument being skipped, as DuckDB's aggregates skip them), not into `-If`/`-OrNull`
+combinators: in chdb 4.4 an `argMaxIfOrNullState` over rows that all fail the condition but carry
+non-NULL arguments merges to 0, not NULL.
+
 Anything else passes through unchanged (ClickHouse also reads `GROUP BY ALL`, CTEs, CASE,
 `date_trunc('minute', t)`, window functions, `INTERVAL 10 MINUTE`). Pure string work: no ClickHouse.
 """
@@ -43,7 +50,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["CH_TYPES", "bind", "to_clickhouse"]
+__all__ = ["CH_TYPES", "aggregate_state", "bind", "select_items", "to_clickhouse"]
 
 # tables.py's logical types -> ClickHouse types (every column Nullable, as in DuckDB)
 CH_TYPES = {"VARCHAR": "String", "JSON": "String", "BIGINT": "Int64", "INTEGER": "Int32", "DOUBLE": "Float64",
@@ -251,6 +258,50 @@ def to_clickhouse(sql: str) -> str:
     s = re.sub(r"::\s*(\w+)\[\]", lambda m: (f"::Array({CH_TYPES[m.group(1).upper()]})"
                                              if m.group(1).upper() in CH_TYPES else m.group(0)), s)
     return s
+
+
+def select_items(select_list: str) -> list[str]:
+    """The items of a SELECT list (DuckDB SQL, `--` comments dropped), split at top-level commas."""
+    text = re.sub(r"--[^\n]*", "", select_list)
+    return [i.strip() for i in _split_top(text, ",") if i.strip()]
+
+
+# aggregates whose states merge to the value the aggregate gives over all the rows at once
+_MERGEABLE = {"arg_max": "argMax", "arg_min": "argMin", "min": "min", "max": "max", "sum": "sum",
+              "count": "count", "any_value": "any"}
+
+
+def aggregate_state(item: str) -> tuple[str, str, str]:
+    """(name, state SQL, merge SQL) of one `agg(args) [FILTER (WHERE cond)] AS name` SELECT item in
+    DuckDB SQL, agg one of arg_max, arg_min, min, max, sum, count, any_value: the ClickHouse
+    expression of its partial aggregate state over some rows (`argMaxState(...) AS name`), and of
+    the value over every state of a group (`argMaxMerge(name) AS name`), which equals DuckDB's `agg`
+    over all the rows (NULL over no rows, as DuckDB gives). Raises ValueError for another shape
+    (an expression over aggregates, another aggregate, DISTINCT)."""
+    m = re.match(r"(?s)(.*\S)\s+AS\s+(\w+)$", item.strip())
+    call = re.match(r"(?s)(\w+)\s*\(", m.group(1)) if m else None
+    if not call or call.group(1).lower() not in _MERGEABLE:
+        raise ValueError(f"not a mergeable aggregate item (agg(args) [FILTER (WHERE cond)] AS name): {item!r}")
+    expr, name, fn = m.group(1), m.group(2), call.group(1).lower()
+    close = _close(expr, call.end() - 1)
+    args, rest = expr[call.end():close].strip(), expr[close + 1:].strip()
+    cond = None
+    if rest:
+        f = re.match(r"(?is)FILTER\s*\(\s*WHERE\s", rest)
+        if not f or _close(rest, rest.index("(")) != len(rest) - 1:
+            raise ValueError(f"not a mergeable aggregate item: {item!r}")
+        cond = to_clickhouse(rest[f.end():-1].strip())
+    if re.match(r"(?i)DISTINCT\b", args):
+        raise ValueError(f"DISTINCT does not merge as a state: {item!r}")
+    ch = _MERGEABLE[fn]
+    if fn == "count" and args in ("*", ""):
+        state = f"countIfState({cond})" if cond else "countState()"
+        merge = "countIfMerge" if cond else "countMerge"
+        return name, f"{state} AS {name}", f"{merge}({name}) AS {name}"
+    parts = [to_clickhouse(a.strip()) for a in _split_top(args, ",")]
+    if cond:
+        parts = [f"if({cond}, {a}, NULL)" for a in parts]
+    return name, f"{ch}State({', '.join(parts)}) AS {name}", f"{ch}Merge({name}) AS {name}"
 
 
 def _literal(v) -> str:

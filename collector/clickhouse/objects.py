@@ -11,15 +11,24 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
 - `_request_spans` (view): the narrow fact table of collector/store/tables.py's REQUEST_SPANS, one
   row per span of a request phase, each column read from the exporter's `SpanAttributes` as
   collector/processor/otlp_arrow.py reads the OTLP attributes (the same slots and conversions);
-- `_agg` (view): the per-trace aggregate, `schema.per_trace_sql` over every span present;
+- `_trace_state` (AggregatingMergeTree fed by the materialized view `_trace_state_mv` from
+  `otel_traces`): per trace_id, the aggregate state of each item of schema.PER_TRACE_AGGREGATES
+  (dialect.aggregate_state) over the spans of each insert, and `last_start`, the latest span start
+  of those spans (its partition and TTL);
+- `_agg` (view): the per-trace aggregate `requests` reads, each state of `_trace_state` merged
+  `GROUP BY trace_id`: the value of schema.per_trace_sql over every span present, whatever the
+  insert split (a trace's spans in several inserts are several rows until ClickHouse merges them;
+  the reader merges them either way);
 - `clock_offsets` (table, replaced every `OFFSETS_REFRESH_S` by the refreshable materialized view
   `clock_offsets_rmv`): the best clock sample per minute and host pair, `clock.samples_sql` over every
   trace. As on DuckDB, where the writer records samples at each refresh, a request's network split uses
   the offsets known at the last refresh; kept apart so that `requests` does not re-plan the per-trace
   aggregate for each of its three joins on it (a view made each read ~4x slower);
-- `requests` (view): `schema.requests_sql`, each column cast to its tables.REQUESTS type; a plain
-  view, so it is the same function of the spans present whatever the insert split, and a trace
-  still arriving shows what has arrived;
+- `requests` (view): `schema.requests_sql` over `_agg`, each column cast to its tables.REQUESTS
+  type: the same function of the spans present whatever the insert split, and a trace still
+  arriving shows what has arrived. Every per-trace aggregate is a state; what `requests_sql`
+  computes from them (the engine layer's choice, the network hops with the clock offsets, the
+  phases, unattributed_ms, the derived columns) is computed at read from the merged states;
 - `decode_steps` (MergeTree table fed by the materialized view `decode_steps_mv`): one row per
   output token, from the compact per-token arrays of each llm.request span (JSON text in
   `SpanAttributes`, `ARRAY JOIN` over `JSONExtract`), with schema.DECODE_STEP_SQL's columns;
@@ -32,13 +41,13 @@ twice. Every column keeps the DuckDB store's name, unit and meaning (docs/schema
 
 from __future__ import annotations
 
-from collector.clickhouse.dialect import CH_TYPES, to_clickhouse
+from collector.clickhouse.dialect import CH_TYPES, aggregate_state, select_items, to_clickhouse
 from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE, render_table, ttl_clause
 from collector.clickhouse.rollups import ROLLUP_OBJECTS, backfill_statements, rollup_statements
 from collector.processor.enrich import DEVICE_COLUMNS
 from collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
 from collector.store import clock
-from collector.store.schema import DECODE_STEP_SQL, REQUEST_REPLICAS_VIEW, per_trace_sql, requests_sql
+from collector.store.schema import DECODE_STEP_SQL, PER_TRACE_AGGREGATES, REQUEST_REPLICAS_VIEW, requests_sql
 from collector.store.step_rollup import step_rollup_select
 from collector.store.tables import (
     CLOCK_OFFSETS,
@@ -71,7 +80,8 @@ EXPECTED_TRACE_COLUMNS = {"Timestamp": "DateTime64(9)", "TraceId": "String", "Sp
 # How often clock_offsets is recomputed (s); `refresh_offsets` forces it.
 OFFSETS_REFRESH_S = 10
 
-TAILTRACE_OBJECTS = ("spans", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_agg", "clock_offsets", "clock_offsets_rmv", "requests",
+TAILTRACE_OBJECTS = ("spans", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_trace_state",
+                     "_trace_state_mv", "_agg", "clock_offsets", "clock_offsets_rmv", "requests",
                      "decode_steps",
                      "decode_steps_mv", "step_rollup", "step_rollup_mv", *ROLLUP_OBJECTS)
 
@@ -228,11 +238,49 @@ FROM {_ROWS}
 WHERE phase = '{sc.PHASE_ENGINE_STEP}'"""
 
 
-def _request_spans_view() -> str:
-    return f"""CREATE OR REPLACE VIEW _request_spans AS
-SELECT {_cols(REQUEST_SPANS, _REQUEST_SPAN_SQL)}
+def _request_spans_select() -> str:
+    return f"""SELECT {_cols(REQUEST_SPANS, _REQUEST_SPAN_SQL)}
 FROM {_ROWS}
 WHERE phase IN {_in(FACT_PHASES)}"""
+
+
+def _request_spans_view() -> str:
+    return f"CREATE OR REPLACE VIEW _request_spans AS\n{_request_spans_select()}"
+
+
+# (name, state SQL, merge SQL) of each per-trace aggregate
+_STATES = [aggregate_state(i) for i in select_items(PER_TRACE_AGGREGATES)]
+# the type of _trace_state.last_start: merged rows keep the latest
+_LAST_START = "SimpleAggregateFunction(max, DateTime64(9, 'UTC'))"
+
+
+def _trace_state_select() -> str:
+    """One _trace_state row per trace of the inserted spans (of otel_traces when run alone):
+    each per-trace aggregate's state and last_start."""
+    states = ",\n    ".join(state for _, state, _ in _STATES)
+    # trace_id: the exporter's TraceId (a String, never NULL), the sorting key
+    return f"""WITH f AS ({_request_spans_select()})
+SELECT assumeNotNull(f.trace_id) AS trace_id,
+    {states},
+    CAST(fromUnixTimestamp64Nano(max(start_ns), 'UTC') AS {_LAST_START}) AS last_start
+FROM f GROUP BY trace_id
+{_SETTINGS}"""
+
+
+def _trace_state_table(ttl_hours: int) -> str:
+    # the states' types are the ones the select gives (EMPTY AS: the table gets no rows here)
+    return (f"CREATE TABLE IF NOT EXISTS _trace_state ENGINE = AggregatingMergeTree "
+            f"PARTITION BY toDate(last_start) ORDER BY trace_id {ttl_clause('last_start', ttl_hours)} "
+            f"EMPTY AS {_trace_state_select()}")
+
+
+def _agg_view() -> str:
+    merges = ",\n    ".join(merge for _, _, merge in _STATES)
+    return f"""CREATE OR REPLACE VIEW _agg AS
+SELECT trace_id,
+    {merges}
+FROM _trace_state GROUP BY trace_id
+{_SETTINGS}"""
 
 
 _DECODE_NOT_NULL = ("trace_id", "time")
@@ -294,11 +342,14 @@ FROM ({to_clickhouse(requests_sql("_agg"))})
 {_SETTINGS}"""
 
 
-def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = False) -> list[str]:
+def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = False,
+                    backfill_traces: bool | None = None) -> list[str]:
     """The statements of `tailtrace clickhouse init`, in order, to run with `database` as the current
     database: the database, the exporter's tables (its vendored DDL with a TTL of `ttl_hours`, 0:
     none), then tailtrace's objects. `backfill`: also fill `decode_steps` from the spans already in
-    `otel_traces` (when the table is new; the materialized view sees only later inserts)."""
+    `otel_traces` (when the table is new; the materialized view sees only later inserts);
+    `backfill_traces` (default: `backfill`): fill `_trace_state` from them (when it is new: a store
+    that an older tailtrace set up has decode_steps but no _trace_state)."""
     stmts = [f"CREATE DATABASE IF NOT EXISTS {database}",
              render_table(TRACES_TABLE, database, ttl_hours),
              *(render_table(t, database, ttl_hours) for t in METRIC_TABLES),
@@ -307,7 +358,9 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              _engine_steps_view(),
              _device_samples_view(),
              _request_spans_view(),
-             f"CREATE OR REPLACE VIEW _agg AS {to_clickhouse(per_trace_sql('1'))} {_SETTINGS}",
+             _trace_state_table(ttl_hours),
+             f"CREATE MATERIALIZED VIEW IF NOT EXISTS _trace_state_mv TO _trace_state AS {_trace_state_select()}",
+             _agg_view(),
              _clock_offsets_table(),
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {OFFSETS_REFRESH_S} SECOND "
               f"TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg'))} {_SETTINGS}"),
@@ -317,6 +370,8 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              _step_rollup_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}",
              *rollup_statements(ttl_hours)]   # step_histogram, latency_histogram, totals, metric_points
+    if backfill if backfill_traces is None else backfill_traces:   # the default: as decode_steps
+        stmts.append(f"INSERT INTO _trace_state {_trace_state_select()}")
     if backfill:
         stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}",
                   *backfill_statements()]

@@ -17,6 +17,7 @@ __all__ = [
     "DDL",
     "DECODE_STEP_SQL",
     "ENGINE_META_JOIN",
+    "PER_TRACE_AGGREGATES",
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
     "REFRESH_REQUESTS",
@@ -103,11 +104,11 @@ def per_trace_sql(where: str) -> str:
     return _PER_TRACE_TEMPLATE.replace("{where}", where)
 
 
-_PER_TRACE_TEMPLATE = f"""
-WITH f AS (
-    SELECT * FROM _request_spans WHERE {{where}}
-)
-    SELECT trace_id,
+# The per-trace aggregates, one `agg(args) [FILTER (WHERE cond)] AS name` per item after trace_id
+# (DuckDB SQL over `f`, the trace's _request_spans rows). ClickHouse keeps each as an aggregate state
+# (collector/clickhouse/objects.py, dialect.aggregate_state), so every item must merge: arg_max,
+# min, max, sum, count, any_value.
+PER_TRACE_AGGREGATES = f"""
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c,
         min(start_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_start,
         max(end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_end,
@@ -167,7 +168,12 @@ WITH f AS (
         count(*) FILTER (WHERE phase IN ({_PLUGIN_ENGINE_PHASES})) AS plugin_spans,
         count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}',
                                          '{sc.PHASE_VLLM_REQUEST}')) AS roots
-    FROM f GROUP BY trace_id
+"""
+_PER_TRACE_TEMPLATE = f"""
+WITH f AS (
+    SELECT * FROM _request_spans WHERE {{where}}
+)
+    SELECT trace_id,{PER_TRACE_AGGREGATES}    FROM f GROUP BY trace_id
 """
 _PER_TRACE = per_trace_sql(DIRTY)
 

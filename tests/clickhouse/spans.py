@@ -24,13 +24,22 @@ _HOSTS = {"loadgen": "client-host", "gateway": "gw-host", "vllm-0": "gw-host", "
           "vllm-2": "node-2"}
 
 
+def _full_trace_id(i: int) -> bytes:
+    """The trace id of full trace number i (0 <= i < 2**24): 01, i in 3 bytes little-endian, zeros."""
+    return bytes([1]) + i.to_bytes(3, "little") + bytes(12)
+
+
 def build_spans(n_full: int = 40, seed: int = 7, now_ns: int | None = None, *, fleet: bool = False,
-                slow_replica: int | None = None, slow_queue_ms: float = 800.0):
+                slow_replica: int | None = None, slow_queue_ms: float = 800.0, first: int = 0,
+                specials: bool = True, max_tokens: int = 30):
     """(ExportTraceServiceRequest, now_ns): `n_full` full traces plus one of each special shape, all
     ending within the 20 minutes before `now_ns` (default: now). `fleet`: the replicas are instances of
     one service, as in deploy/fleet (service.name `vllm`, `service.instance.id` vllm-0..2, and the
     gateway's upstream of replica i is its address http://172.18.0.(10 + i):8000).
-    `slow_replica`: the full traces of replica i (0..2) wait `slow_queue_ms` more in the engine's queue."""
+    `slow_replica`: the full traces of replica i (0..2) wait `slow_queue_ms` more in the engine's queue.
+    `first`: the number of the first full trace (its trace id; bench/fleet.py builds a large store in
+    parts, `specials` False after the first part: only full traces); `max_tokens`: the most output
+    tokens of a full trace (at least 2)."""
     now_ns = now_ns or time.time_ns()
     rng = random.Random(seed)
     resources = ({f"vllm-{i}": {"service.name": "vllm", sc.SERVICE_INSTANCE_ID: f"vllm-{i}"} for i in range(3)}
@@ -73,11 +82,11 @@ def build_spans(n_full: int = 40, seed: int = 7, now_ns: int | None = None, *, f
         return r1
 
     def full(i, end_ns, client_status=0, client_e2e_ns=None, arrays=True, kv_short=False):
-        tid = bytes([1, i % 256, i // 256]) + bytes(13)
+        tid = _full_trace_id(i)
         svc = f"vllm-{i % 3}"
         # the replica's clock runs ahead of the gateway's by 0, 3 or -2 ms
         skew = {0: 0, 1: 3 * MS, 2: -2 * MS}[i % 3]
-        q, p, k = rng.uniform(1, 300), rng.uniform(5, 100), rng.randint(2, 30)
+        q, p, k = rng.uniform(1, 300), rng.uniform(5, 100), rng.randint(2, max_tokens)
         if slow_replica is not None and i % 3 == slow_replica:
             q += slow_queue_ms
         itl_ns = int(rng.uniform(5, 30) * MS)
@@ -106,8 +115,10 @@ def build_spans(n_full: int = 40, seed: int = 7, now_ns: int | None = None, *, f
         b.span("gateway", sc.SPAN_GATEWAY_STREAM, r0 + 3 * MS, s_end, trace_id=tid, parent=g,
                attrs={sc.PHASE: sc.PHASE_NETWORK, sc.FIRST_CHUNK_TIME: r0 + 3 * MS + 17})
 
-    for i in range(n_full):
+    for i in range(first, first + n_full):
         full(i, now_ns - int(rng.uniform(5, 1200) * 1e9), kv_short=(i == 5))
+    if not specials:
+        return b.req, now_ns
     full(n_full, now_ns - 100 * 10**9, client_status=2, client_e2e_ns=60 * 10**9)   # client timeout
     full(n_full + 1, now_ns - 90 * 10**9, arrays=False)                               # engine span, no arrays
     # engine only: no client, no gateway
@@ -140,7 +151,7 @@ def build_spans(n_full: int = 40, seed: int = 7, now_ns: int | None = None, *, f
         native(tid, c, c0 + 5 * MS, 0.012 * (j + 1), 0.031, 0.25, 12)
     native(bytes([8]) + bytes(15), b"", now_ns - 35 * 10**9, 0.02, 0.03, 0.2, 9, bad=True)
     full(n_full + 2, now_ns - 80 * 10**9)
-    native(bytes([1, (n_full + 2) % 256, (n_full + 2) // 256]) + bytes(13), b"", now_ns - 81 * 10**9,
+    native(_full_trace_id(n_full + 2), b"", now_ns - 81 * 10**9,
            0.01, 0.02, 0.1, 5)
     # a gateway-only 429
     g0 = now_ns - 30 * 10**9

@@ -97,6 +97,104 @@ def test_a_trace_still_arriving_shows_what_has_arrived(spans, chdb_store):
     assert client_e2e is not None and outer == pytest.approx(client_e2e, abs=TOL_MS) and client_e2e > e2e
 
 
+def _subset(req, keep):
+    """A copy of the OTLP request `req` holding the spans for which keep(span) is true."""
+    out = type(req)()
+    out.CopyFrom(req)
+    for rs in out.resource_spans:
+        for ss in rs.scope_spans:
+            kept = [type(sp).FromString(sp.SerializeToString()) for sp in ss.spans if keep(sp)]
+            del ss.spans[:]
+            ss.spans.extend(kept)
+    return out
+
+
+def _phase(span) -> str | None:
+    return next((a.value.string_value for a in span.attributes if a.key == sc.PHASE), None)
+
+
+def _chdb_requests(directory, parts) -> tuple[dict, dict, int, int]:
+    """Insert each list of exporter rows of `parts` (one insert each) into a fresh chdb store at
+    `directory`: (requests by trace_id read before and after the states are merged on disk
+    (OPTIMIZE ... FINAL), rows of _trace_state before, traces in it)."""
+    from tests.clickhouse.conftest import new_chdb_store
+
+    _, client = new_chdb_store(directory)
+    try:
+        for part in parts:
+            insert_spans(client, part)
+        q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+        states, traces = client.query("SELECT count(), uniqExact(trace_id) FROM _trace_state").result_rows[0]
+        unmerged = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        client.command("OPTIMIZE TABLE _trace_state FINAL")
+        merged = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+    finally:
+        client.close()
+    return unmerged, merged, states, traces
+
+
+def test_requests_are_the_same_whatever_the_insert_split(spans, duck, tmp_path):
+    """The same spans in one insert, and dealt over five inserts so that every trace's spans land in
+    several of them: the same requests rows (before and after ClickHouse merges the per-trace
+    states), equal to DuckDB's."""
+    rows = sorted(encode_traces(spans), key=lambda r: (r[1], r[2]))   # by trace, span
+    parts = [rows[i::5] for i in range(5)]                            # a trace's spans, one insert after another
+    per_trace = {}
+    for k, part in enumerate(parts):
+        for r in part:
+            per_trace.setdefault(r[1], set()).add(k)
+    assert sum(len(v) >= 3 for v in per_trace.values()) >= 40
+    one, one_merged, _, _ = _chdb_requests(tmp_path / "one", [rows])
+    split, split_merged, states, traces = _chdb_requests(tmp_path / "split", parts)
+    assert states > traces + 100   # the read merged several states of most traces
+    want = _requests(duck.execute(f"SELECT {', '.join(REQUESTS.names)} FROM requests").fetchall())
+    assert len(want) == 49
+    for what, got in (("one insert", one), ("one insert, merged", one_merged), ("5 inserts", split),
+                      ("5 inserts, merged", split_merged)):
+        assert _diff(REQUESTS.names, want, got, what) == []
+    assert _diff(REQUESTS.names, one, split, "5 inserts vs one") == []
+
+
+def test_traces_still_arriving_show_what_has_arrived_as_on_duckdb(spans, tmp_path):
+    """Every trace arriving layer by layer (the client spans, then the gateway's, then the engine's):
+    at each stage chdb's requests rows equal the DuckDB writer's (refreshed after each stage)."""
+    from collector.processor.enrich import traces_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+    from tests.clickhouse.conftest import new_chdb_store
+
+    gateway = {sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_NETWORK}
+    stages = [_subset(spans, lambda sp: _phase(sp) == sc.PHASE_CLIENT),
+              _subset(spans, lambda sp: _phase(sp) in gateway),
+              _subset(spans, lambda sp: _phase(sp) not in gateway | {sc.PHASE_CLIENT})]
+    q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+    duck = DuckDBStore(tmp_path / "t.duckdb").start()
+    _, client = new_chdb_store(tmp_path / "ch")
+    seen = []
+    try:
+        for stage in stages:
+            duck.submit(traces_to_batch(stage)).result(60)
+            assert duck.refresh(60)
+            insert_spans(client, encode_traces(stage))
+            want = _requests(duck.read_query(q, timeout_s=60))
+            got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+            assert _diff(REQUESTS.names, want, got, f"stage {len(seen) + 1}") == []
+            seen.append(want)
+    finally:
+        client.close()
+        duck.stop()
+    col = {n: i for i, n in enumerate(REQUESTS.names)}
+    full = (bytes([1, 1, 0]) + bytes(13)).hex()   # a full trace, its replica on another host
+    # the client's span alone: its E2E, nothing of the layers not yet arrived
+    first = seen[0][full]
+    assert first[col["client_e2e_ms"]] > 0 and first[col["outer_e2e_ms"]] == first[col["client_e2e_ms"]]
+    assert first[col["gateway_ms"]] is None and first[col["e2e_ms"]] is None and first[col["request_id"]] is None
+    second = seen[1][full]
+    assert second[col["gateway_ms"]] is not None and second[col["e2e_ms"]] is None
+    third = seen[2][full]
+    assert third[col["e2e_ms"]] > 0 and third[col["request_id"]] is not None
+    assert len(seen[0]) < len(seen[2]) == 49   # engine-only traces appear with their engine spans
+
+
 def test_exact_quantiles_equal_duckdb_quantile_cont(duck, chdb_store):
     _, client = chdb_store
     rng = random.Random(5)
@@ -146,8 +244,9 @@ def test_spans_and_engine_steps_equal_row_for_row(spans, duck, chdb_store):
 
 
 def test_init_backfills_decode_steps_from_spans_already_there(spans, duck, tmp_path):
-    """An otel_traces the exporter filled before `tailtrace clickhouse init`: the new decode_steps and
-    step_rollup get the steps of the spans already there (the materialized views see only later inserts)."""
+    """An otel_traces the exporter filled before `tailtrace clickhouse init`: the new decode_steps,
+    step_rollup and per-trace states get the spans already there (the materialized views see only
+    later inserts), and `requests` equals DuckDB's; a second init adds nothing twice."""
     from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main
@@ -158,11 +257,27 @@ def test_init_backfills_decode_steps_from_spans_already_there(spans, duck, tmp_p
     client.insert("otel_traces", encode_traces(spans), column_names=list(TRACE_INSERT_COLUMNS))
     client.close()
     assert main(["clickhouse", "init", "--url", store.text]) == 0
+    q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
     client = connect_clickhouse(store)
     try:
         n = client.command("SELECT count() FROM decode_steps")
         rolled = client.command("SELECT sum(steps) FROM step_rollup")
+        got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        # a store that an older tailtrace set up (decode_steps, no per-trace states): init fills them once
+        client.command("DROP VIEW _trace_state_mv")
+        client.command("DROP TABLE _trace_state")
     finally:
         client.close()
-    assert n == duck.execute("SELECT count(*) FROM decode_steps").fetchone()[0]
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        again = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        n_again = client.command("SELECT count() FROM decode_steps")
+    finally:
+        client.close()
+    assert n == n_again == duck.execute("SELECT count(*) FROM decode_steps").fetchone()[0]
     assert rolled == duck.execute("SELECT sum(steps) FROM step_rollup").fetchone()[0]
+    want = _requests(duck.execute(q).fetchall())
+    assert len(want) == 49
+    assert _diff(REQUESTS.names, want, got, "backfilled") == [] and _diff(REQUESTS.names, want, again, "again") == []

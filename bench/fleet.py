@@ -1,0 +1,269 @@
+"""Fleet benchmark (issue 20): the dashboard's and `tailtrace explain`'s queries on ClickHouse (chdb,
+in-process) beside DuckDB, on the same spans, in one run.
+
+    nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~7-9 min on 2 cores)
+    nice -n 19 .venv/bin/python bench/fleet.py --requests 1000000 --tokens 400   # the issue's 1M / ~200M steps
+    .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
+
+The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
+two of them on other hosts, some preempted; output lengths uniform in [2, --tokens], so about
+--tokens / 2 decode steps per request, as per-token arrays on each llm.request span), built in parts
+of --part requests. Each part goes through tailtrace's DuckDB path (the real processor and writer,
+requests refreshed at the end) and, encoded as the OpenTelemetry Collector's ClickHouse exporter
+encodes it (collector/clickhouse/exporter_encoding.py), into `otel_traces` of a chdb store that
+`clickhouse init`'s statements set up: one insert per part, so the traces of a part reach ClickHouse's
+per-trace states (`_trace_state`) in one insert and its `requests` merges them at read.
+
+Then, on each engine in turn (chdb allows one process per data directory, so never both open):
+- every dashboard page's queries (dashboard/data.py PAGE_QUERIES, the functions the pages run, through
+  the dashboard's own DuckDBSource / ClickHouseSource), cold (first run) and warm (median of --repeats);
+- `tailtrace explain --format json` for --metric e2e, ttft, tpot (the CLI, as a user runs it);
+and prints per query both times and the ratio ClickHouse / DuckDB, beside the goal (every page < 1 s).
+Last, the exact-quantile check on this data: DuckDB's `quantile_cont` of E2E, TTFT and ITL at the
+catalog's quantiles against ClickHouse's `quantileExactInclusive` over the same rows, against the
+merge of per-minute `quantileExactInclusiveState`s (a rollup's merged exact quantile), and against
+`quantileExactWeightedInterpolated` over (value, count) pairs (a weighted one): equal or not, and
+the largest relative difference. The load average is printed with the numbers: the box is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GOAL_S = 1.0
+METRICS = ("e2e", "ttft", "tpot")
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} cores"
+    except OSError:
+        return "n/a"
+
+
+def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
+    """Fill `directory`/t.duckdb and the chdb store `directory`/ch with the same `n_requests` full
+    traces (and, in the first part, one of each special shape). Returns {"duckdb": path, "chdb":
+    URL, "spans": n, "seconds": {...}}."""
+    from collector.clickhouse.exporter_encoding import encode_traces
+    from collector.processor.enrich import traces_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+    from tests.clickhouse.conftest import insert_spans, new_chdb_store
+    from tests.clickhouse.spans import build_spans
+
+    now = time.time_ns()
+    duck_path = directory / "t.duckdb"
+    store, client = new_chdb_store(directory / "ch")
+    duck = DuckDBStore(duck_path).start()
+    secs = {"build spans": 0.0, "DuckDB writer": 0.0, "encode": 0.0, "chdb insert": 0.0}
+    n_spans, done, k = 0, 0, 0
+    try:
+        while done < n_requests:
+            n = min(part, n_requests - done)
+            t = time.perf_counter()
+            req, _ = build_spans(n_full=n, seed=100 + k, now_ns=now, first=k * (part + 3), specials=(k == 0),
+                                 max_tokens=tokens)
+            secs["build spans"] += time.perf_counter() - t
+            t = time.perf_counter()
+            duck.submit(traces_to_batch(req)).result(600)
+            secs["DuckDB writer"] += time.perf_counter() - t
+            t = time.perf_counter()
+            rows = encode_traces(req)
+            secs["encode"] += time.perf_counter() - t
+            t = time.perf_counter()
+            client.insert("otel_traces", rows, column_names=_columns())
+            secs["chdb insert"] += time.perf_counter() - t
+            n_spans += len(rows)
+            done += n
+            k += 1
+        t = time.perf_counter()
+        assert duck.refresh(3600), "the DuckDB writer did not refresh requests in an hour"
+        secs["DuckDB writer"] += time.perf_counter() - t
+        t = time.perf_counter()
+        insert_spans(client, [])   # clock_offsets recomputed (its refreshable view), as after an insert
+        secs["chdb insert"] += time.perf_counter() - t
+    finally:
+        duck.stop()
+        client.close()
+    return {"duckdb": duck_path, "chdb": store.text, "spans": n_spans, "seconds": secs}
+
+
+def _columns() -> list[str]:
+    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+
+    return list(TRACE_INSERT_COLUMNS)
+
+
+def time_pages(url: str, repeats: int) -> dict[str, tuple[float, float]]:
+    """{page: (cold s, warm median s)} of every dashboard page's queries on the store at `url`."""
+    from dashboard import data
+    from dashboard.source import open_source
+
+    src = open_source("store", url)
+    try:
+        out = {}
+        for name, fn in data.PAGE_QUERIES.items():
+            times = []
+            for _ in range(repeats + 1):
+                t = time.perf_counter()
+                fn(src, data.Filters())
+                times.append(time.perf_counter() - t)
+            out[name] = (times[0], statistics.median(times[1:]) if repeats else times[0])
+    finally:
+        src.close()
+    return out
+
+
+def time_explain(url: str, repeats: int) -> dict[str, tuple[float, float]]:
+    """{`explain --metric m`: (cold s, warm median s)}: the CLI's run on the store at `url`."""
+    from tailtrace.cli import main
+
+    out = {}
+    for m in METRICS:
+        times = []
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = main(["explain", "--store", url, "--format", "json", "--metric", m])
+            times.append(time.perf_counter() - t)
+            if rc != 0:
+                raise RuntimeError(f"tailtrace explain --store {url} --metric {m} exited {rc}")
+        out[f"explain --metric {m}"] = (times[0], statistics.median(times[1:]) if repeats else times[0])
+    return out
+
+
+def time_per_trace(url: str, repeats: int) -> dict[str, float]:
+    """{what: warm median s} on the chdb store at `url`: every per-trace aggregate of every trace read
+    from the per-trace states (`_agg`), the same recomputed from the spans in otel_traces (what
+    `requests` read before the states), and all of `requests`."""
+    from collector.clickhouse.dialect import to_clickhouse
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from collector.store.schema import per_trace_sql
+
+    sqls = {"per-trace aggregate from _trace_state": "SELECT * FROM _agg",
+            "per-trace aggregate from otel_traces": f"SELECT * FROM ({to_clickhouse(per_trace_sql('1'))})",
+            "every requests row": "SELECT * FROM requests"}
+    client = connect_clickhouse(parse_store_url(url))
+    out = {}
+    try:
+        for name, sql in sqls.items():
+            times = []
+            for _ in range(repeats + 1):
+                t = time.perf_counter()
+                client.command(f"{sql} FORMAT Null")
+                times.append(time.perf_counter() - t)
+            out[name] = statistics.median(times[1:]) if repeats else times[0]
+    finally:
+        client.close()
+    return out
+
+
+# (label, DuckDB relation and column, the same on ClickHouse)
+_QUANTITIES = (("E2E (outer_e2e_ms)", "requests", "outer_e2e_ms"), ("TTFT (outer_ttft_ms)", "requests", "outer_ttft_ms"),
+               ("ITL (decode_steps.itl_ms)", "decode_steps", "itl_ms"))
+
+
+def quantile_check(duck_path: Path, url: str) -> list[tuple[str, str, float]]:
+    """(quantity, ClickHouse quantile, largest |relative difference| to DuckDB's quantile_cont) at the
+    catalog's QUANTILES, for the direct, merged and weighted exact quantiles."""
+    import duckdb
+
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from semantics.catalog import QUANTILES
+
+    qs = ", ".join(str(q) for q in QUANTILES)
+    con = duckdb.connect(str(duck_path), read_only=True)
+    want = {}
+    for label, rel, col in _QUANTITIES:
+        want[label] = con.execute(f"SELECT quantile_cont({col}, [{qs}]) FROM {rel} WHERE {col} IS NOT NULL").fetchone()[0]
+    con.close()
+    client = connect_clickhouse(parse_store_url(url))
+    out = []
+    try:
+        for label, rel, col in _QUANTITIES:
+            t = "time" if rel == "decode_steps" else "completion_time"
+            rows = f"(SELECT {col} AS x, {t} AS t FROM {rel} WHERE {col} IS NOT NULL)"
+            sqls = {
+                "quantilesExactInclusive": f"SELECT quantilesExactInclusive({qs})(x) FROM {rows}",
+                "merged per-minute states": (f"SELECT quantilesExactInclusiveMerge({qs})(s) FROM (SELECT "
+                                             f"quantilesExactInclusiveState({qs})(x) AS s FROM {rows} "
+                                             "GROUP BY toStartOfMinute(t))"),
+                "quantilesExactWeightedInterpolated": (f"SELECT quantilesExactWeightedInterpolated({qs})(x, n) FROM "
+                                                        f"(SELECT x, count() AS n FROM {rows} GROUP BY x)"),
+            }
+            for name, sql in sqls.items():
+                got = client.query(sql).result_rows[0][0]
+                diff = max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want[label]))
+                out.append((label, name, diff))
+    finally:
+        client.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=20_000, help="full traces in the store (default 20,000)")
+    p.add_argument("--tokens", type=int, default=30,
+                   help="most output tokens per request (uniform from 2; ~tokens/2 decode steps each; default 30)")
+    p.add_argument("--part", type=int, default=2_000, help="requests per insert (default 2,000)")
+    p.add_argument("--repeats", type=int, default=2, help="warm repeats per query (default 2)")
+    p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
+    p.add_argument("--keep", action="store_true", help="keep the stores after the run")
+    args = p.parse_args(argv)
+    if args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0:
+        p.error("--requests and --part must be >= 1, --tokens >= 2, --repeats >= 0")
+    directory = args.dir or Path(tempfile.mkdtemp(prefix="tailtrace-fleet-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "t.duckdb").exists() or (directory / "ch").exists():
+        p.error(f"{directory} already holds a store: give an empty --dir")
+    try:
+        t0 = time.perf_counter()
+        built = build(directory, args.requests, args.part, args.tokens)
+        print(f"built {args.requests:,} requests, {built['spans']:,} spans in {time.perf_counter() - t0:.0f} s ("
+              + ", ".join(f"{k} {v:.0f} s" for k, v in built["seconds"].items()) + f"); load {_load()}")
+        import duckdb
+
+        con = duckdb.connect(str(built["duckdb"]), read_only=True)
+        n_req, n_steps = (con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("requests", "decode_steps"))
+        con.close()
+        sizes = {"DuckDB file": built["duckdb"].stat().st_size,
+                 "chdb directory": sum(f.stat().st_size for f in (directory / "ch").rglob("*") if f.is_file())}
+        print(f"DuckDB: {n_req:,} requests, {n_steps:,} decode steps; "
+              + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sizes.items()))
+        results = {}
+        for engine, url in (("duckdb", f"duckdb://{built['duckdb']}"), ("chdb", built["chdb"])):
+            results[engine] = {**time_pages(url, args.repeats), **time_explain(url, args.repeats)}
+        print(f"\n{'query':<34} {'DuckDB cold':>11} {'warm':>7} {'chdb cold':>10} {'warm':>7} {'chdb/DuckDB':>11}")
+        for name in results["duckdb"]:
+            dc, dw = results["duckdb"][name]
+            cc, cw = results["chdb"][name]
+            goal = "" if name.startswith("explain") else ("  < 1 s on both" if max(dw, cw) < GOAL_S else "  over 1 s")
+            print(f"{name:<34} {dc:>10.2f}s {dw:>6.2f}s {cc:>9.2f}s {cw:>6.2f}s {cw / dw:>10.1f}x{goal}")
+        print(f"(warm = median of {args.repeats}; load {_load()})")
+        print("\nchdb, every trace (warm):")
+        for name, secs in time_per_trace(built["chdb"], args.repeats).items():
+            print(f"  {name:<40} {secs:6.2f}s")
+        print("\nexact quantiles on this data, ClickHouse vs DuckDB's quantile_cont (equal: within 1e-12 relative):")
+        for label, name, diff in quantile_check(built["duckdb"], built["chdb"]):
+            print(f"  {label:<28} {name:<36} {'equal' if diff < 1e-12 else 'DIFFERENT'} (max rel. diff {diff:.1e})")
+    finally:
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            print(f"stores kept in {directory}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ from test_compose import (
 FLEET = ROOT / "deploy" / "fleet"
 COMPOSE = FLEET / "compose.yaml"
 PORTS = {"vllm": [], "gateway": [8080], "otel-collector": [4318, 4317], "clickhouse": [8123, 9000],
-         "clickhouse-init": [], "tailtrace-metrics": [9465], "grafana": [3000]}
+         "clickhouse-init": [], "tailtrace-metrics": [9465], "dashboard": [8501], "grafana": [3000]}
 ENV = {"CLICKHOUSE_PASSWORD": "p", "CLICKHOUSE_READER_PASSWORD": "r"}
 
 
@@ -78,7 +78,7 @@ def test_tailtrace_command_lines_parse_and_wire_the_services():
         if argv and argv[0] == "tailtrace":
             parsed[name] = parser.parse_args(argv[1:])
             assert callable(getattr(parsed[name], "func", None)), name
-    assert set(parsed) == {"vllm", "gateway", "clickhouse-init", "tailtrace-metrics"}
+    assert set(parsed) == {"vllm", "gateway", "clickhouse-init", "tailtrace-metrics", "dashboard"}
     # the gateway resolves every address of the vLLM service's name, on vLLM's port
     gw = parsed["gateway"]
     assert gw.host == "0.0.0.0" and gw.upstream_dns == "http://vllm:8000" and not gw.upstreams
@@ -97,6 +97,13 @@ def test_tailtrace_command_lines_parse_and_wire_the_services():
     assert parse_store_url(metrics.store).database == store.database and parse_store_url(metrics.store).host == "clickhouse"
     assert services["tailtrace-metrics"]["depends_on"]["clickhouse-init"]["condition"] == \
         "service_completed_successfully"
+    # so do the dashboard and the exporter, as the read-only reader (its profile lets the guard set its limits)
+    for name in ("dashboard", "tailtrace-metrics"):
+        url = parse_store_url(parsed[name].store)
+        assert (url.host, url.database) == ("clickhouse", store.database), name
+        assert _interpolate(parsed[name].store).startswith("clickhouse://tailtrace_reader:"), name
+        assert services[name]["depends_on"]["clickhouse-init"]["condition"] == "service_completed_successfully"
+    assert parsed["dashboard"].host == "0.0.0.0" and f"--port={parsed['dashboard'].port}" in _argv(services["dashboard"])
 
 
 def test_collector_contrib_exports_to_clickhouse_as_tailtrace_reads_it():

@@ -51,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from diagnose.explain import explain
     from diagnose.render import render_json, render_markdown, render_text
-    from diagnose.source import Scope, api_query, db_query, store_query
+    from diagnose.source import Scope, api_query, db_query, evidence_for_store, store_query
 
     scope = Scope(since=args.since, until=args.until, run_id=args.run_id, metric=args.metric, trace_id=args.trace_id,
                   quantile=args.quantile)
@@ -67,6 +67,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         if close:
             close()
+    evidence_for_store(report, args.store)   # re-runnable by `tailtrace sql --store` as shown
     if args.format == "json":
         sys.stdout.write(render_json(report) + "\n")
     elif args.format == "markdown":

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from semantics.catalog import METRIC_PHASES
 from tailtrace.errors import UserError
 
-__all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "iso", "parse_time", "sql_time", "store_query"]
+__all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "evidence_for_store", "iso", "parse_time", "sql_time",
+           "store_query"]
 
 Query = Callable[[str, Sequence | None], list]
 
@@ -156,3 +157,29 @@ def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[
         return [[to_json_value(v) for v in r] for r in rows]
 
     return query, close
+
+
+def evidence_for_store(report, url: str | None) -> None:
+    """Rewrite, in place, every `Evidence` of `report` (its findings', its capacity line's and its
+    request's) in the dialect of the store at `url`, so that `tailtrace sql --store URL` re-runs it as
+    shown: on ClickHouse (`chdb://`, `clickhouse://`) the SQL as the store ran it (translated by
+    collector/clickhouse/dialect.py, its `?` bound as literals) and no params; a DuckDB store, a live
+    collector (None) or a bad URL: unchanged."""
+    from collector.clickhouse.store_url import parse_store_url
+
+    if not url:
+        return
+    try:
+        if parse_store_url(url).kind == "duckdb":
+            return
+    except UserError:
+        return
+    from collector.clickhouse.dialect import bind, to_clickhouse
+
+    groups = [f.evidence for f in report.findings]
+    groups += [report.capacity.evidence] if report.capacity is not None else []
+    groups += [report.trace.evidence] if report.trace is not None else []
+    for group in groups:
+        for ev in group:
+            ev.sql, ev.params = bind(to_clickhouse(ev.sql), list(ev.params or [])), []
+

@@ -27,14 +27,15 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
   trace. As on DuckDB, where the writer records samples at each refresh, a request's network split uses
   the offsets known when its row was computed;
 - `_requests_kept` (ReplacingMergeTree, version `_refreshed`, ORDER BY trace_id), appended to every
-  `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`, after
-  `clock_offsets_rmv`): `schema.requests_sql` over `_agg_arrived`, the merged states (`_agg`'s
-  SELECT) of the traces with an arrival since the last refresh (`_refreshed` of the newest row) less
-  `REFRESH_MARGIN_S`, each column cast to its tables.REQUESTS type. Only those traces are
-  recomputed, each from all of its states, so its new row is the same function of the spans
-  present whatever the insert split; the others keep their row (and the clock offsets it was computed
-  with, as on DuckDB, whose writer recomputes only the traces with new spans). The margin re-reads
-  the arrivals of an insert that committed while the previous refresh ran;
+  `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`):
+  `schema.requests_sql` over `_agg_arrived`, the merged states (`_agg`'s SELECT) of the traces with
+  an arrival since the last refresh (`_refreshed` of the newest row) less `REFRESH_MARGIN_S`, each
+  column cast to its tables.REQUESTS type, with the clock offsets of clock_offsets and of those
+  traces' own samples. Only those traces are recomputed, each from all of its states, so its new row
+  is the same function of the spans present whatever the insert split; the others keep their row
+  (and the clock offsets it was computed with, as on DuckDB, whose writer recomputes only the traces
+  with new spans). The margin re-reads the arrivals of an insert that committed while the previous
+  refresh ran;
 - `requests` (view): `_requests_kept FINAL` (the newest row of each trace), the columns of
   tables.REQUESTS. As on DuckDB, where the writer refreshes `requests` every few seconds, a trace
   still arriving shows what had arrived at the last refresh; `refresh_requests` forces one;
@@ -91,7 +92,7 @@ EXPECTED_TRACE_COLUMNS = {"Timestamp": "DateTime64(9)", "TraceId": "String", "Sp
 REFRESH_S = 10
 # A refresh recomputes the traces that arrived since the previous one began less this (s): an insert
 # that committed while the previous refresh ran is not missed (its arrivals are stamped at insert).
-REFRESH_MARGIN_S = 30
+REFRESH_MARGIN_S = 10
 # How long _trace_arrivals keeps a trace's arrival (h), whatever the spans' TTL: it is read back
 # REFRESH_S + REFRESH_MARGIN_S at most, unless the refreshes stop for longer.
 ARRIVALS_TTL_HOURS = 24
@@ -384,10 +385,14 @@ def _requests_kept_table(ttl_hours: int) -> str:
 
 
 def _requests_kept_select() -> str:
-    """The `requests` rows of the traces of _agg_arrived, stamped with the time of the refresh."""
+    """The `requests` rows of the traces of _agg_arrived, stamped with the time of the refresh. Their
+    clock offsets come from clock_offsets and their own samples (as the DuckDB writer records the
+    samples of a refresh's traces before it computes their rows), whenever clock_offsets_rmv ran."""
     exprs = {c: c for c in REQUESTS.names}
+    samples = (f"(SELECT {', '.join(CLOCK_OFFSETS.names)} FROM clock_offsets UNION ALL "
+               f"SELECT * FROM ({clock.samples_sql('_agg_arrived')}))")
     return f"""SELECT {_cols(REQUESTS, exprs, _KEPT_NOT_NULL)}, now64(6, 'UTC') AS _refreshed
-FROM ({to_clickhouse(requests_sql("_agg_arrived"))})
+FROM ({to_clickhouse(requests_sql("_agg_arrived", samples))})
 {_SETTINGS}"""
 
 
@@ -430,7 +435,7 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {REFRESH_S} SECOND "
               f"TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg'))} {_SETTINGS}"),
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS _requests_kept_rmv REFRESH EVERY {REFRESH_S} SECOND "
-              f"DEPENDS ON clock_offsets_rmv APPEND TO _requests_kept AS {_requests_kept_select()}"),
+              f"APPEND TO _requests_kept AS {_requests_kept_select()}"),
              _requests_view(),
              _decode_steps_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",

@@ -86,6 +86,10 @@ def _init(args) -> int:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
                 client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
+            rmv = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} "
+                               "AND name = 'clock_offsets_rmv'", parameters={"db": store.database}).result_rows
+            if rmv and " APPEND " not in rmv[0][0]:   # it replaced clock_offsets with every trace's samples
+                client.command("DROP VIEW clock_offsets_rmv")   # recreated appending those of arrived traces
             for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
                                         backfill_traces=fresh_traces, backfill_requests=fresh_requests):
                 client.command(stmt)

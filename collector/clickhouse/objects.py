@@ -22,12 +22,14 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
 - `_trace_arrivals` (MergeTree fed by `_trace_arrivals_mv` from `otel_traces`): one row per trace of
   each insert's request spans and `inserted`, the time of the insert (kept `ARRIVALS_TTL_HOURS`): which
   traces changed since a refresh, whatever their spans' own times (a late span of an old trace too);
-- `clock_offsets` (table, replaced every `REFRESH_S` by the refreshable materialized view
-  `clock_offsets_rmv`): the best clock sample per minute and host pair, `clock.samples_sql` over every
-  trace. As on DuckDB, where the writer records samples at each refresh, a request's network split uses
-  the offsets known when its row was computed;
+- `clock_offsets` (MergeTree, TTL by minute, appended to every `REFRESH_S` by the refreshable
+  materialized view `clock_offsets_rmv`, `APPEND`): the best clock sample per minute and host pair,
+  `clock.samples_sql` over the traces of `_agg_arrived` (below), as the DuckDB writer records the
+  samples of the traces of each refresh (a minute and pair may have several rows; readers take the
+  best, clock.offsets_cte). A request's network split uses the offsets known when its row was computed;
 - `_requests_kept` (ReplacingMergeTree, version `_refreshed`, ORDER BY trace_id), appended to every
-  `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`):
+  `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`, after
+  `clock_offsets_rmv`):
   `schema.requests_sql` over `_agg_arrived`, the merged states (`_agg`'s SELECT) of the traces with
   an arrival since the last refresh (`_refreshed` of the newest row) less `REFRESH_MARGIN_S`, each
   column cast to its tables.REQUESTS type, with the clock offsets of clock_offsets and of those
@@ -359,14 +361,16 @@ def _step_rollup_select() -> str:
     return f"SELECT {_cols(STEP_ROLLUP, exprs, ('minute',))} FROM ({inner})"
 
 
-def _clock_offsets_table() -> str:
+def _clock_offsets_table(ttl_hours: int) -> str:
     cols = ", ".join(f"{c.name} {ch_type(c.type, c.name != 'minute')}" for c in CLOCK_OFFSETS.columns)
-    return f"CREATE TABLE IF NOT EXISTS clock_offsets ({cols}) ENGINE = MergeTree ORDER BY minute"
+    return (f"CREATE TABLE IF NOT EXISTS clock_offsets ({cols}) ENGINE = MergeTree ORDER BY minute "
+            f"{ttl_clause('minute', ttl_hours)}")
 
 
 def refresh_requests(client) -> None:
-    """Recompute clock_offsets, then the `requests` rows of the traces that arrived since the last
-    refresh, now, and wait for both (what the refreshable views do every REFRESH_S seconds): after an
+    """Append the clock samples of the traces that arrived since the last refresh to clock_offsets,
+    then recompute their `requests` rows, now, and wait for both (what the refreshable views do every
+    REFRESH_S seconds): after an
     insert, before reading `requests` with the spans just inserted. `tailtrace clickhouse init`,
     `clickhouse load` and tests call it. Raises clickhouse_connect's errors (a refresh that failed)."""
     for view in ("clock_offsets_rmv", "_requests_kept_rmv"):
@@ -431,11 +435,11 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              _agg_view(),
              _requests_kept_table(ttl_hours),
              _agg_arrived_view(margin_s),
-             _clock_offsets_table(),
+             _clock_offsets_table(ttl_hours),
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {REFRESH_S} SECOND "
-              f"TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg'))} {_SETTINGS}"),
+              f"APPEND TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg_arrived'))} {_SETTINGS}"),
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS _requests_kept_rmv REFRESH EVERY {REFRESH_S} SECOND "
-              f"APPEND TO _requests_kept AS {_requests_kept_select()}"),
+              f"DEPENDS ON clock_offsets_rmv APPEND TO _requests_kept AS {_requests_kept_select()}"),
              _requests_view(),
              _decode_steps_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",

@@ -11,6 +11,7 @@ from collector.clickhouse.query import run_readonly
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 from collector.store.tables import REQUESTS
 from semantics import semconv as sc
+from tests.clickhouse.conftest import insert_spans
 from tests.clickhouse.test_equality import _arrive_on_both, _diff, _phase, _requests, _subset
 
 OLD = (bytes([1, 1, 0]) + bytes(13)).hex()   # a full trace, its replica on another host: its client span is late
@@ -67,3 +68,37 @@ def test_a_refresh_replaces_the_rows_of_the_traces_that_arrived_only(spans, tmp_
     assert changed == {OLD, NEW}
     assert versions == 2 and kept == len(merged) == 49   # two rows of OLD until merged; read as one
     assert _diff(REQUESTS.names, second, merged, "merged") == []
+
+
+def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_path):
+    """A store that the previous tailtrace set up (spans and per-trace states, no `_requests_kept` or
+    `_trace_arrivals`, a clock_offsets_rmv replacing its table): `clickhouse init` keeps `requests`
+    for every trace already there, equal to DuckDB's, and recreates clock_offsets_rmv appending."""
+    from tailtrace.cli import main
+    from tests.clickhouse.conftest import new_chdb_store
+
+    store, client = new_chdb_store(tmp_path / "ch")
+    try:
+        insert_spans(client, encode_traces(spans))
+        for view in ("_requests_kept_rmv", "_trace_arrivals_mv", "clock_offsets_rmv"):
+            client.command(f"DROP VIEW {view}")
+        client.command("DROP TABLE _requests_kept")
+        client.command("DROP TABLE _trace_arrivals")
+        client.command("TRUNCATE TABLE clock_offsets")
+        client.command("CREATE MATERIALIZED VIEW clock_offsets_rmv REFRESH EVERY 10 SECOND TO clock_offsets AS "
+                       "SELECT * FROM clock_offsets WHERE 0")   # the older kind: replaces the table
+    finally:
+        client.close()
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+        got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        rmv = client.command("SELECT create_table_query FROM system.tables WHERE name = 'clock_offsets_rmv' "
+                             "AND database = currentDatabase()")
+        offsets = int(client.command("SELECT count() FROM clock_offsets WHERE offset_ms <> 0"))
+    finally:
+        client.close()
+    want = _requests(duck.execute(q).fetchall())
+    assert len(want) == 49 and offsets > 0 and " APPEND " in rmv
+    assert _diff(REQUESTS.names, want, got, "after init") == []

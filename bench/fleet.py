@@ -1,7 +1,7 @@
 """Fleet benchmark (issue 20): the dashboard's and `tailtrace explain`'s queries on ClickHouse (chdb,
 in-process) beside DuckDB, on the same spans, in one run.
 
-    nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~7-9 min on 2 cores)
+    nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~5-9 min on 2 cores)
     nice -n 19 .venv/bin/python bench/fleet.py --requests 1000000 --tokens 400   # the issue's 1M / ~200M steps
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
 

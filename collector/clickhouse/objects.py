@@ -37,7 +37,7 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
   is the same function of the spans present whatever the insert split; the others keep their row
   (and the clock offsets it was computed with, as on DuckDB, whose writer recomputes only the traces
   with new spans). The margin re-reads the arrivals of an insert that committed while the previous
-  refresh ran;
+  refresh ran. Its TTL counts from `_refreshed` (a row outlives its trace's last arrival by the TTL);
 - `requests` (view): `_requests_kept FINAL` (the newest row of each trace), the columns of
   tables.REQUESTS. As on DuckDB, where the writer refreshes `requests` every few seconds, a trace
   still arriving shows what had arrived at the last refresh; `refresh_requests` forces one;

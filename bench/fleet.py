@@ -1,7 +1,7 @@
 """Fleet benchmark (issue 20): the dashboard's and `tailtrace explain`'s queries on ClickHouse (chdb,
 in-process) beside DuckDB, on the same spans, in one run.
 
-    nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~7-9 min on 2 cores)
+    nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~5-9 min on 2 cores)
     nice -n 19 .venv/bin/python bench/fleet.py --requests 1000000 --tokens 400   # the issue's 1M / ~200M steps
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
 
@@ -12,7 +12,9 @@ of --part requests. Each part goes through tailtrace's DuckDB path (the real pro
 requests refreshed at the end) and, encoded as the OpenTelemetry Collector's ClickHouse exporter
 encodes it (collector/clickhouse/exporter_encoding.py), into `otel_traces` of a chdb store that
 `clickhouse init`'s statements set up: one insert per part, so the traces of a part reach ClickHouse's
-per-trace states (`_trace_state`) in one insert and its `requests` merges them at read.
+per-trace states (`_trace_state`) in one insert; then its `requests` rows are refreshed into the kept
+table (`_requests_kept`, which `requests` reads), and refreshed again past the refresh margin, so that
+no background refresh recomputes them while the pages are timed.
 
 Then, on each engine in turn (chdb allows one process per data directory, so never both open):
 - every dashboard page's queries (dashboard/data.py PAGE_QUERIES, the functions the pages run, through
@@ -57,6 +59,7 @@ def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
     traces (and, in the first part, one of each special shape). Returns {"duckdb": path, "chdb":
     URL, "spans": n, "seconds": {...}}."""
     from collector.clickhouse.exporter_encoding import encode_traces
+    from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
     from collector.processor.enrich import traces_to_batch
     from collector.store.duckdb_store import DuckDBStore
     from tests.clickhouse.conftest import insert_spans, new_chdb_store
@@ -91,8 +94,11 @@ def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
         assert duck.refresh(3600), "the DuckDB writer did not refresh requests in an hour"
         secs["DuckDB writer"] += time.perf_counter() - t
         t = time.perf_counter()
-        insert_spans(client, [])   # clock_offsets recomputed (its refreshable view), as after an insert
+        insert_spans(client, [])   # clock_offsets and requests refreshed (their refreshable views), as after an insert
         secs["chdb insert"] += time.perf_counter() - t
+        # past the refresh margin, so that no background refresh recomputes these traces while pages are timed
+        time.sleep(REFRESH_MARGIN_S + 1)
+        refresh_requests(client)
     finally:
         duck.stop()
         client.close()
@@ -143,27 +149,51 @@ def time_explain(url: str, repeats: int) -> dict[str, tuple[float, float]]:
     return out
 
 
-def time_per_trace(url: str, repeats: int) -> dict[str, float]:
-    """{what: warm median s} on the chdb store at `url`: every per-trace aggregate of every trace read
-    from the per-trace states (`_agg`), the same recomputed from the spans in otel_traces (what
-    `requests` read before the states), and all of `requests`."""
+def time_per_trace(url: str, repeats: int, shares=(0.01, 0.1)) -> dict[str, float]:
+    """{what: s} on the chdb store at `url`, warm medians: every per-trace aggregate of every trace read
+    from the per-trace states (`_agg`), the same recomputed from the spans in otel_traces, every
+    `requests` row recomputed from the states (what `requests` computed at each read before it was
+    kept, and a backfill's refresh), all of `requests` (the kept table); then one run each: the
+    refreshes of clock_offsets and `requests` with no trace arrived, and after each share of `shares`
+    of the traces arrived again (marked in _trace_arrivals, as an insert of their spans does)."""
     from collector.clickhouse.dialect import to_clickhouse
+    from collector.clickhouse.objects import _SETTINGS
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from collector.store.schema import per_trace_sql
+    from collector.store.schema import per_trace_sql, requests_sql
 
     sqls = {"per-trace aggregate from _trace_state": "SELECT * FROM _agg",
             "per-trace aggregate from otel_traces": f"SELECT * FROM ({to_clickhouse(per_trace_sql('1'))})",
-            "every requests row": "SELECT * FROM requests"}
+            "every requests row recomputed": f"SELECT * FROM ({to_clickhouse(requests_sql('_agg'))}) {_SETTINGS}",
+            "every requests row (kept)": "SELECT * FROM requests"}
     client = connect_clickhouse(parse_store_url(url))
     out = {}
+
+    def timed(sql: str) -> float:
+        t = time.perf_counter()
+        client.command(sql)
+        return time.perf_counter() - t
+
     try:
         for name, sql in sqls.items():
-            times = []
-            for _ in range(repeats + 1):
-                t = time.perf_counter()
-                client.command(f"{sql} FORMAT Null")
-                times.append(time.perf_counter() - t)
+            times = [timed(f"{sql} FORMAT Null") for _ in range(repeats + 1)]
             out[name] = statistics.median(times[1:]) if repeats else times[0]
+
+        def refresh(what: str) -> None:
+            before = client.command("SELECT toUnixTimestamp64Micro(max(_refreshed)) FROM _requests_kept")
+            secs = [timed(f"SYSTEM REFRESH VIEW {v}") + timed(f"SYSTEM WAIT VIEW {v}")
+                    for v in ("clock_offsets_rmv", "_requests_kept_rmv")]
+            rows = int(client.command(f"SELECT count() FROM _requests_kept WHERE toUnixTimestamp64Micro(_refreshed) > {before}"))
+            out[f"refresh clock_offsets, {what}"] = secs[0]
+            out[f"refresh requests, {what} ({rows:,} rows written)"] = secs[1]
+
+        refresh("nothing arrived")
+        n = int(client.command("SELECT uniqExact(trace_id) FROM _trace_state"))
+        for k, share in enumerate(shares):
+            m = max(1, int(n * share))
+            # a slice of its own for each share (those of the refresh margin before are recomputed too)
+            client.command(f"INSERT INTO _trace_arrivals SELECT trace_id, now64(6, 'UTC') FROM (SELECT DISTINCT trace_id "
+                           f"FROM _trace_state) ORDER BY cityHash64(trace_id, {k}) LIMIT {m}")
+            refresh(f"{m:,} traces arrived")
     finally:
         client.close()
     return out
@@ -251,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
             goal = "" if name.startswith("explain") else ("  < 1 s on both" if max(dw, cw) < GOAL_S else "  over 1 s")
             print(f"{name:<34} {dc:>10.2f}s {dw:>6.2f}s {cc:>9.2f}s {cw:>6.2f}s {cw / dw:>10.1f}x{goal}")
         print(f"(warm = median of {args.repeats}; load {_load()})")
-        print("\nchdb, every trace (warm):")
+        print("\nchdb, every trace (warm), and refreshes (one run each):")
         for name, secs in time_per_trace(built["chdb"], args.repeats).items():
-            print(f"  {name:<40} {secs:6.2f}s")
+            print(f"  {name:<60} {secs:6.2f}s")
         print("\nexact quantiles on this data, ClickHouse vs DuckDB's quantile_cont (equal: within 1e-12 relative):")
         for label, name, diff in quantile_check(built["duckdb"], built["chdb"]):
             print(f"  {label:<28} {name:<36} {'equal' if diff < 1e-12 else 'DIFFERENT'} (max rel. diff {diff:.1e})")

@@ -65,7 +65,7 @@ def _load(args) -> int:
 
 
 def _init(args) -> int:
-    from collector.clickhouse.objects import init_statements, refresh_offsets
+    from collector.clickhouse.objects import init_statements, refresh_requests
     from collector.clickhouse.store_url import check_schema, connect_clickhouse
     from tailtrace.errors import UserError
 
@@ -81,17 +81,22 @@ def _init(args) -> int:
 
         new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
         fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))
+        fresh_requests = not int(client.command("EXISTS TABLE _requests_kept"))
         try:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
                 client.command("DROP VIEW clock_offsets")   # a view, as the first ClickHouse schema had it
+            rmv = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} "
+                               "AND name = 'clock_offsets_rmv'", parameters={"db": store.database}).result_rows
+            if rmv and " APPEND " not in rmv[0][0]:   # it replaced clock_offsets with every trace's samples
+                client.command("DROP VIEW clock_offsets_rmv")   # recreated appending those of arrived traces
             for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
-                                        backfill_traces=fresh_traces):
+                                        backfill_traces=fresh_traces, backfill_requests=fresh_requests):
                 client.command(stmt)
             if not fresh and new_rollups:   # a store from before the rollups: count what is there
                 for stmt in backfill_statements(new_rollups):
                     client.command(stmt)
-            refresh_offsets(client)
+            refresh_requests(client)   # clock_offsets, and the requests rows of every trace backfilled
         except ClickHouseError as exc:
             raise UserError(f"ClickHouse at {store.text} refused the schema: "
                             f"{' '.join(str(exc).split())[:400]}") from None

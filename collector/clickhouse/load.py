@@ -21,7 +21,8 @@ Everything travels through Parquet files in a temporary directory, each inserted
   histogram from the inserted `decode_steps`, the engine totals from the engine-step spans, the
   request totals and phases from `requests`.
 
-`clock_offsets` is then recomputed from the loaded spans (as its refreshable view would). Not moved:
+`clock_offsets` and then the `requests` rows of the loaded traces are recomputed from the loaded
+spans (as their refreshable views would). Not moved:
 `device_samples` and `metric_points` (ClickHouse keeps them in the exporter's otel_metrics_* tables).
 """
 
@@ -201,7 +202,7 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True) -> dict[str,
                     _insert_parquet(client, spec.name, Path(tmp) / f"{spec.name}.parquet", spec.names)
     finally:
         con.close()
-    from collector.clickhouse.objects import refresh_offsets
+    from collector.clickhouse.objects import refresh_requests
 
-    refresh_offsets(client)
+    refresh_requests(client)
     return counts

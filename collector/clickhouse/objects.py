@@ -19,16 +19,28 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
   `GROUP BY trace_id`: the value of schema.per_trace_sql over every span present, whatever the
   insert split (a trace's spans in several inserts are several rows until ClickHouse merges them;
   the reader merges them either way);
-- `clock_offsets` (table, replaced every `OFFSETS_REFRESH_S` by the refreshable materialized view
-  `clock_offsets_rmv`): the best clock sample per minute and host pair, `clock.samples_sql` over every
-  trace. As on DuckDB, where the writer records samples at each refresh, a request's network split uses
-  the offsets known at the last refresh; kept apart so that `requests` does not re-plan the per-trace
-  aggregate for each of its three joins on it (a view made each read ~4x slower);
-- `requests` (view): `schema.requests_sql` over `_agg`, each column cast to its tables.REQUESTS
-  type: the same function of the spans present whatever the insert split, and a trace still
-  arriving shows what has arrived. Every per-trace aggregate is a state; what `requests_sql`
-  computes from them (the engine layer's choice, the network hops with the clock offsets, the
-  phases, unattributed_ms, the derived columns) is computed at read from the merged states;
+- `_trace_arrivals` (MergeTree fed by `_trace_arrivals_mv` from `otel_traces`): one row per trace of
+  each insert's request spans and `inserted`, the time of the insert (kept `ARRIVALS_TTL_HOURS`): which
+  traces changed since a refresh, whatever their spans' own times (a late span of an old trace too);
+- `clock_offsets` (MergeTree, TTL by minute, appended to every `REFRESH_S` by the refreshable
+  materialized view `clock_offsets_rmv`, `APPEND`): the best clock sample per minute and host pair,
+  `clock.samples_sql` over the traces of `_agg_arrived` (below), as the DuckDB writer records the
+  samples of the traces of each refresh (a minute and pair may have several rows; readers take the
+  best, clock.offsets_cte). A request's network split uses the offsets known when its row was computed;
+- `_requests_kept` (ReplacingMergeTree, version `_refreshed`, ORDER BY trace_id), appended to every
+  `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`, after
+  `clock_offsets_rmv`):
+  `schema.requests_sql` over `_agg_arrived`, the merged states (`_agg`'s SELECT) of the traces with
+  an arrival since the last refresh (`_refreshed` of the newest row) less `REFRESH_MARGIN_S`, each
+  column cast to its tables.REQUESTS type, with the clock offsets of clock_offsets and of those
+  traces' own samples. Only those traces are recomputed, each from all of its states, so its new row
+  is the same function of the spans present whatever the insert split; the others keep their row
+  (and the clock offsets it was computed with, as on DuckDB, whose writer recomputes only the traces
+  with new spans). The margin re-reads the arrivals of an insert that committed while the previous
+  refresh ran. Its TTL counts from `_refreshed` (a row outlives its trace's last arrival by the TTL);
+- `requests` (view): `_requests_kept FINAL` (the newest row of each trace), the columns of
+  tables.REQUESTS. As on DuckDB, where the writer refreshes `requests` every few seconds, a trace
+  still arriving shows what had arrived at the last refresh; `refresh_requests` forces one;
 - `decode_steps` (MergeTree table fed by the materialized view `decode_steps_mv`): one row per
   output token, from the compact per-token arrays of each llm.request span (JSON text in
   `SpanAttributes`, `ARRAY JOIN` over `JSONExtract`), with schema.DECODE_STEP_SQL's columns;
@@ -62,8 +74,8 @@ from collector.store.tables import (
 )
 from semantics import semconv as sc
 
-__all__ = ["EXPECTED_TRACE_COLUMNS", "OFFSETS_REFRESH_S", "TAILTRACE_OBJECTS", "ch_type", "init_statements",
-           "refresh_offsets"]
+__all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
+           "ch_type", "init_statements", "refresh_requests"]
 
 # Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
 # over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
@@ -77,11 +89,19 @@ EXPECTED_TRACE_COLUMNS = {"Timestamp": "DateTime64(9)", "TraceId": "String", "Sp
                           "ServiceName": "LowCardinality(String)", "SpanAttributes": "Map(LowCardinality(String), String)",
                           "ResourceAttributes": "Map(LowCardinality(String), String)", "Duration": "UInt64",
                           "StatusCode": "LowCardinality(String)"}
-# How often clock_offsets is recomputed (s); `refresh_offsets` forces it.
-OFFSETS_REFRESH_S = 10
+# How often clock_offsets and the requests of the traces with new spans are recomputed (s);
+# `refresh_requests` forces it.
+REFRESH_S = 10
+# A refresh recomputes the traces that arrived since the previous one began less this (s): an insert
+# that committed while the previous refresh ran is not missed (its arrivals are stamped at insert).
+REFRESH_MARGIN_S = 10
+# How long _trace_arrivals keeps a trace's arrival (h), whatever the spans' TTL: it is read back
+# REFRESH_S + REFRESH_MARGIN_S at most, unless the refreshes stop for longer.
+ARRIVALS_TTL_HOURS = 24
 
 TAILTRACE_OBJECTS = ("spans", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_trace_state",
-                     "_trace_state_mv", "_agg", "clock_offsets", "clock_offsets_rmv", "requests",
+                     "_trace_state_mv", "_trace_arrivals", "_trace_arrivals_mv", "_agg", "_agg_arrived",
+                     "clock_offsets", "clock_offsets_rmv", "_requests_kept", "_requests_kept_rmv", "requests",
                      "decode_steps",
                      "decode_steps_mv", "step_rollup", "step_rollup_mv", *ROLLUP_OBJECTS)
 
@@ -274,13 +294,32 @@ def _trace_state_table(ttl_hours: int) -> str:
             f"EMPTY AS {_trace_state_select()}")
 
 
-def _agg_view() -> str:
+def _agg_view(name: str = "_agg", where: str = "") -> str:
+    """The view `name`: per trace_id of _trace_state (those matching `where`, SQL), each state merged."""
     merges = ",\n    ".join(merge for _, _, merge in _STATES)
-    return f"""CREATE OR REPLACE VIEW _agg AS
+    return f"""CREATE OR REPLACE VIEW {name} AS
 SELECT trace_id,
     {merges}
-FROM _trace_state GROUP BY trace_id
+FROM _trace_state {f"WHERE {where} " if where else ""}GROUP BY trace_id
 {_SETTINGS}"""
+
+
+def _trace_arrivals_table() -> str:
+    return ("CREATE TABLE IF NOT EXISTS _trace_arrivals (trace_id String, inserted DateTime64(6, 'UTC')) "
+            f"ENGINE = MergeTree ORDER BY inserted {ttl_clause('inserted', ARRIVALS_TTL_HOURS)}")
+
+
+def _trace_arrivals_select(source: str = "") -> str:
+    """The traces of the request spans of one insert into otel_traces (of `source`, a relation of
+    trace_id, when given), stamped with the time of the insert."""
+    rel = source or f"({_request_spans_select()})"
+    return f"SELECT DISTINCT assumeNotNull(trace_id) AS trace_id, now64(6, 'UTC') AS inserted FROM {rel}"
+
+
+def _agg_arrived_view(margin_s: int) -> str:
+    """_agg over the traces with an arrival since the newest kept row's refresh less `margin_s`."""
+    since = f"(SELECT max(_refreshed) FROM _requests_kept) - toIntervalSecond({int(margin_s)})"
+    return _agg_view("_agg_arrived", f"trace_id IN (SELECT trace_id FROM _trace_arrivals WHERE inserted >= {since})")
 
 
 _DECODE_NOT_NULL = ("trace_id", "time")
@@ -322,34 +361,65 @@ def _step_rollup_select() -> str:
     return f"SELECT {_cols(STEP_ROLLUP, exprs, ('minute',))} FROM ({inner})"
 
 
-def _clock_offsets_table() -> str:
+def _clock_offsets_table(ttl_hours: int) -> str:
     cols = ", ".join(f"{c.name} {ch_type(c.type, c.name != 'minute')}" for c in CLOCK_OFFSETS.columns)
-    return f"CREATE TABLE IF NOT EXISTS clock_offsets ({cols}) ENGINE = MergeTree ORDER BY minute"
+    return (f"CREATE TABLE IF NOT EXISTS clock_offsets ({cols}) ENGINE = MergeTree ORDER BY minute "
+            f"{ttl_clause('minute', ttl_hours)}")
 
 
-def refresh_offsets(client) -> None:
-    """Recompute clock_offsets now and wait for it (after an insert, before reading `requests` with
-    the offsets of the spans just inserted; `tailtrace clickhouse init` and tests call it)."""
-    client.command("SYSTEM REFRESH VIEW clock_offsets_rmv")
-    client.command("SYSTEM WAIT VIEW clock_offsets_rmv")
+def refresh_requests(client) -> None:
+    """Append the clock samples of the traces that arrived since the last refresh to clock_offsets,
+    then recompute their `requests` rows, now, and wait for both (what the refreshable views do every
+    REFRESH_S seconds): after an
+    insert, before reading `requests` with the spans just inserted. `tailtrace clickhouse init`,
+    `clickhouse load` and tests call it. Raises clickhouse_connect's errors (a refresh that failed)."""
+    for view in ("clock_offsets_rmv", "_requests_kept_rmv"):
+        client.command(f"SYSTEM REFRESH VIEW {view}")
+        client.command(f"SYSTEM WAIT VIEW {view}")
+
+
+_KEPT_NOT_NULL = ("trace_id",)   # the sorting key
+
+
+def _requests_kept_table(ttl_hours: int) -> str:
+    cols = ", ".join(f"{c.name} {ch_type(c.type, c.name not in _KEPT_NOT_NULL)}" for c in REQUESTS.columns)
+    # a row outlives its last refresh by the spans' TTL (the spans' own TTL counts from their start)
+    return (f"CREATE TABLE IF NOT EXISTS _requests_kept ({cols}, _refreshed DateTime64(6, 'UTC')) "
+            f"ENGINE = ReplacingMergeTree(_refreshed) ORDER BY trace_id {ttl_clause('_refreshed', ttl_hours)}")
+
+
+def _requests_kept_select() -> str:
+    """The `requests` rows of the traces of _agg_arrived, stamped with the time of the refresh. Their
+    clock offsets come from clock_offsets and their own samples (as the DuckDB writer records the
+    samples of a refresh's traces before it computes their rows), whenever clock_offsets_rmv ran."""
+    exprs = {c: c for c in REQUESTS.names}
+    samples = (f"(SELECT {', '.join(CLOCK_OFFSETS.names)} FROM clock_offsets UNION ALL "
+               f"SELECT * FROM ({clock.samples_sql('_agg_arrived')}))")
+    return f"""SELECT {_cols(REQUESTS, exprs, _KEPT_NOT_NULL)}, now64(6, 'UTC') AS _refreshed
+FROM ({to_clickhouse(requests_sql("_agg_arrived", samples))})
+{_SETTINGS}"""
 
 
 def _requests_view() -> str:
     exprs = {c: c for c in REQUESTS.names}
     return f"""CREATE OR REPLACE VIEW requests AS
 SELECT {_cols(REQUESTS, exprs)}
-FROM ({to_clickhouse(requests_sql("_agg"))})
-{_SETTINGS}"""
+FROM _requests_kept FINAL"""
 
 
 def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = False,
-                    backfill_traces: bool | None = None) -> list[str]:
+                    backfill_traces: bool | None = None, backfill_requests: bool = False,
+                    margin_s: int = REFRESH_MARGIN_S) -> list[str]:
     """The statements of `tailtrace clickhouse init`, in order, to run with `database` as the current
     database: the database, the exporter's tables (its vendored DDL with a TTL of `ttl_hours`, 0:
     none), then tailtrace's objects. `backfill`: also fill `decode_steps` from the spans already in
     `otel_traces` (when the table is new; the materialized view sees only later inserts);
     `backfill_traces` (default: `backfill`): fill `_trace_state` from them (when it is new: a store
-    that an older tailtrace set up has decode_steps but no _trace_state)."""
+    that an older tailtrace set up has decode_steps but no _trace_state); with it or
+    `backfill_requests` (a store set up before `_requests_kept`), every trace of `_trace_state` is
+    marked arrived, so that the next refresh (`refresh_requests`) computes its `requests` row.
+    `margin_s` (s, >= 0): how far before the previous refresh each refresh re-reads arrivals
+    (REFRESH_MARGIN_S; tests of what a refresh recomputes set 0)."""
     stmts = [f"CREATE DATABASE IF NOT EXISTS {database}",
              render_table(TRACES_TABLE, database, ttl_hours),
              *(render_table(t, database, ttl_hours) for t in METRIC_TABLES),
@@ -360,18 +430,29 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              _request_spans_view(),
              _trace_state_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS _trace_state_mv TO _trace_state AS {_trace_state_select()}",
+             _trace_arrivals_table(),
+             f"CREATE MATERIALIZED VIEW IF NOT EXISTS _trace_arrivals_mv TO _trace_arrivals AS {_trace_arrivals_select()}",
              _agg_view(),
-             _clock_offsets_table(),
-             (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {OFFSETS_REFRESH_S} SECOND "
-              f"TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg'))} {_SETTINGS}"),
+             _requests_kept_table(ttl_hours),
+             _agg_arrived_view(margin_s),
+             _clock_offsets_table(ttl_hours),
+             (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {REFRESH_S} SECOND "
+              f"APPEND TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg_arrived'))} {_SETTINGS}"),
+             (f"CREATE MATERIALIZED VIEW IF NOT EXISTS _requests_kept_rmv REFRESH EVERY {REFRESH_S} SECOND "
+              f"DEPENDS ON clock_offsets_rmv APPEND TO _requests_kept AS {_requests_kept_select()}"),
              _requests_view(),
              _decode_steps_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",
              _step_rollup_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}",
              *rollup_statements(ttl_hours)]   # step_histogram, latency_histogram, totals, metric_points
-    if backfill if backfill_traces is None else backfill_traces:   # the default: as decode_steps
+    if margin_s < 0:
+        raise ValueError(f"margin_s must be >= 0 s, not {margin_s}")
+    traces = backfill if backfill_traces is None else backfill_traces   # the default: as decode_steps
+    if traces:
         stmts.append(f"INSERT INTO _trace_state {_trace_state_select()}")
+    if traces or backfill_requests:
+        stmts.append(f"INSERT INTO _trace_arrivals {_trace_arrivals_select('(SELECT DISTINCT trace_id FROM _trace_state)')}")
     if backfill:
         stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}",
                   *backfill_statements()]

@@ -25,7 +25,7 @@ the offset; their sum, `network_ms`, and `unattributed_ms` do not depend on it.
 
 from __future__ import annotations
 
-__all__ = ["OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES", "samples_sql"]
+__all__ = ["OFFSETS_CTE", "RECORD_SAMPLES", "WINDOW_MINUTES", "offsets_cte", "samples_sql"]
 
 
 #: the minutes of samples an offset is taken from (the newest of the pair's, backwards)
@@ -55,9 +55,15 @@ def samples_sql(agg: str = "_agg") -> str:
 #: run in the refresh, before `requests` is computed: the best sample per minute and host pair
 RECORD_SAMPLES = "INSERT INTO clock_offsets " + samples_sql()
 
-#: a CTE `o(upstream_host, downstream_host, theta_ms)`: the offset each host pair applies
-OFFSETS_CTE = f"""o AS (
+def offsets_cte(samples: str = "clock_offsets") -> str:
+    """A CTE `o(upstream_host, downstream_host, theta_ms)`: the offset each host pair applies, from the
+    relation `samples` (clock_offsets' columns; a sample given twice changes nothing). DuckDB SQL."""
+    return f"""o AS (
     SELECT upstream_host, downstream_host, arg_min(offset_ms, delay_ms) AS theta_ms FROM (
-        SELECT *, max(minute) OVER (PARTITION BY upstream_host, downstream_host) AS newest FROM clock_offsets)
+        SELECT *, max(minute) OVER (PARTITION BY upstream_host, downstream_host) AS newest FROM {samples})
     WHERE minute >= newest - INTERVAL {WINDOW_MINUTES} MINUTE GROUP BY ALL
 )"""
+
+
+#: `offsets_cte` over clock_offsets
+OFFSETS_CTE = offsets_cte()

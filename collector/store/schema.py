@@ -188,7 +188,7 @@ _PER_TRACE = per_trace_sql(DIRTY)
 # out of the engine (network, clock offsets) are not measured from it, and unattributed_ms keeps
 # that time.
 _AGG_TEMPLATE = f"""
-WITH {clock.OFFSETS_CTE}, x AS (
+WITH {{offsets}}, x AS (
     SELECT * REPLACE (
             CASE WHEN native THEN n_request_id ELSE request_id END AS request_id,
             CASE WHEN native THEN n_status ELSE r_status END AS r_status,
@@ -277,10 +277,11 @@ FROM b2
 """
 
 
-def requests_sql(agg: str = "_agg") -> str:
+def requests_sql(agg: str = "_agg", samples: str = "clock_offsets") -> str:
     """`requests` rows (the columns of tables.REQUESTS, in no set order) from the per-trace aggregate
-    relation `agg` (`per_trace_sql`) and the relation `clock_offsets`. DuckDB SQL."""
-    return _AGG_TEMPLATE.replace("{agg}", agg)
+    relation `agg` (`per_trace_sql`) and the clock samples of the relation `samples` (clock_offsets'
+    columns: clock.offsets_cte). DuckDB SQL."""
+    return _AGG_TEMPLATE.replace("{offsets}", clock.offsets_cte(samples)).replace("{agg}", agg)
 
 
 _AGG = requests_sql()

@@ -8,15 +8,16 @@ import pytest
 
 from collector.clickhouse.exporter_encoding import encode_traces
 from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
-from collector.clickhouse.objects import init_statements, refresh_offsets
+from collector.clickhouse.objects import init_statements, refresh_requests
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
 
 def insert_spans(client, rows) -> None:
     """Insert exporter rows (encode_traces) into otel_traces, as the exporter's insert does, then
-    recompute clock_offsets (as its refreshable view does every few seconds)."""
+    recompute clock_offsets and the requests of the traces inserted (as the refreshable views do
+    every few seconds)."""
     client.insert("otel_traces", rows, column_names=list(TRACE_INSERT_COLUMNS))
-    refresh_offsets(client)
+    refresh_requests(client)
 
 
 def duckdb_store(path, req):

@@ -155,10 +155,25 @@ def test_requests_are_the_same_whatever_the_insert_split(spans, duck, tmp_path):
     assert _diff(REQUESTS.names, one, split, "5 inserts vs one") == []
 
 
+def _arrive_on_both(duck, client, stage, what: str) -> dict:
+    """Write the OTLP request `stage` through the DuckDB writer `duck` (refreshed) and into the chdb
+    store of `client` (refreshed); assert both `requests` equal row for row (`what` names the stage
+    in the errors) and return them by trace_id."""
+    from collector.processor.enrich import traces_to_batch
+
+    q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+    duck.submit(traces_to_batch(stage)).result(60)
+    assert duck.refresh(60)
+    insert_spans(client, encode_traces(stage))
+    want = _requests(duck.read_query(q, timeout_s=60))
+    got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+    assert _diff(REQUESTS.names, want, got, what) == []
+    return want
+
+
 def test_traces_still_arriving_show_what_has_arrived_as_on_duckdb(spans, tmp_path):
     """Every trace arriving layer by layer (the client spans, then the gateway's, then the engine's):
     at each stage chdb's requests rows equal the DuckDB writer's (refreshed after each stage)."""
-    from collector.processor.enrich import traces_to_batch
     from collector.store.duckdb_store import DuckDBStore
     from tests.clickhouse.conftest import new_chdb_store
 
@@ -166,19 +181,12 @@ def test_traces_still_arriving_show_what_has_arrived_as_on_duckdb(spans, tmp_pat
     stages = [_subset(spans, lambda sp: _phase(sp) == sc.PHASE_CLIENT),
               _subset(spans, lambda sp: _phase(sp) in gateway),
               _subset(spans, lambda sp: _phase(sp) not in gateway | {sc.PHASE_CLIENT})]
-    q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
     duck = DuckDBStore(tmp_path / "t.duckdb").start()
     _, client = new_chdb_store(tmp_path / "ch")
     seen = []
     try:
         for stage in stages:
-            duck.submit(traces_to_batch(stage)).result(60)
-            assert duck.refresh(60)
-            insert_spans(client, encode_traces(stage))
-            want = _requests(duck.read_query(q, timeout_s=60))
-            got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
-            assert _diff(REQUESTS.names, want, got, f"stage {len(seen) + 1}") == []
-            seen.append(want)
+            seen.append(_arrive_on_both(duck, client, stage, f"stage {len(seen) + 1}"))
     finally:
         client.close()
         duck.stop()

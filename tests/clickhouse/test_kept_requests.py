@@ -1,0 +1,104 @@
+"""`requests` on ClickHouse is kept (`_requests_kept`, objects.py): a refresh recomputes the traces
+that arrived since the previous one, by the time of their insert (not their spans' times), and
+replaces their rows; the other traces keep theirs. Checked against the DuckDB writer, which
+recomputes the traces with new spans at each refresh."""
+
+from __future__ import annotations
+
+from collector.clickhouse.exporter_encoding import encode_traces
+from collector.clickhouse.objects import init_statements
+from collector.clickhouse.query import run_readonly
+from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from collector.store.tables import REQUESTS
+from semantics import semconv as sc
+from tests.clickhouse.conftest import insert_spans
+from tests.clickhouse.test_equality import _arrive_on_both, _diff, _phase, _requests, _subset
+
+OLD = (bytes([1, 1, 0]) + bytes(13)).hex()   # a full trace, its replica on another host: its client span is late
+NEW = (bytes([1, 2, 0]) + bytes(13)).hex()   # a full trace whose spans all arrive after the first refresh
+
+
+def _refreshed(client) -> dict[str, object]:
+    return dict(client.query("SELECT trace_id, _refreshed FROM _requests_kept FINAL").result_rows)
+
+
+def test_a_refresh_replaces_the_rows_of_the_traces_that_arrived_only(spans, tmp_path):
+    """Stage 1: every span but OLD's client span and NEW's spans; stage 2: those. After each refresh
+    chdb's requests equal DuckDB's row for row; stage 2 replaces OLD's row (one row, now with the
+    client's E2E), adds NEW's, and recomputes no other trace; the late client span starts before
+    spans already there (a watermark on span times would miss it)."""
+    from collector.store.duckdb_store import DuckDBStore
+
+    old, new = bytes.fromhex(OLD), bytes.fromhex(NEW)
+
+    def late(sp) -> bool:
+        return sp.trace_id == new or (sp.trace_id == old and _phase(sp) == sc.PHASE_CLIENT)
+
+    stages = [_subset(spans, lambda sp: not late(sp)), _subset(spans, late)]
+    assert sum(len(ss.spans) for rs in stages[1].resource_spans for ss in rs.scope_spans) > 5
+    store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
+    client = connect_clickhouse(store, create=True)
+    for stmt in init_statements(store.database, margin_s=0):   # a refresh re-reads no earlier arrival
+        client.command(stmt)
+    duck = DuckDBStore(tmp_path / "t.duckdb").start()
+    q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+    col = {n: i for i, n in enumerate(REQUESTS.names)}
+    seen, stamps = [], []
+    try:
+        for k, stage in enumerate(stages):
+            if k == 1:
+                newest = int(client.command("SELECT toUnixTimestamp64Nano(max(Timestamp)) FROM otel_traces"))
+                late_start = min(r[0] for r in encode_traces(stage) if r[1] == OLD)
+            seen.append(_arrive_on_both(duck, client, stage, f"stage {k + 1}"))
+            stamps.append(_refreshed(client))
+        versions = int(client.command(f"SELECT count() FROM _requests_kept WHERE trace_id = '{OLD}'"))
+        client.command("OPTIMIZE TABLE _requests_kept FINAL")
+        merged = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        kept = int(client.command("SELECT count() FROM _requests_kept"))
+    finally:
+        client.close()
+        duck.stop()
+    assert late_start < newest
+    first, second = seen
+    assert NEW not in first and first[OLD][col["client_e2e_ms"]] is None and first[OLD][col["e2e_ms"]] > 0
+    assert second[NEW][col["e2e_ms"]] > 0 and second[OLD][col["client_e2e_ms"]] > second[OLD][col["e2e_ms"]]
+    assert len(second) == len(first) + 1 == 49
+    # OLD and NEW recomputed by the second refresh, every other trace left as the first computed it
+    changed = {t for t, v in stamps[1].items() if stamps[0].get(t) != v}
+    assert changed == {OLD, NEW}
+    assert versions == 2 and kept == len(merged) == 49   # two rows of OLD until merged; read as one
+    assert _diff(REQUESTS.names, second, merged, "merged") == []
+
+
+def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_path):
+    """A store that the previous tailtrace set up (spans and per-trace states, no `_requests_kept` or
+    `_trace_arrivals`, a clock_offsets_rmv replacing its table): `clickhouse init` keeps `requests`
+    for every trace already there, equal to DuckDB's, and recreates clock_offsets_rmv appending."""
+    from tailtrace.cli import main
+    from tests.clickhouse.conftest import new_chdb_store
+
+    store, client = new_chdb_store(tmp_path / "ch")
+    try:
+        insert_spans(client, encode_traces(spans))
+        for view in ("_requests_kept_rmv", "_trace_arrivals_mv", "clock_offsets_rmv"):
+            client.command(f"DROP VIEW {view}")
+        client.command("DROP TABLE _requests_kept")
+        client.command("DROP TABLE _trace_arrivals")
+        client.command("TRUNCATE TABLE clock_offsets")
+        client.command("CREATE MATERIALIZED VIEW clock_offsets_rmv REFRESH EVERY 10 SECOND TO clock_offsets AS "
+                       "SELECT * FROM clock_offsets WHERE 0")   # the older kind: replaces the table
+    finally:
+        client.close()
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+        got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        rmv = client.command("SELECT create_table_query FROM system.tables WHERE name = 'clock_offsets_rmv' "
+                             "AND database = currentDatabase()")
+        offsets = int(client.command("SELECT count() FROM clock_offsets WHERE offset_ms <> 0"))
+    finally:
+        client.close()
+    want = _requests(duck.execute(q).fetchall())
+    assert len(want) == 49 and offsets > 0 and " APPEND " in rmv
+    assert _diff(REQUESTS.names, want, got, "after init") == []

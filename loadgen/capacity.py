@@ -29,6 +29,15 @@ input of ~1,000 tokens, so leaving it out would offer ~25% more than the engine 
 
 The probe measures at min(concurrency, the engine's cap): with a cap above `concurrency` (a
 GPU's default of 1,024 sequences) it reports the rate at that batch, a lower bound.
+
+On a host whose prefill is slow the wave is smaller, so that the probe stays inside its time
+limit: one request of the mean prompt with one output token goes first, alone (run id
+`<run id>-pre`); its prompt tokens over its TTFT (an underestimate of the prefill rate: its way in
+counts) size the wave to the requests whose prompts prefill in `PREFILL_SHARE` of the limit, at
+least `MIN_WAVE` (`wave_size`). Measured on a 2-core AVX2 host: the Azure trace's 128 x 1,155
+prompt tokens prefilled at ~1,850 tok/s, 80 s, and every request of a full wave ran past the 60 s
+limit. The decode rate is then the rate at that smaller batch: a lower bound, as above, and the
+capacity with it.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from pathlib import Path
 
 from tailtrace.errors import UserError
 
-__all__ = ["Capacity", "capacity_from_steps", "client_decode_rate", "probe_capacity", "probe_trace"]
+__all__ = ["Capacity", "capacity_from_steps", "client_decode_rate", "probe_capacity", "probe_trace", "wave_size"]
 
 Query = Callable[[str, Sequence | None], list]
 
@@ -50,6 +59,9 @@ DEFAULT_CONCURRENCY = 128
 PURE_DECODE_STEPS = 64
 PREFILL_BUDGET_TOKENS = 2048  # vLLM's CPU build's default max_num_batched_tokens (API server)
 DEFAULT_TIMEOUT_S = 60.0
+# the wave's prompts may take at most this share of the time limit to prefill (module docstring)
+PREFILL_SHARE = 0.35
+MIN_WAVE = 8
 # a step that ran at the cap: its batch within this share of the largest `running` seen
 _AT_CAP = 0.9
 # gaps longer than this between two steps are idle time, not a step's wall time
@@ -93,6 +105,33 @@ def probe_output_tokens(mean_in: float, concurrency: int = DEFAULT_CONCURRENCY) 
     """Output tokens of each probe request: PURE_DECODE_STEPS after the wave's prefill at
     PREFILL_BUDGET_TOKENS a step (module docstring)."""
     return PURE_DECODE_STEPS + math.ceil(concurrency * max(1.0, mean_in) / PREFILL_BUDGET_TOKENS)
+
+
+def wave_size(concurrency: int, mean_in: float, prefill_tok_s: float | None, timeout_s: float) -> int:
+    """Requests in the probe's wave: `concurrency`, or fewer when their prompts (`mean_in` tokens
+    each) would take more than `PREFILL_SHARE` of `timeout_s` (s) to prefill at `prefill_tok_s`
+    (prompt tokens/s; None or <= 0: unknown, no change); at least min(concurrency, MIN_WAVE)."""
+    if not prefill_tok_s or prefill_tok_s <= 0 or not math.isfinite(prefill_tok_s):
+        return concurrency
+    fit = math.floor(PREFILL_SHARE * timeout_s * prefill_tok_s / max(1.0, mean_in))
+    return max(min(concurrency, MIN_WAVE), min(concurrency, fit))
+
+
+def _prefill_estimate(target: str, model: str | None, otlp: str, out_dir: Path, run_id: str, mean_in: float,
+                      max_model_len: int | None, timeout_s: float) -> float | None:
+    """Prompt tokens/s of one request of `mean_in` prompt tokens and one output token, alone:
+    its prompt over its TTFT (send to first token, the client's clock). None when it failed."""
+    from loadgen.replay import ReplayConfig, run_replay
+
+    trace = probe_trace(Path(out_dir) / f"{run_id}.csv", mean_in, 1, 1, max_model_len)
+    res = run_replay(ReplayConfig(trace=str(trace), target=target, model=model, speed=1.0, otlp_endpoint=otlp,
+                                  run_id=run_id, slo=None, jitter="none", timeout_s=timeout_s))
+    if res.interrupted:
+        raise KeyboardInterrupt
+    r = res.records[0] if res.records else None
+    if r is None or r.error or not r.first_token_unix_nano or r.first_token_unix_nano <= r.send_unix_nano:
+        return None
+    return max(1, round(mean_in)) / ((r.first_token_unix_nano - r.send_unix_nano) / 1e9)
 
 
 def probe_trace(path: Path, mean_in: float, concurrency: int = DEFAULT_CONCURRENCY,
@@ -165,17 +204,22 @@ def client_decode_rate(records, batch: int) -> float | None:
 def probe_capacity(target: str, model: str | None, otlp: str, query: Query, mean_in: float, mean_out: float,
                    out_dir: Path, run_id: str, concurrency: int = DEFAULT_CONCURRENCY,
                    output_tokens: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   max_model_len: int | None = None, settle_s: float = 3.0, progress: bool = False) -> Capacity:
+                   max_model_len: int | None = None, settle_s: float = 3.0, progress: bool = False,
+                   adapt_wave: bool = True) -> Capacity:
     """Run the probe against `target` (the gateway or vLLM base URL) and measure (module
     docstring). `query(sql, params)` reads the store its spans go to (through `otlp`);
     `mean_in`/`mean_out` are the trace window's mean prompt/output tokens. Requests still running
     at `timeout_s` are cancelled. Raises UserError when the target is down, every probe request
     failed, or the engine's steps never reached the store. `output_tokens` None:
-    `probe_output_tokens(mean_in, concurrency)`."""
+    `probe_output_tokens(mean_in, concurrency)`. `adapt_wave`: first size the wave to the host's
+    prefill (`wave_size`, one request ahead of it); False: `concurrency` requests as given."""
     from loadgen.replay import ReplayConfig, run_replay
 
     if not (math.isfinite(mean_out) and mean_out > 0):
         raise UserError(f"the trace window's mean output length must be > 0, not {mean_out!r}")
+    if adapt_wave:
+        concurrency = wave_size(concurrency, mean_in, _prefill_estimate(
+            target, model, otlp, out_dir, f"{run_id}-pre", mean_in, max_model_len, timeout_s), timeout_s)
     if output_tokens is None:
         output_tokens = probe_output_tokens(mean_in, concurrency)
     trace = probe_trace(Path(out_dir) / f"{run_id}.csv", mean_in, concurrency, output_tokens, max_model_len)

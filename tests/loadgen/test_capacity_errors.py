@@ -62,8 +62,12 @@ def test_no_output_to_measure(slow_stub, tmp_path):
 def test_ctrl_c_during_the_probe_stops_it(slow_stub, tmp_path):
     """SIGINT while the probe's wave streams (4 requests of 5,000 tokens at 20 ms: ~100 s): the
     probe raises KeyboardInterrupt well before its requests could have finished."""
+    # the child takes SIGINT as a terminal's Ctrl-C gives it, however the suite was started (a
+    # shell's background job, as `bash .ci/run &`, starts with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt: the probe ran on past the signal)
     script = textwrap.dedent(f"""
-        import sys
+        import signal, sys
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from loadgen.capacity import probe_capacity
         try:
             probe_capacity({slow_stub!r}, "stub", "http://127.0.0.1:{free_port()}", None, mean_in=16,
@@ -90,3 +94,15 @@ def test_ctrl_c_during_the_probe_stops_it(slow_stub, tmp_path):
             proc.kill()
     assert proc.returncode == 130 and "interrupted" in out, err
     assert time.monotonic() - t0 < 60  # not the ~100 s the wave would have streamed
+
+
+def test_the_wave_fits_the_hosts_prefill():
+    """wave_size: the probe's wave shrinks to the requests whose prompts prefill in PREFILL_SHARE of
+    the time limit (a 2-core AVX2 host: ~1,850 prompt tok/s, the Azure mix's 1,155-token prompts)."""
+    from loadgen.capacity import MIN_WAVE, PREFILL_SHARE, wave_size
+
+    assert wave_size(128, 1155, None, 60) == 128 and wave_size(128, 1155, 0.0, 60) == 128
+    assert wave_size(128, 1155, 50_000, 60) == 128                      # a fast host: the full wave
+    slow = wave_size(128, 1155, 1850, 60)
+    assert slow == int(PREFILL_SHARE * 60 * 1850 / 1155) and slow * 1155 / 1850 <= PREFILL_SHARE * 60 < 128 * 1155 / 1850
+    assert wave_size(128, 1155, 10, 60) == MIN_WAVE and wave_size(4, 1155, 10, 60) == 4

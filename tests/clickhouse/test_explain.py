@@ -37,6 +37,38 @@ def _json(rows) -> list:
     return [[to_json_value(v) for v in r] for r in rows]
 
 
+def assert_same_report(want: dict, got: dict, duck_url: str, ch_url: str) -> None:
+    """`want` (explain's JSON on the DuckDB store `duck_url`) and `got` (on the ClickHouse store
+    `ch_url`) are the same report. The evidence is shown in its store's dialect (ClickHouse:
+    translated, params bound), and each query re-run as shown, by `tailtrace sql` on DuckDB and
+    `tailtrace sql --store` on ClickHouse, gives the same rows on both; the rest is equal."""
+    import duckdb
+
+    from collector.clickhouse.query import run_readonly
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+
+    def evidence(report):
+        return [f["evidence"] for f in report["findings"]] + ([report["capacity"]["evidence"]] if report["capacity"] else [])
+
+    pairs = [(a, b) for ew, eg in zip(evidence(want), evidence(got), strict=True) for a, b in zip(ew, eg, strict=True)]
+    assert pairs and all(b["params"] == [] for _, b in pairs)
+    assert any(a["params"] and a["sql"] != b["sql"] for a, b in pairs), pairs
+    con = duckdb.connect(str(parse_store_url(duck_url).path), read_only=True)
+    client = connect_clickhouse(parse_store_url(ch_url))
+    try:
+        for a, b in pairs:
+            rows_d = [list(r) for r in con.execute(a["sql"], a["params"]).fetchall()]
+            rows_c = run_readonly(client, b["sql"], max_rows=10**6)["rows"]
+            assert _differences(_json(rows_d), _json(rows_c)) == [], (a["what"], b["sql"])
+    finally:
+        client.close()
+        con.close()
+    for group in (*evidence(want), *evidence(got)):
+        for ev in group:
+            ev.pop("sql"), ev.pop("params")
+    assert _differences(want, got) == []
+
+
 def _explain(url: str, *extra: str) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -54,31 +86,5 @@ def test_explain_on_chdb_equals_explain_on_duckdb(tmp_path, chdb_store):
     got = _explain(store.text)
     assert len(want["findings"]) >= 4     # the span set gives explain something to find
     assert [f["cause"] for f in got["findings"]] == [f["cause"] for f in want["findings"]]
-    # the evidence is shown in its store's dialect (ClickHouse: translated, params bound), and each
-    # query re-run as shown, by `tailtrace sql` on DuckDB and `tailtrace sql --store` on chdb, gives
-    # the same rows on both
-    def evidence(report):
-        return [f["evidence"] for f in report["findings"]] + ([report["capacity"]["evidence"]] if report["capacity"] else [])
+    assert_same_report(want, got, f"duckdb://{duck}", store.text)
 
-    pairs = [(a, b) for ew, eg in zip(evidence(want), evidence(got), strict=True) for a, b in zip(ew, eg, strict=True)]
-    assert pairs and all(b["params"] == [] for _, b in pairs)
-    assert any(a["params"] and a["sql"] != b["sql"] for a, b in pairs), pairs
-    import duckdb
-
-    from collector.clickhouse.query import run_readonly
-    from collector.clickhouse.store_url import connect_clickhouse
-
-    con = duckdb.connect(str(duck), read_only=True)
-    client = connect_clickhouse(store)
-    try:
-        for a, b in pairs:
-            rows_d = [list(r) for r in con.execute(a["sql"], a["params"]).fetchall()]
-            rows_c = run_readonly(client, b["sql"], max_rows=10**6)["rows"]
-            assert _differences(_json(rows_d), _json(rows_c)) == [], (a["what"], b["sql"])
-    finally:
-        client.close()
-        con.close()
-    for group in (*evidence(want), *evidence(got)):
-        for ev in group:
-            ev.pop("sql"), ev.pop("params")
-    assert _differences(want, got) == []

@@ -11,7 +11,7 @@ import pytest
 from diagnose.source import store_query
 from tests.clickhouse.conftest import both_stores
 from tests.clickhouse.spans import build_spans
-from tests.clickhouse.test_explain import _differences, _explain
+from tests.clickhouse.test_explain import _differences, _explain, assert_same_report
 
 _PER_REPLICA = """SELECT q.replica, q.service_name, count(*) AS n, count(DISTINCT r.upstream) AS upstreams,
     any_value(r.upstream) AS upstream, quantile_cont(r.e2e_ms, 0.99) AS p99_e2e_ms, avg(r.queue_time_ms) AS queue_ms
@@ -59,4 +59,4 @@ def test_explain_names_the_slow_replica_on_both_engines(slow_replica_stores):
     # the upstream as the gateway names it, the replica as the engine names itself (service.instance.id)
     title = "load imbalance: upstream http://172.18.0.11:8000 (replica vllm-1) out of line"
     assert found["upstream_imbalance"]["title"] == title
-    assert _differences(want, got) == []
+    assert_same_report(want, got, duck, ch)

@@ -88,12 +88,14 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
         assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
         assert proc.returncode == 130
         # vLLM was stopped as on Ctrl-C (SIGINT to its API server, which stops its engine), with
-        # hundreds of requests in flight: its log ends in its own shutdown, not a dead engine's traceback
+        # hundreds of requests in flight: its log ends in its own shutdown, not a dead engine's
+        # traceback. vLLM's own shutdown may log one on the way (its output handler, when its engine
+        # core exits first: 1 of 2 runs on a 2-core AVX2 box), before its API server's shutdown lines
         vllm_log = (tmp_path / "demo" / "logs" / "vllm.log").read_text(errors="replace")
         reader.join(timeout=10)
         out = b"".join([seen, *rest]).decode(errors="replace")
         assert "still running" not in out, out[-3000:]   # vLLM stopped itself: its group got no SIGTERM
-        assert "[shutdown] API server" in vllm_log and "EngineDeadError" not in vllm_log, vllm_log[-3000:]
+        assert vllm_log.rfind("[shutdown] API server") > vllm_log.rfind("EngineDeadError"), vllm_log[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -72,8 +72,11 @@ def test_net_delay_lands_in_network_in_and_out(vllm_server, vllm_collector, gate
     # the E2E the client saw grew by both holds (its pair differences carry the engine's noise too)
     e2e = res.row("outer_e2e_ms")
     assert abs(e2e.error_ms) < 0.1 * 2 * d, e2e
-    # known answer (issue 18): the diagnosis of the experiment's window, run ids stripped, names the network
-    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb")
+    # known answer (issue 18): the diagnosis of the experiment's window, run ids stripped, names the
+    # network. Above the P90: the window's ~120 requests leave 1-2 above their P99, and then a failed
+    # request or two outrank them (a miss as a tail request is; a fresh clone's run on an AVX2 box:
+    # "errors" first, network 0.74 of the excess second)
+    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb", quantile=0.9)
     assert_top_cause(report, "network", "gateway_infrastructure")
 
 

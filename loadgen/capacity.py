@@ -117,17 +117,25 @@ def wave_size(concurrency: int, mean_in: float, prefill_tok_s: float | None, tim
     return max(min(concurrency, MIN_WAVE), min(concurrency, fit))
 
 
+def _send(trace: Path, target: str, model: str | None, otlp: str, run_id: str, timeout_s: float,
+          progress: bool = False):
+    """Replay the probe's `trace` (all at once, real time) under `run_id`; its ReplayResult. Raises
+    KeyboardInterrupt when Ctrl-C stopped it."""
+    from loadgen.replay import ReplayConfig, run_replay
+
+    res = run_replay(ReplayConfig(trace=str(trace), target=target, model=model, speed=1.0, otlp_endpoint=otlp,
+                                  run_id=run_id, slo=None, jitter="none", timeout_s=timeout_s, progress=progress))
+    if res.interrupted:
+        raise KeyboardInterrupt
+    return res
+
+
 def _prefill_estimate(target: str, model: str | None, otlp: str, out_dir: Path, run_id: str, mean_in: float,
                       max_model_len: int | None, timeout_s: float) -> float | None:
     """Prompt tokens/s of one request of `mean_in` prompt tokens and one output token, alone:
     its prompt over its TTFT (send to first token, the client's clock). None when it failed."""
-    from loadgen.replay import ReplayConfig, run_replay
-
     trace = probe_trace(Path(out_dir) / f"{run_id}.csv", mean_in, 1, 1, max_model_len)
-    res = run_replay(ReplayConfig(trace=str(trace), target=target, model=model, speed=1.0, otlp_endpoint=otlp,
-                                  run_id=run_id, slo=None, jitter="none", timeout_s=timeout_s))
-    if res.interrupted:
-        raise KeyboardInterrupt
+    res = _send(trace, target, model, otlp, run_id, timeout_s)
     r = res.records[0] if res.records else None
     if r is None or r.error or not r.first_token_unix_nano or r.first_token_unix_nano <= r.send_unix_nano:
         return None
@@ -213,8 +221,6 @@ def probe_capacity(target: str, model: str | None, otlp: str, query: Query, mean
     failed, or the engine's steps never reached the store. `output_tokens` None:
     `probe_output_tokens(mean_in, concurrency)`. `adapt_wave`: first size the wave to the host's
     prefill (`wave_size`, one request ahead of it); False: `concurrency` requests as given."""
-    from loadgen.replay import ReplayConfig, run_replay
-
     if not (math.isfinite(mean_out) and mean_out > 0):
         raise UserError(f"the trace window's mean output length must be > 0, not {mean_out!r}")
     if adapt_wave:
@@ -225,10 +231,7 @@ def probe_capacity(target: str, model: str | None, otlp: str, query: Query, mean
     trace = probe_trace(Path(out_dir) / f"{run_id}.csv", mean_in, concurrency, output_tokens, max_model_len)
     t0_us = time.time_ns() // 1000
     t0 = time.monotonic()
-    res = run_replay(ReplayConfig(trace=str(trace), target=target, model=model, speed=1.0, otlp_endpoint=otlp,
-                                  run_id=run_id, slo=None, jitter="none", timeout_s=timeout_s, progress=progress))
-    if res.interrupted:
-        raise KeyboardInterrupt
+    res = _send(trace, target, model, otlp, run_id, timeout_s, progress)
     probe_s = time.monotonic() - t0
     t1_us = time.time_ns() // 1000
     failed = sum(1 for r in res.records if r.error)

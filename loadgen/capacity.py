@@ -64,7 +64,8 @@ PREFILL_SHARE = 0.35
 MIN_WAVE = 8
 # a step that ran at the cap: its batch within this share of the largest `running` seen
 _AT_CAP = 0.9
-# gaps longer than this between two steps are idle time, not a step's wall time
+# a step that started longer than this after the step before it ended followed idle time: its wall
+# time is its own step_ms, not the time since the step before it
 _MAX_GAP_S = 1.0
 
 
@@ -75,7 +76,10 @@ class Capacity:
     `prefill_tok_s` prompt tokens/s; `steps_at_cap` and `prefill_steps` the steps each rate
     comes from; `probe_s` the probe's wall time; `run_id` its requests' run id; `failed` its
     requests that failed (a timeout at the probe's limit counts); `client_decode_tok_s` the same
-    decode rate as the client saw it (`client_decode_rate`), an independent check."""
+    decode rate as the client saw it (`client_decode_rate`), an independent check;
+    `prefill_from` where `prefill_tok_s` comes from: "engine steps", "one request" (the
+    pre-request's TTFT, when no step of the wave carried prefill) or None (unknown: prefill
+    counted free, the capacity an upper bound)."""
 
     rps: float
     decode_tok_s: float
@@ -89,10 +93,16 @@ class Capacity:
     run_id: str
     failed: int = 0
     client_decode_tok_s: float | None = None
+    prefill_from: str | None = None
 
     def text(self) -> str:
         """One line for a report: the capacity and where it comes from."""
-        pre = f", prefill {self.prefill_tok_s:,.0f} tok/s" if self.prefill_tok_s else ""
+        pre = ""
+        if self.prefill_tok_s:
+            pre = f", prefill {self.prefill_tok_s:,.0f} tok/s"
+            pre += " (one request's TTFT)" if self.prefill_from == "one request" else ""
+        else:
+            pre = ", prefill not measured (counted free: an upper bound)"
         return (f"capacity ~{self.rps:.2f} req/s of this trace's mix (mean input {self.mean_in:.0f}, output "
                 f"{self.mean_out:.0f} tokens): decode {self.decode_tok_s:,.0f} tok/s at batch {self.batch_cap}{pre} "
                 f"(probe: {self.probe_s:.0f} s)")
@@ -157,25 +167,34 @@ def probe_trace(path: Path, mean_in: float, concurrency: int = DEFAULT_CONCURREN
 
 
 def _steps_sql() -> str:
-    # every step of the window with its wall time: since the step before it ended (same engine)
-    return """
+    # every step of the window with its wall time: the time since the step before it ended (same
+    # engine), so the engine's own gaps between steps count; after an idle gap (the step started
+    # more than _MAX_GAP_S after the one before it ended) and for the window's first step, its own
+    # step_ms. A step's length is no sign of idleness: a 2,048-token prefill step takes over 1 s on
+    # a slow CPU host, and such steps were once dropped as "gaps" (no prefill rate at all)
+    return f"""
         SELECT service_name, running, batch_size, prefill_tokens, decode_tokens,
-               (epoch_us(time) - lag(epoch_us(time)) OVER (PARTITION BY service_name ORDER BY time, step_index)) / 1e6
-                   AS wall_s
-        FROM engine_steps WHERE time >= make_timestamp(?) AND time <= make_timestamp(?)"""
+               CASE WHEN prev_us IS NULL OR end_us - coalesce(step_ms, 0) * 1e3 - prev_us > {_MAX_GAP_S} * 1e6
+                    THEN step_ms / 1e3 ELSE (end_us - prev_us) / 1e6 END AS wall_s
+        FROM (SELECT *, epoch_us(time) AS end_us,
+                     lag(epoch_us(time)) OVER (PARTITION BY service_name ORDER BY time, step_index) AS prev_us
+              FROM engine_steps WHERE time >= make_timestamp(?) AND time <= make_timestamp(?))"""
 
 
-def capacity_from_steps(query: Query, start_us: int, end_us: int, mean_in: float, mean_out: float) -> dict:
+def capacity_from_steps(query: Query, start_us: int, end_us: int, mean_in: float, mean_out: float,
+                        prefill_fallback: float | None = None) -> dict:
     """The decode and prefill rates of the engine steps that ended in [start_us, end_us] (unix
     us), and the capacity in req/s of a mix of mean_in prompt / mean_out output tokens (formula
-    in the module docstring). Returns {rps, decode_tok_s, prefill_tok_s, batch_cap, steps_at_cap,
-    prefill_steps}. Raises UserError when no step ran at the cap without prefill (nothing to
+    in the module docstring). With no step that carried prefill, the prefill rate is
+    `prefill_fallback` (prompt tok/s, e.g. `_prefill_estimate`'s) when given. Returns {rps,
+    decode_tok_s, prefill_tok_s, prefill_from, batch_cap, steps_at_cap, prefill_steps}. Raises
+    UserError when no step ran at the cap without prefill (nothing to
     measure the decode rate on)."""
     rows = query(f"""
         WITH s AS ({_steps_sql()}),
         cap AS (SELECT max(running) AS cap FROM s),
         d AS (SELECT sum(decode_tokens) AS tok, sum(wall_s) AS wall, count(*) AS n FROM s, cap
-              WHERE prefill_tokens = 0 AND running >= {_AT_CAP} * cap.cap AND wall_s > 0 AND wall_s <= {_MAX_GAP_S})
+              WHERE prefill_tokens = 0 AND running >= {_AT_CAP} * cap.cap AND wall_s > 0)
         SELECT cap.cap, d.tok, d.wall, d.n FROM cap, d""", [start_us, end_us])
     cap, tok, wall, n = rows[0] if rows else (None, None, None, 0)
     if not cap or not n or not wall:
@@ -185,11 +204,14 @@ def capacity_from_steps(query: Query, start_us: int, end_us: int, mean_in: float
     pre = query(f"""
         WITH s AS ({_steps_sql()})
         SELECT sum(prefill_tokens), sum(greatest(wall_s - decode_tokens / ?, 0)), count(*) FROM s
-        WHERE prefill_tokens > 0 AND wall_s > 0 AND wall_s <= {_MAX_GAP_S}""", [start_us, end_us, decode])
+        WHERE prefill_tokens > 0 AND wall_s > 0""", [start_us, end_us, decode])
     p_tok, p_wall, p_n = pre[0] if pre else (None, None, 0)
-    prefill = p_tok / p_wall if p_tok and p_wall else None
+    prefill, prefill_from = (p_tok / p_wall, "engine steps") if p_tok and p_wall else (None, None)
+    if prefill is None and prefill_fallback and prefill_fallback > 0 and math.isfinite(prefill_fallback):
+        prefill, prefill_from = prefill_fallback, "one request"
     per_request_s = mean_out / decode + (mean_in / prefill if prefill else 0.0)
-    return {"rps": 1.0 / per_request_s, "decode_tok_s": decode, "prefill_tok_s": prefill, "batch_cap": int(cap),
+    return {"rps": 1.0 / per_request_s, "decode_tok_s": decode, "prefill_tok_s": prefill,
+            "prefill_from": prefill_from, "batch_cap": int(cap),
             "steps_at_cap": int(n), "prefill_steps": int(p_n or 0)}
 
 
@@ -223,9 +245,11 @@ def probe_capacity(target: str, model: str | None, otlp: str, query: Query, mean
     prefill (`wave_size`, one request ahead of it); False: `concurrency` requests as given."""
     if not (math.isfinite(mean_out) and mean_out > 0):
         raise UserError(f"the trace window's mean output length must be > 0, not {mean_out!r}")
+    pre_prefill = None
     if adapt_wave:
-        concurrency = wave_size(concurrency, mean_in, _prefill_estimate(
-            target, model, otlp, out_dir, f"{run_id}-pre", mean_in, max_model_len, timeout_s), timeout_s)
+        pre_prefill = _prefill_estimate(target, model, otlp, out_dir, f"{run_id}-pre", mean_in, max_model_len,
+                                        timeout_s)
+        concurrency = wave_size(concurrency, mean_in, pre_prefill, timeout_s)
     if output_tokens is None:
         output_tokens = probe_output_tokens(mean_in, concurrency)
     trace = probe_trace(Path(out_dir) / f"{run_id}.csv", mean_in, concurrency, output_tokens, max_model_len)
@@ -252,6 +276,6 @@ def probe_capacity(target: str, model: str | None, otlp: str, query: Query, mean
     if last <= 0:
         raise UserError("the capacity probe's engine steps never reached the store (is vLLM running with "
                         "tailtrace's plugin, exporting to this collector?)")
-    got = capacity_from_steps(query, t0_us, t1_us, mean_in, mean_out)
+    got = capacity_from_steps(query, t0_us, t1_us, mean_in, mean_out, prefill_fallback=pre_prefill)
     return Capacity(mean_in=mean_in, mean_out=mean_out, probe_s=probe_s, run_id=run_id, failed=failed,
                     client_decode_tok_s=client_decode_rate(res.records, got["batch_cap"]), **got)

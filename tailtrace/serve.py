@@ -103,8 +103,26 @@ def vllm_env(cfg: ServeConfig, base: dict | None = None) -> dict:
     return env
 
 
+VLLM_ARGS_ENV = "TAILTRACE_VLLM_ARGS"
+
+
+def env_vllm_args(environ: dict | None = None) -> list[str]:
+    """Extra vLLM flags for every vLLM tailtrace starts (`serve`, `demo`, a chaos replica), from
+    TAILTRACE_VLLM_ARGS (shell words, e.g. "--enforce-eager --max-num-seqs 64"); [] when unset.
+    They come before a command's own vLLM flags, which win (vLLM's parser keeps the last).
+    Raises `UserError` on unbalanced quotes."""
+    import shlex
+
+    text = (os.environ if environ is None else environ).get(VLLM_ARGS_ENV, "")
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise UserError(f"{VLLM_ARGS_ENV}={text!r} is not a list of shell words ({e})") from None
+
+
 def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> list[str]:
-    """The argv that starts vLLM's OpenAI server for `cfg`."""
+    """The argv that starts vLLM's OpenAI server for `cfg`: tailtrace's flags, then
+    `env_vllm_args()`, then `cfg.extra_args`. Raises `UserError` on a bad TAILTRACE_VLLM_ARGS."""
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
         "--model", model_path,
@@ -117,7 +135,7 @@ def vllm_command(cfg: ServeConfig, model_path: str, served_name: str | None) -> 
         cmd.append("--enable-logging-iteration-details")
     if served_name:
         cmd += ["--served-model-name", served_name]
-    return cmd + list(cfg.extra_args)
+    return cmd + env_vllm_args() + list(cfg.extra_args)
 
 
 def start_vllm(cfg: ServeConfig, log_path: Path | None = None, timeout_s: float = 900.0,

@@ -4,6 +4,7 @@ A shell without job control (a script's `nohup tailtrace serve … &`, CI, `make
 background jobs with SIGINT ignored, and Python keeps it ignored: SIGINT would then do nothing.
 Each command is started that way here (`trap "" INT; exec …`), sent SIGINT once it serves, and
 must exit with every process it started gone. `tailtrace demo` has the same test in test_demo.py.
+`tailtrace serve` also stops on SIGTERM (a service manager's stop), tested beside its SIGINT case.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
+import psutil
 import pytest
 
 from tailtrace.procs import free_port, wait_http
@@ -27,30 +30,46 @@ def _tailtrace(*args: str) -> list[str]:
     return [*_IGNORING_SIGINT, sys.executable, "-m", "tailtrace", *args]
 
 
-def _stops_on_sigint(cmd: list[str], ready_url: str, start_timeout_s: float, tmp_path, exit_codes=(0, 130)) -> None:
+def _start(cmd: list[str], tmp_path, name: str = "out"):
+    """Start `cmd` marked (see `marked_processes`), its output to tmp_path/<name>.log; (proc, mark, log)."""
     mark = uuid.uuid4().hex
-    log = tmp_path / "out.log"
+    log = tmp_path / f"{name}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=marked_env(mark))
+    return proc, mark, log
+
+
+def _interrupt_and_check(proc, mark: str, log, exit_codes=(0, 130)) -> None:
+    """SIGINT to a command that serves: it must no longer ignore SIGINT, exit within 90 s with one
+    of `exit_codes`, and leave none of its processes behind."""
+    with open(f"/proc/{proc.pid}/status") as fh:
+        status = dict(line.split(":", 1) for line in fh if ":" in line)
+    assert not int(status["SigIgn"], 16) & (1 << (signal.SIGINT - 1)), "SIGINT is still ignored while serving"
+    proc.send_signal(signal.SIGINT)
+    try:
+        rc = proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 90 s after SIGINT; its output:\n{log.read_text(errors='replace')[-2000:]}")
+    time.sleep(1)
+    left = marked_processes(mark)
+    assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
+    assert rc in exit_codes, log.read_text(errors="replace")[-2000:]
+
+
+def _cleanup(proc, mark: str) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    kill_marked(mark)
+
+
+def _stops_on_sigint(cmd: list[str], ready_url: str, start_timeout_s: float, tmp_path, exit_codes=(0, 130)) -> None:
+    proc, mark, log = _start(cmd, tmp_path)
     try:
         wait_http(ready_url, start_timeout_s, proc, what=cmd[6])
-        with open(f"/proc/{proc.pid}/status") as fh:
-            status = dict(line.split(":", 1) for line in fh if ":" in line)
-        assert not int(status["SigIgn"], 16) & (1 << (signal.SIGINT - 1)), "SIGINT is still ignored while serving"
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"still running 90 s after SIGINT; its output:\n{log.read_text(errors='replace')[-2000:]}")
-        time.sleep(1)
-        left = marked_processes(mark)
-        assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
-        assert rc in exit_codes, log.read_text(errors="replace")[-2000:]
+        _interrupt_and_check(proc, mark, log, exit_codes)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        kill_marked(mark)
+        _cleanup(proc, mark)
 
 
 def test_collect_stops_on_sigint_when_started_ignoring_it(tmp_path):
@@ -74,9 +93,43 @@ def test_dashboard_stops_on_sigint_when_started_ignoring_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_stops_on_sigint_when_started_ignoring_it(tiny_model_dir, tmp_path):
+def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_model_dir, tmp_path):
+    """Two `tailtrace serve` at once (one vLLM start's wait, not two): one started ignoring SIGINT
+    and sent SIGINT; the other, started as a service manager starts it, sent SIGTERM: it exits 0
+    within 90 s with its API server, EngineCore and worker gone."""
     port = free_port()
     cmd = _tailtrace("serve", "--model", str(tiny_model_dir), "--port", str(port),
                      "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--",
                      "--served-model-name", "tiny", "--max-num-seqs", "8")
-    _stops_on_sigint(cmd, f"http://127.0.0.1:{port}/v1/models", 600, tmp_path)
+    ignoring, mark, log = _start(cmd, tmp_path)
+    term_port = free_port()
+    term_log = open(tmp_path / "serve-sigterm.log", "wb")  # noqa: SIM115 - the child writes to it
+    term = subprocess.Popen(
+        [sys.executable, "-m", "tailtrace", "serve", "--model", str(tiny_model_dir), "--port", str(term_port),
+         "--otlp-endpoint", f"http://127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE, stderr=term_log, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"),
+        start_new_session=True)
+    try:
+        url_line = f"http://127.0.0.1:{term_port}/v1"
+        deadline = time.monotonic() + 600
+        line = ""
+        while url_line not in line and time.monotonic() < deadline and term.poll() is None:
+            line = term.stdout.readline().decode(errors="replace")  # vLLM's own log lines come first
+        assert url_line in line
+        threading.Thread(target=term.stdout.read, daemon=True).start()  # keep the pipe drained
+        children = psutil.Process(term.pid).children(recursive=True)
+        names = " ".join(" ".join(c.cmdline()) for c in children if c.is_running())
+        assert "vllm" in names and len(children) >= 2  # API server + EngineCore (+ worker)
+        started = time.monotonic()
+        term.send_signal(signal.SIGTERM)
+        assert term.wait(timeout=90) == 0
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
+        assert time.monotonic() - started < 90
+
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 600, ignoring, what="serve")
+        _interrupt_and_check(ignoring, mark, log)
+    finally:
+        if term.poll() is None:
+            os.killpg(term.pid, signal.SIGKILL)
+        _cleanup(ignoring, mark)

@@ -66,7 +66,9 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
     mark = uuid.uuid4().hex
     # Started as a shell starts a background job (SIGINT ignored, inherited through exec): Ctrl-C
     # must stop it anyway. This is how CI scripts and `make demo &` run it.
-    cmd = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *demo_command(tmp_path / "demo", 600)]
+    # At a fixed --speed: no capacity probe ahead of the replay (its own Ctrl-C test is in
+    # tests/loadgen/test_capacity_errors.py), ~40 s less on a 2-core box
+    cmd = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *demo_command(tmp_path / "demo", 600, speed=2)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             env=marked_env(mark))
     seen = b""

@@ -17,7 +17,8 @@ give two rates:
 - decode: output tokens per second of the steps that ran at the batch cap (the largest
   `running` seen, the batch full, no prefill in the step): sum(decode_tokens) / sum(wall time
   of those steps), a step's wall time being the time since the step before it ended (so the
-  engine's gaps between steps count);
+  engine's gaps between steps count), or its own `step_ms` when it began more than 1 s after
+  the step before it ended (idle time is not the engine's) and for the window's first step;
 - prefill: prompt tokens per second of the steps that carried prefill, their wall time less
   what their decode tokens cost at the decode rate.
 

@@ -21,6 +21,7 @@ PAGES = [
     st.Page("app_pages/distributions.py", title="Distributions", icon=":material/bar_chart:"),
     st.Page("app_pages/explorer.py", title="Request explorer", icon=":material/search:"),
     st.Page("app_pages/engine.py", title="Engine and device", icon=":material/memory:"),
+    st.Page("app_pages/replicas.py", title="Replicas", icon=":material/dns:", url_path="replicas"),
     st.Page("app_pages/sql.py", title="SQL", icon=":material/terminal:"),
 ]
 

@@ -21,6 +21,7 @@ __all__ = [
     "itl_timeline",
     "latency_vs_input",
     "lengths",
+    "replica_latency",
     "stacked_phases",
     "tail_shares",
     "throughput",
@@ -154,6 +155,17 @@ def batch_sizes(b: pd.DataFrame) -> go.Figure:
                xaxis_title="batch size (requests in the step)", yaxis_title="share")
     for view, g in b.groupby("view", sort=False):
         fig.add_trace(go.Bar(x=g["batch_size"], y=g["share"], name=str(view)))
+    return fig
+
+
+def replica_latency(table: pd.DataFrame, metric_label: str) -> go.Figure:
+    """P50 and P99 of a latency per replica (ms), grouped bars in the table's order (the slowest
+    first); `table` has replica, e2e_p50_ms, e2e_p99_ms (dashboard.queries.replicas.replica_table)."""
+    fig = _fig(f"{metric_label} per replica: P50 and P99", barmode="group", yaxis_title="ms")
+    for col, name, color in (("e2e_p50_ms", "P50", "#9ecae1"), ("e2e_p99_ms", "P99", "#e6550d")):
+        fig.add_trace(go.Bar(x=table["replica"], y=table[col], name=name, marker_color=color,
+                             hovertemplate=f"%{{x}}: {name} %{{y:,.1f}} ms<extra></extra>"))
+    fig.update_xaxes(type="category")
     return fig
 
 

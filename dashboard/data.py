@@ -14,9 +14,10 @@ Conventions (the store contract is DESIGN.md "The store" and docs/schema.md):
 - every percentile is exact: `quantile_cont` over raw rows (linear interpolation between the two
   closest order statistics, DuckDB's definition, the same as numpy's default), never from buckets;
 - filters apply to `requests.completion_time` (time range; the store's arrival + outer E2E, by
-  which every time window of tailtrace selects requests), `requests.model`, `requests.service_name`
-  and `requests.priority`; decode steps and engine steps are filtered by their own `time`, and decode
-  steps by the requests they belong to when a model, service or priority filter is set;
+  which every time window of tailtrace selects requests), `requests.model`, `requests.service_name`,
+  `requests.priority` and the replica (`request_replicas.replica`); decode steps and engine steps
+  are filtered by their own `time`, and decode steps by the requests they belong to when a model,
+  service, priority or replica filter is set;
 - a phase column that is NULL (layer not instrumented) counts as absent, never as 0, in percentiles;
   in means per request (stacked phases) it adds nothing.
 """
@@ -74,6 +75,11 @@ from dashboard.queries.queue_service import (
     phase_columns,
     phases_timeline,
     tail_breakdown,
+)
+from dashboard.queries.replicas import (  # noqa: F401 - gathered for the pages: data.<name>
+    NO_REPLICA,
+    replica_names,
+    replica_table,
 )
 from dashboard.queries.sql import (
     SQL_EXAMPLES,
@@ -164,6 +170,11 @@ def _engine(src: DataSource, f: Filters, schema=None) -> None:
     throughput_timeline(src, f, Slo(), width)
 
 
+def _replicas(src: DataSource, f: Filters, schema=None) -> None:
+    if len(replica_names(src, schema or src.schema())) > 1:
+        replica_table(src, f)
+
+
 def _sql(src: DataSource, f: Filters, schema=None) -> None:
     run_user_sql(src, next(iter(SQL_EXAMPLES.values())))
 
@@ -174,5 +185,6 @@ PAGE_QUERIES: dict[str, Callable[[DataSource, Filters], None]] = {
     "Distributions": _distributions,
     "Request explorer": _explorer,
     "Engine and device": _engine,
+    "Replicas": _replicas,
     "SQL": _sql,
 }

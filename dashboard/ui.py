@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
@@ -66,7 +66,8 @@ class Context:
     """What a page needs: `src` (cached source, the main time budget), `filters`, `slo`, `schema`
     ({table: [columns]}), `info` (data.store_info), `live` (True through the collector API),
     `selected` (requests the filters select), `side_src` (the same source with the side-panel budget,
-    `side_timeout_s`; use it through `side`)."""
+    `side_timeout_s`; use it through `side`), `replicas` (the store's replicas, data.replica_names;
+    [] when it has none or their query gave nothing within the side budget)."""
 
     src: DataSource
     filters: Filters
@@ -77,6 +78,7 @@ class Context:
     selected: int
     side_src: DataSource | None = None
     side_timeout_s: float = data.DEFAULT_SIDE_TIMEOUT_S
+    replicas: list[str] = field(default_factory=list)
 
     def side(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
         """Run a side panel's query function `fn(side_src, *args, **kwargs)` within the side budget.
@@ -312,6 +314,16 @@ def build_context() -> Context | None:
     services = sb.multiselect("Service", info["services"], key="tt_services", placeholder="all services",
                               help="The vLLM server (service.name) that served the request.")
     prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")
+    side_src = BudgetedSource(cached, side_s)
+    try:  # a secondary figure: without it (a timeout, a store without request_replicas) no replica filter
+        replicas = data.replica_names(side_src, info["schema"])
+    except DataError:
+        replicas = []
+    chosen = sb.multiselect("Replica", replicas, key="tt_replicas", placeholder="all replicas",
+                            help="The replica that served the request: its engine's service.instance.id, else "
+                                 "its service name (request_replicas). Engine steps and device samples are kept "
+                                 "per service, and the Why page reads the whole window: they ignore it."
+                            ) if len(replicas) > 1 else []
     sb.subheader("SLOs")
     ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.ttft_ms or 0.0, step=100.0,
                            key="tt_slo_ttft",
@@ -322,11 +334,11 @@ def build_context() -> Context | None:
                           help="0 = no E2E objective.")
     slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
-                      priorities=tuple(prios))
+                      priorities=tuple(prios), replicas=tuple(chosen))
     selected = data.count_requests(src, filters)
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
-                   selected=selected, side_src=BudgetedSource(cached, side_s), side_timeout_s=side_s)
+                   selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas)
 
 
 def context() -> Context | None:

@@ -10,6 +10,9 @@ ctx = ui.require()
 ui.header("Engine and device", "engine scheduling · compute and hardware",
           "Scheduler state and the device (the GPU, or the CPU on vLLM's CPU build) per time bucket, under "
           "the request latency of the same buckets.")
+if ctx.filters.replicas:
+    st.caption("The replica filter selects the latency rows only: engine steps and device samples are kept per "
+               "service, not per replica.")
 first, last = data.bounds(ctx.src, ctx.filters)
 width = data.bucket_ms(first, last)
 eng = data.engine_timeline(ctx.src, ctx.filters, ctx.schema, width)

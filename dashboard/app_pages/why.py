@@ -13,6 +13,9 @@ ui.header("Why is it slow?", "all four, ranked",
           "and the causes that explain it, with the numbers and the SQL behind each (the same diagnosis as "
           "`tailtrace explain`).")
 
+if ctx.filters.has_request_attrs():
+    st.caption("The diagnosis reads every request of the time range: the model, service, priority and replica "
+               "filters do not apply (its load-imbalance finding compares the upstreams and names their replicas).")
 linked = why.metric_from_link(st.query_params)
 choices = list(why.METRICS)
 metric = st.segmented_control("Tail of", choices, default=linked or "e2e", format_func=why.METRICS.get,

@@ -51,13 +51,17 @@ ALL_METRICS: dict[str, str] = {**REQUEST_METRICS, ITL: "ITL (per decode step)"}
 class Filters:
     """What the sidebar selects. `start`/`end`: naive UTC datetimes bounding a request's
     `completion_time` (inclusive start, exclusive end; None = open), as every time window of
-    tailtrace selects requests; steps and samples by their own time. Empty tuples select everything."""
+    tailtrace selects requests; steps and samples by their own time. `replicas`: values of
+    `request_replicas.replica` (the engine's service.instance.id, else its service name: the replicas
+    of a fleet share one service name); a request selected by replica is one with an engine span
+    there. Empty tuples select everything."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
     models: tuple[str, ...] = ()
     services: tuple[str, ...] = ()
     priorities: tuple[str, ...] = ()
+    replicas: tuple[str, ...] = ()
 
     def _request_terms(self, alias: str = "") -> tuple[list[str], list[Any]]:
         a = f"{alias}." if alias else ""
@@ -66,13 +70,17 @@ class Filters:
         for col, values in (("model", self.models), ("service_name", self.services),
                             ("priority", self.priorities)):
             if values:
-                terms.append(f"{a}{col} IN ({', '.join('?' for _ in values)})")
+                terms.append(f"{a}{col} IN ({_marks(values)})")
                 params.extend(values)
+        if self.replicas:
+            terms.append(f"{a}trace_id IN (SELECT trace_id FROM request_replicas WHERE replica IN "
+                         f"({_marks(self.replicas)}))")
+            params.extend(self.replicas)
         return terms, params
 
     def has_request_attrs(self) -> bool:
-        """True when a model, service or priority filter is set."""
-        return bool(self.models or self.services or self.priorities)
+        """True when a model, service, priority or replica filter is set."""
+        return bool(self.models or self.services or self.priorities or self.replicas)
 
     def requests_where(self, alias: str = "") -> tuple[str, list[Any]]:
         """(`WHERE ...` clause, params) selecting rows of `requests`."""
@@ -83,7 +91,7 @@ class Filters:
 
     def steps_where(self, table_alias: str = "") -> tuple[str, list[Any]]:
         """(`WHERE ...`, params) selecting rows of `decode_steps` (its own `time`, and the filtered
-        requests' ids when a model/service/priority filter is set)."""
+        requests' ids when a model/service/priority/replica filter is set)."""
         a = f"{table_alias}." if table_alias else ""
         terms, params = self._time_terms(f"{a}time")
         if self.has_request_attrs():
@@ -93,10 +101,11 @@ class Filters:
         return _where(terms), params
 
     def engine_where(self, has_service: bool = True) -> tuple[str, list[Any]]:
-        """(`WHERE ...`, params) selecting rows of `engine_steps` (time, and service when set)."""
+        """(`WHERE ...`, params) selecting rows of `engine_steps` (time, and service when set; engine
+        steps are kept per service, so the model, priority and replica filters do not apply)."""
         terms, params = self._time_terms("time")
         if self.services and has_service:
-            terms.append(f"service_name IN ({', '.join('?' for _ in self.services)})")
+            terms.append(f"service_name IN ({_marks(self.services)})")
             params += list(self.services)
         return _where(terms), params
 
@@ -114,6 +123,10 @@ class Filters:
             terms.append(f"{col} < CAST(? AS TIMESTAMP)")
             params.append(self.end)
         return terms, params
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
 
 
 def _where(terms: list[str]) -> str:

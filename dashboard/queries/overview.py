@@ -92,9 +92,9 @@ def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]]
 def _step_rows_sql(f: Filters, schema: dict[str, list[str]], metric: str) -> tuple[str, list[Any]] | None:
     """(SQL of rows (value, steps) whose per-value sums are the filtered decode steps' counts of
     `metric`, params) from the collector's reader (collector.store.step_histogram.rows_sql), or None
-    when `step_histogram` cannot answer: the store lacks it, or a priority filter is set (the
-    histogram is kept per service and model only)."""
-    if "step_histogram" not in schema or f.priorities or "decode_steps" not in schema:
+    when `step_histogram` cannot answer: the store lacks it, or a priority or replica filter is set
+    (the histogram is kept per service and model only)."""
+    if "step_histogram" not in schema or f.priorities or f.replicas or "decode_steps" not in schema:
         return None
     return step_histogram.rows_sql(metric, start=f.start, end=f.end, models=f.models, services=f.services)
 
@@ -105,8 +105,8 @@ def step_counts(src: DataSource, f: Filters, schema: dict[str, list[str]], metri
 
     Whole minutes of the time range come from the histogram and its partial minutes at either end
     from `decode_steps`, so the counts equal a scan of decode_steps. Returns None when the store has
-    no step_histogram or a priority filter is set (the histogram is kept per service and model
-    only): callers then scan decode_steps. One row per distinct value: meant for batch sizes (few);
+    no step_histogram or a priority or replica filter is set (the histogram is kept per service and
+    model only): callers then scan decode_steps. One row per distinct value: meant for batch sizes (few);
     ITL goes through `step_summary`, which aggregates in DuckDB.
     Raises DataError when the source truncated the rows (a collector API row cap).
     """

@@ -437,12 +437,20 @@ def _check_why(at, t, errors: list[str]) -> None:
     _close(int(hit[1]) if hit else None, t.window["tail"], "why tail requests", errors)
 
 
+def _check_replicas(at, t, errors: list[str]) -> None:
+    """One replica (the engine's service `vllm`, no service.instance.id): the note, no table."""
+    notes = [i.value for i in at.info]
+    if not any("one replica only (vllm)" in n for n in notes) or at.dataframe:
+        errors.append(f"replicas: want the one-replica note and no table, got {notes} and "
+                      f"{len(at.dataframe)} table(s)")
+
+
 # Every page and its check of what it shows. What no page shows is not checked there: the P50/P999
 # of the tail metric on Queue vs service and of the Engine page's buckets, token totals anywhere but
 # the Overview, requests and ok counts on the Distributions, Explorer and Engine pages.
 PAGE_CHECKS = {"overview": _check_overview, "why": _check_why, "queue_service": _check_queue_service,
                "distributions": _check_distributions, "explorer": _check_explorer, "engine": _check_engine,
-               "sql": _check_sql}
+               "replicas": _check_replicas, "sql": _check_sql}
 
 
 def _page_disagreements(path, truth, monkeypatch) -> list[str]:

@@ -2,16 +2,24 @@
 vllm-0..2, service.name `vllm` for all, as in deploy/fleet) give the same `request_replicas` rows
 and per-replica tails on DuckDB and ClickHouse, and with replica vllm-1 slow, `tailtrace explain`
 names its upstream (an address, as the gateway knows it) and its replica (vllm-1) as the load
-imbalance, with the same numbers on both."""
+imbalance, with the same numbers on both; the dashboard's Replicas page (its table, from
+dashboard.queries.replicas) puts vllm-1 first with the numbers numpy computes from `requests`, the
+same on both engines, and its sidebar Replica filter narrows the other pages to that replica."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from dashboard import data, ui
+from dashboard.queries.replicas import NO_REPLICA, replica_table
+from dashboard.source import ClickHouseSource, DuckDBSource
 from diagnose.source import store_query
 from tests.clickhouse.conftest import both_stores
 from tests.clickhouse.spans import build_spans
 from tests.clickhouse.test_explain import _differences, _explain, assert_same_report
+from tests.dashboard.apptest_util import goto, metrics, open_app
 
 _PER_REPLICA = """SELECT q.replica, q.service_name, count(*) AS n, count(DISTINCT r.upstream) AS upstreams,
     any_value(r.upstream) AS upstream, quantile_cont(r.e2e_ms, 0.99) AS p99_e2e_ms, avg(r.queue_time_ms) AS queue_ms
@@ -60,3 +68,82 @@ def test_explain_names_the_slow_replica_on_both_engines(slow_replica_stores):
     title = "load imbalance: upstream http://172.18.0.11:8000 (replica vllm-1) out of line"
     assert found["upstream_imbalance"]["title"] == title
     assert_same_report(want, got, duck, ch)
+
+
+def _tables(duck: str, ch: str, f: data.Filters) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """replica_table(f) on the DuckDB store and on chdb (each source closed again: chdb holds its
+    directory while open)."""
+    out = []
+    for src in (DuckDBSource(duck.removeprefix("duckdb://")), ClickHouseSource(ch)):
+        try:
+            out.append(replica_table(src, f))
+        finally:
+            src.close()
+    return out[0], out[1]
+
+
+def _numpy_rows(duck: str) -> dict:
+    """{replica: figures} from the raw `requests` rows and numpy's percentiles (linear: quantile_cont's
+    definition), latencies over ok requests; None: the requests without an engine span."""
+    raw = pd.DataFrame(_rows(duck, """SELECT q.replica, r.ok, r.outer_e2e_ms, r.outer_ttft_ms, r.tpot_ms, r.queue_time_ms
+        FROM requests r LEFT JOIN request_replicas q ON q.trace_id = r.trace_id"""),
+                       columns=["replica", "ok", "e2e", "ttft", "tpot", "queue"])
+    out = {}
+    for name, g in raw.groupby(raw["replica"].fillna(NO_REPLICA)):
+        ok = g[g["ok"].fillna(False).astype(bool)]
+        row = {"requests": len(g), "failed": int((~g["ok"].fillna(False).astype(bool)).sum()),
+               "share": len(g) / len(raw), "queue_mean_ms": ok["queue"].dropna().mean(),
+               "queue_p99_ms": np.percentile(ok["queue"].dropna(), 99)}
+        for m in ("e2e", "ttft", "tpot"):
+            row[f"{m}_p50_ms"], row[f"{m}_p99_ms"] = np.percentile(ok[m].dropna(), [50, 99])
+        out[name] = row
+    return out
+
+
+def test_the_replica_table_names_vllm_1_with_numpy_s_numbers_on_both_engines(slow_replica_stores):
+    duck, ch = slow_replica_stores
+    want, got = _tables(duck, ch, data.Filters())
+    pd.testing.assert_frame_equal(want, got, rtol=1e-9)
+    # the slow replica first (P99 E2E), the requests without an engine span last
+    assert list(want["replica"]) == ["vllm-1", "vllm-2", "vllm-0", NO_REPLICA]
+    truth = _numpy_rows(duck)
+    assert set(truth) == set(want["replica"])
+    for row in want.to_dict("records"):
+        for col, value in truth[row["replica"]].items():
+            assert row[col] == pytest.approx(value, rel=1e-9), (row["replica"], col)
+    p99 = dict(zip(want["replica"], want["e2e_p99_x"]))
+    assert p99["vllm-1"] > 1.3 and p99["vllm-2"] == pytest.approx(1.0) and np.isnan(p99[NO_REPLICA])
+    assert want["share"].sum() == pytest.approx(1.0)
+    # filtered to two replicas: their rows, with their own numbers, shares of the selection
+    w2, g2 = _tables(duck, ch, data.Filters(replicas=("vllm-0", "vllm-1")))
+    pd.testing.assert_frame_equal(w2, g2, rtol=1e-9)
+    assert list(w2["replica"]) == ["vllm-1", "vllm-0"]
+    for col in ("requests", "failed", "e2e_p99_ms", "ttft_p50_ms", "queue_p99_ms"):
+        assert list(w2[col]) == pytest.approx([truth["vllm-1"][col], truth["vllm-0"][col]], rel=1e-9), col
+    assert list(w2["share"]) == [21 / 43, 22 / 43]
+
+
+def test_the_replicas_page_and_filter_on_both_engines(slow_replica_stores, monkeypatch):
+    duck, ch = slow_replica_stores
+    truth = _numpy_rows(duck)
+    shown = {}
+    try:
+        for name, kw in (("duckdb", {"db": duck.removeprefix("duckdb://")}), ("chdb", {"store": ch})):
+            at = goto(open_app(monkeypatch, **kw), "replicas")
+            cards = metrics(at)
+            shown[name] = (cards, at.dataframe[0].value.to_dict("list"))
+            assert cards["Replicas"] == "3" and cards["Slowest replica (P99 E2E (outer))"] == "vllm-1"
+            assert cards["Longest queue (mean)"] == "vllm-1"
+            assert at.sidebar.multiselect(key="tt_replicas").options == ["vllm-0", "vllm-1", "vllm-2"]
+            # the filter narrows every request page: the Overview's cards are vllm-1's
+            at.sidebar.multiselect(key="tt_replicas").set_value(["vllm-1"]).run()
+            over = metrics(goto(at, "overview"))
+            assert over["Requests"] == f"{truth['vllm-1']['requests']}"
+            assert over["E2E P99 (outer)"] == ui.fmt_ms(truth["vllm-1"]["e2e_p99_ms"])
+            assert metrics(goto(at, "replicas"))["Replicas"] == "1"
+            if name == "chdb":   # release the directory for the other tests
+                ui._open_source("store", ch).close()
+    finally:
+        ui._open_source.clear()
+    assert shown["duckdb"][0] == shown["chdb"][0]
+    pd.testing.assert_frame_equal(pd.DataFrame(shown["duckdb"][1]), pd.DataFrame(shown["chdb"][1]), rtol=1e-9)

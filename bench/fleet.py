@@ -4,6 +4,7 @@ in-process) beside DuckDB, on the same spans, in one run.
     nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~5-9 min on 2 cores)
     nice -n 19 .venv/bin/python bench/fleet.py --requests 1000000 --tokens 400   # the issue's 1M / ~200M steps
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
+    nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
 
 The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
 two of them on other hosts, some preempted; output lengths uniform in [2, --tokens], so about
@@ -111,21 +112,24 @@ def _columns() -> list[str]:
     return list(TRACE_INSERT_COLUMNS)
 
 
-def time_pages(url: str, repeats: int) -> dict[str, tuple[float, float]]:
-    """{page: (cold s, warm median s)} of every dashboard page's queries on the store at `url`."""
+def time_pages(url: str, repeats: int, replica: str | None = None) -> dict[str, tuple[float, float]]:
+    """{page: (cold s, warm median s)} of every dashboard page's queries on the store at `url`; with
+    `replica`, each page again with the sidebar's Replica filter set to it ("<page>, replica R")."""
     from dashboard import data
     from dashboard.source import open_source
 
     src = open_source("store", url)
     try:
         out = {}
-        for name, fn in data.PAGE_QUERIES.items():
-            times = []
-            for _ in range(repeats + 1):
-                t = time.perf_counter()
-                fn(src, data.Filters())
-                times.append(time.perf_counter() - t)
-            out[name] = (times[0], statistics.median(times[1:]) if repeats else times[0])
+        for label, f in (("", data.Filters()), *(((f", replica {replica}", data.Filters(replicas=(replica,))),)
+                                                  if replica else ())):
+            for name, fn in data.PAGE_QUERIES.items():
+                times = []
+                for _ in range(repeats + 1):
+                    t = time.perf_counter()
+                    fn(src, f)
+                    times.append(time.perf_counter() - t)
+                out[name + label] = (times[0], statistics.median(times[1:]) if repeats else times[0])
     finally:
         src.close()
     return out
@@ -250,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="warm repeats per query (default 2)")
     p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the stores after the run")
+    p.add_argument("--replica", default=None,
+                   help="also time every page with the Replica filter set to this replica (vllm-0, vllm-1 or vllm-2)")
     args = p.parse_args(argv)
     if args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0:
         p.error("--requests and --part must be >= 1, --tokens >= 2, --repeats >= 0")
@@ -273,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in sizes.items()))
         results = {}
         for engine, url in (("duckdb", f"duckdb://{built['duckdb']}"), ("chdb", built["chdb"])):
-            results[engine] = {**time_pages(url, args.repeats), **time_explain(url, args.repeats)}
+            results[engine] = {**time_pages(url, args.repeats, args.replica), **time_explain(url, args.repeats)}
         print(f"\n{'query':<34} {'DuckDB cold':>11} {'warm':>7} {'chdb cold':>10} {'warm':>7} {'chdb/DuckDB':>11}")
         for name in results["duckdb"]:
             dc, dw = results["duckdb"][name]

@@ -67,7 +67,8 @@ class Context:
     ({table: [columns]}), `info` (data.store_info), `live` (True through the collector API),
     `selected` (requests the filters select), `side_src` (the same source with the side-panel budget,
     `side_timeout_s`; use it through `side`), `replicas` (the store's replicas, data.replica_names;
-    [] when it has none or their query gave nothing within the side budget)."""
+    [] when it has none, or when their query gave nothing within the side budget: then `replicas_why`
+    says why, as Side.why)."""
 
     src: DataSource
     filters: Filters
@@ -79,18 +80,24 @@ class Context:
     side_src: DataSource | None = None
     side_timeout_s: float = data.DEFAULT_SIDE_TIMEOUT_S
     replicas: list[str] = field(default_factory=list)
+    replicas_why: str | None = None
 
     def side(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
         """Run a side panel's query function `fn(side_src, *args, **kwargs)` within the side budget.
 
         Returns Side(value) or, when a query timed out or failed (DataError), Side(why=...) instead
         of raising: the page shows "n/a" there and goes on. Other exceptions (bugs) propagate."""
-        try:
-            return Side(fn(self.side_src or self.src, *args, **kwargs))
-        except QueryTimeout as exc:
-            return Side(why=f"timed out after {exc.timeout_s:g} s")
-        except DataError as exc:
-            return Side(why=f"failed: {exc}")
+        return _side(self.side_src or self.src, fn, *args, **kwargs)
+
+
+def _side(src: DataSource, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
+    """Side(fn(src, *args, **kwargs)), or Side(why=...) when it timed out or failed (Context.side)."""
+    try:
+        return Side(fn(src, *args, **kwargs))
+    except QueryTimeout as exc:
+        return Side(why=f"timed out after {exc.timeout_s:g} s")
+    except DataError as exc:
+        return Side(why=f"failed: {exc}")
 
 
 # ------------------------------------------------------------------------------------------ formatting
@@ -315,10 +322,9 @@ def build_context() -> Context | None:
                               help="The vLLM server (service.name) that served the request.")
     prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")
     side_src = BudgetedSource(cached, side_s)
-    try:  # a secondary figure: without it (a timeout, a store without request_replicas) no replica filter
-        replicas = data.replica_names(side_src, info["schema"])
-    except DataError:
-        replicas = []
+    # a secondary figure, within the side budget: without it (a timeout, a failure) no replica filter
+    listed = _side(side_src, data.replica_names, info["schema"])
+    replicas = listed.value if listed.ok else []
     chosen = sb.multiselect("Replica", replicas, key="tt_replicas", placeholder="all replicas",
                             help="The replica that served the request: its engine's service.instance.id, else "
                                  "its service name (request_replicas). Engine steps and device samples are kept "
@@ -338,7 +344,8 @@ def build_context() -> Context | None:
     selected = data.count_requests(src, filters)
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
-                   selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas)
+                   selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas,
+                   replicas_why=listed.why)
 
 
 def context() -> Context | None:

@@ -11,6 +11,9 @@ ui.header("Replicas", "gateway and infrastructure · engine scheduling",
           "One row per replica (its engine's service.instance.id, else its service name: the replicas of a "
           "fleet share one service name). Exact quantiles over each replica's ok requests, as on every page.")
 
+if ctx.replicas_why is not None:
+    st.warning(f"The store's list of replicas: n/a ({ctx.replicas_why}; a side query, within the side budget).")
+    st.stop()
 if len(ctx.replicas) < 2:
     which = (f"one replica only ({ctx.replicas[0]})" if ctx.replicas else
              "no replica (no request with an engine span of the tailtrace plugin)")

@@ -78,6 +78,7 @@ from dashboard.queries.queue_service import (
 )
 from dashboard.queries.replicas import (  # noqa: F401 - gathered for the pages: data.<name>
     NO_REPLICA,
+    replica_labels,
     replica_names,
     replica_table,
 )

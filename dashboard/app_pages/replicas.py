@@ -4,7 +4,6 @@ TTFT and TPOT, queue time), the slowest first, so that the one out of line stand
 import streamlit as st
 
 from dashboard import charts, data, ui
-from dashboard.queries.replicas import column_labels
 
 ctx = ui.require()
 ui.header("Replicas", "gateway and infrastructure · engine scheduling",
@@ -41,7 +40,7 @@ ui.metric_row([
      "no replica has a failed request in the selection"),
 ])
 
-labels = column_labels()
+labels = data.replica_labels()
 st.dataframe(t.rename(columns=labels), hide_index=True, column_config={
     **{labels[c]: st.column_config.NumberColumn(format="%.3f") for c in t.columns if c.endswith("_ms")},
     labels["share"]: st.column_config.NumberColumn(format="percent"),

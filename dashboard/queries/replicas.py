@@ -12,7 +12,7 @@ from dashboard.queries.common import REQUEST_METRICS, Filters, _f, _qlist
 from dashboard.source import DataSource
 from semantics import catalog
 
-__all__ = ["NO_REPLICA", "REPLICA_METRICS", "REPLICA_QUANTILES", "column_labels", "replica_names", "replica_table"]
+__all__ = ["NO_REPLICA", "REPLICA_METRICS", "REPLICA_QUANTILES", "replica_labels", "replica_names", "replica_table"]
 
 # The request columns compared per replica, as the catalog names them (METRIC_PHASES: the outer
 # E2E and TTFT, TPOT, queue time) and labelled as every page labels them (REQUEST_METRICS).
@@ -87,7 +87,7 @@ def replica_table(src: DataSource, f: Filters) -> pd.DataFrame:
     return out.iloc[order].reset_index(drop=True)
 
 
-def column_labels() -> dict[str, str]:
+def replica_labels() -> dict[str, str]:
     """{replica_table column: the label a page shows} (metric labels of REQUEST_METRICS)."""
     labels = {"replica": "replica", "requests": "requests", "failed": "failed", "share": "share"}
     for key, col in REPLICA_METRICS.items():

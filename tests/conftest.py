@@ -11,12 +11,11 @@ import pytest
 
 from tailtrace.procs import free_port, stop_process
 
-# Every vLLM the tests start (the fixtures', `tailtrace serve`'s, the demo's, a chaos replica's)
-# runs eager: no torch.compile warm-up. Measured on the 2-core AVX2 box, vLLM 0.32: ready in 50 s
-# instead of 103 s, decode at batch 32 ~17% slower (694 vs 835 tok/s); on 0.31 each start also
-# skips ~32 s of inductor C++ builds. No test measures the compiled engine's speed; the plugin's
-# hooks sit in the scheduler and the engine loop, not in the model (docs/operations.md).
-os.environ.setdefault("TAILTRACE_VLLM_ARGS", "--enforce-eager")
+# vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
+# stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
+# slower at batch 32 and more at small batches, so the servers whose tests decode a lot stay
+# compiled (docs/operations.md, "Start-up"). `make compat` runs every server eager.
+EAGER = {"TAILTRACE_VLLM_ARGS": "--enforce-eager"}
 
 
 @dataclass

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tailtrace.procs import free_port, wait_http
-from tests.conftest import kill_marked, marked_env, marked_processes
+from tests.conftest import EAGER, kill_marked, marked_env, marked_processes
 
 _IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
 
@@ -94,20 +94,21 @@ def test_dashboard_stops_on_sigint_when_started_ignoring_it(tmp_path):
 
 @pytest.mark.slow
 def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_model_dir, tmp_path):
-    """Two `tailtrace serve` at once (one vLLM start's wait, not two): one started ignoring SIGINT
-    and sent SIGINT; the other, started as a service manager starts it, sent SIGTERM: it exits 0
-    within 90 s with its API server, EngineCore and worker gone."""
+    """Two `tailtrace serve` at once (one vLLM start's wait, not two), both vLLM eager (one by a
+    flag after `--`, one by TAILTRACE_VLLM_ARGS): one started ignoring SIGINT and sent SIGINT; the
+    other, started as a service manager starts it, sent SIGTERM: it exits 0 within 90 s with its
+    API server, EngineCore and worker gone."""
     port = free_port()
     cmd = _tailtrace("serve", "--model", str(tiny_model_dir), "--port", str(port),
                      "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--",
-                     "--served-model-name", "tiny", "--max-num-seqs", "8")
+                     "--served-model-name", "tiny", "--max-num-seqs", "8", "--enforce-eager")
     ignoring, mark, log = _start(cmd, tmp_path)
     term_port = free_port()
     term_log = open(tmp_path / "serve-sigterm.log", "wb")  # noqa: SIM115 - the child writes to it
     term = subprocess.Popen(
         [sys.executable, "-m", "tailtrace", "serve", "--model", str(tiny_model_dir), "--port", str(term_port),
          "--otlp-endpoint", f"http://127.0.0.1:{free_port()}"],
-        stdout=subprocess.PIPE, stderr=term_log, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1"),
+        stdout=subprocess.PIPE, stderr=term_log, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", **EAGER),
         start_new_session=True)
     try:
         url_line = f"http://127.0.0.1:{term_port}/v1"

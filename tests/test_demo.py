@@ -13,7 +13,7 @@ import uuid
 import duckdb
 import pytest
 
-from tests.conftest import demo_command, kill_marked, marked_env, marked_processes
+from tests.conftest import EAGER, demo_command, kill_marked, marked_env, marked_processes
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_demo_stops_everything_on_ctrl_c(tmp_path):
     # tests/loadgen/test_capacity_errors.py), ~40 s less on a 2-core box
     cmd = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *demo_command(tmp_path / "demo", 600, speed=2)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=marked_env(mark))
+                            env=dict(marked_env(mark), **EAGER))  # vLLM eager: it is only started and stopped
     seen = b""
     deadline = time.monotonic() + 900
     try:

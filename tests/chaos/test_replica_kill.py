@@ -18,6 +18,7 @@ import pytest
 
 from chaos.replica_kill import ENGINE_COLUMNS
 from chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
+from tests.conftest import EAGER
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,9 @@ pytestmark = pytest.mark.slow
 # (load average 20), past the suite's 900 s per test; on a quiet 2-core box the test takes ~3 min
 @pytest.mark.timeout(1800)
 def test_replica_kill_fails_in_flight_requests_and_reports_missing_engine_spans(vllm_server, vllm_collector,
-                                                                               tmp_path):
+                                                                               tmp_path, monkeypatch):
+    for k, v in EAGER.items():  # B eager: it is started twice and decodes little
+        monkeypatch.setenv(k, v)
     target = Target(gateway_url="http://unused", otlp_url=vllm_collector.otlp_url, api_url=vllm_collector.api_url,
                     out_dir=tmp_path / "chaos", vllm_url=vllm_server.url, model=vllm_server.model)
     res = run_experiment("replica-kill", target, ChaosOptions(duration_s=20, rate=3.0))

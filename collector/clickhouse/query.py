@@ -92,10 +92,12 @@ def _naive_utc(v):
 
 
 def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 10_000) -> dict:
-    """Run one query on `client` under guard_settings; returns {"columns", "types", "rows" (lists,
-    at most `max_rows`; times as naive UTC datetimes), "truncated"}. Raises `UserError` with ClickHouse's first line when the
-    server refuses or fails the query (a write, a table function, a timeout, bad SQL); where the
-    server's profile fixes a setting the query needs, the line says which and how to allow it."""
+    """Run one query on `client` under guard_settings (with a `MATERIALIZED` CTE: `enable_materialized_cte`
+    where this user may set it, the keyword dropped where the server has no such setting); returns
+    {"columns", "types", "rows" (lists, at most `max_rows`; times as naive UTC datetimes), "truncated"}.
+    Raises `UserError` with ClickHouse's first line when the server refuses or fails the query (a
+    write, a table function, a timeout, bad SQL); where the server's profile fixes a setting the query
+    needs, the line says which and how to allow it."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     asof = " ASOF " in sql.upper()

@@ -345,7 +345,7 @@ def detect_engine_queue(ctx: Context) -> list[Finding]:
                              f"PRECEDING AND CURRENT ROW) - 1 AS prev{w}" for w in wins)
     rates = ",\n       ".join(f"avg(prev{w}) FILTER (WHERE is_tail) / {w}, avg(prev{w}) FILTER (WHERE own) / {w}"
                               for w in wins)
-    sql = f"""WITH base AS (SELECT epoch_us(arrival_time) AS arrival_us, arrival_time, completion_time, ok,
+    sql = f"""WITH base AS MATERIALIZED (SELECT epoch_us(arrival_time) AS arrival_us, arrival_time, completion_time, ok,
        coalesce({ts.tail_where}, false) AS is_tail FROM requests WHERE {ctx.base_where}),
 a AS (SELECT arrival_us, arrival_us // {blk} AS blk, is_tail, true AS own FROM base
       UNION ALL SELECT arrival_us, arrival_us // {blk} + 1, false, false FROM base
@@ -410,7 +410,7 @@ def _saturation(ctx: Context):
         ctx.notes.append("no engine_steps in the window (the plugin's engine step spans are off): the saturated-batch "
                          "detector did not run")
         return None
-    sql = f"""WITH es AS (SELECT service_name, CAST(epoch(time) AS BIGINT) AS s, max(running) AS run, max(waiting) AS wait
+    sql = f"""WITH es AS MATERIALIZED (SELECT service_name, CAST(epoch(time) AS BIGINT) AS s, max(running) AS run, max(waiting) AS wait
             FROM engine_steps WHERE time >= CAST(? AS TIMESTAMP) - INTERVAL 1 HOUR AND time < CAST(? AS TIMESTAMP)
             GROUP BY ALL),
 cap AS (SELECT service_name, max(run) AS cap FROM es GROUP BY 1),
@@ -474,9 +474,9 @@ def detect_hol_long_prompt(ctx: Context) -> list[Finding]:
         return []
     rq, rp = ctx.ref.get("queue_ms", 0.0), ctx.ref.get("prefill_ms", 0.0)
     sql = f"""WITH pop AS (SELECT * FROM requests WHERE {ts.where}),
-lim AS (SELECT greatest({LONG_PROMPT_FACTOR} * quantile_cont(prompt_tokens, 0.5), quantile_cont(prompt_tokens, 0.9))
+lim AS MATERIALIZED (SELECT greatest({LONG_PROMPT_FACTOR} * quantile_cont(prompt_tokens, 0.5), quantile_cont(prompt_tokens, 0.9))
         AS long_tokens FROM pop),
-lp AS (SELECT trace_id, arrival_time + to_microseconds(CAST((outer_ttft_ms - prefill_ms) * 1000 AS BIGINT)) AS p0,
+lp AS MATERIALIZED (SELECT trace_id, arrival_time + to_microseconds(CAST((outer_ttft_ms - prefill_ms) * 1000 AS BIGINT)) AS p0,
               arrival_time + to_microseconds(CAST(outer_ttft_ms * 1000 AS BIGINT)) AS p1
        FROM requests, lim WHERE {ctx.base_where} AND prompt_tokens > long_tokens AND prefill_ms IS NOT NULL
          AND outer_ttft_ms IS NOT NULL),
@@ -485,8 +485,8 @@ t AS (SELECT *, arrival_time + to_microseconds(CAST(outer_ttft_ms * 1000 AS BIGI
 lpm AS (SELECT p0, max(p1) OVER (ORDER BY p0 RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS p1_max FROM lp),
 hit AS (SELECT t.trace_id, greatest(coalesce(t.queue_ms, 0) - ?, 0) + greatest(coalesce(t.prefill_ms, 0) - ?, 0)
         AS ex FROM t ASOF JOIN lpm ON t.t1 > lpm.p0 WHERE lpm.p1_max > t.arrival_time)
-SELECT (SELECT any_value(long_tokens) FROM lim), (SELECT count(*) FROM lp), (SELECT count(*) FROM hit),
-       (SELECT coalesce(sum(ex), 0) FROM hit)"""
+SELECT (SELECT any_value(long_tokens) FROM lim), (SELECT count(*) FROM lp), count(*), coalesce(sum(ex), 0)
+FROM hit"""
     params = [*ts.params, *ctx.base_params, ts.threshold_ms, rq, rp]
     row, ev = ctx.run("long prompts (tokens above the threshold) in the window, tail requests with normal prompts "
                       "that waited for their first token during a long prompt's prefill, and their queue + prefill "

@@ -123,14 +123,16 @@ def phase_split(query: Query, ts: TailSet) -> tuple[list[PhaseShare], dict[str, 
     {column: ref ms}, and the SQL and params that gave it."""
     phases = metric_phases(ts.metric)
     col = ts.column
-    band = ", ".join(f"avg({p.sql})" for p in phases)
-    tail_sums = ", ".join(f"sum({p.sql})" for p in phases)
+    # one pass over the population for the band's means and the tail's sums (a CTE read once more
+    # per reference: ClickHouse recomputes each reference, five scans of `requests` before)
+    in_band = f"FILTER (WHERE {col} BETWEEN lo AND hi)"
+    band = ", ".join(f"avg({p.sql}) {in_band}" for p in phases)
+    tail_sums = ", ".join(f"sum({p.sql}) FILTER (WHERE {col} > ?)" for p in phases)
     sql = f"""WITH pop AS (SELECT * FROM requests WHERE {ts.where}),
 q AS (SELECT quantile_cont({col}, 0.4) AS lo, quantile_cont({col}, 0.6) AS hi FROM pop)
-SELECT (SELECT avg({col}) FROM pop, q WHERE {col} BETWEEN lo AND hi),
-       (SELECT [{band}] FROM pop, q WHERE {col} BETWEEN lo AND hi),
-       (SELECT [{tail_sums}] FROM pop WHERE {col} > ?)"""
-    params = [*ts.params, ts.threshold_ms]
+SELECT avg({col}) {in_band}, [{band}], [{tail_sums}]
+FROM pop, q"""
+    params = [*ts.params, *[ts.threshold_ms] * len(phases)]
     band_m, band_c, tail_c = query(sql, params)[0]
     band_m = float(band_m or 0.0)
     ref = {p.column: (ts.median_ms * float(b or 0.0) / band_m if band_m else 0.0) for p, b in zip(phases, band_c)}

@@ -42,7 +42,8 @@ combinators: in chdb 4.4 an `argMaxIfOrNullState` over rows that all fail the co
 non-NULL arguments merges to 0, not NULL.
 
 Anything else passes through unchanged (ClickHouse also reads `GROUP BY ALL`, CTEs, CASE,
-`date_trunc('minute', t)`, window functions, `INTERVAL 10 MINUTE`). Pure string work: no ClickHouse.
+`date_trunc('minute', t)`, window functions, `INTERVAL 10 MINUTE`, and `WITH x AS MATERIALIZED (...)`, which
+a read computes once where the server can: collector/clickhouse/query.py). Pure string work: no ClickHouse.
 """
 
 from __future__ import annotations

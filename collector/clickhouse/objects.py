@@ -401,9 +401,12 @@ FROM ({to_clickhouse(requests_sql("_agg_arrived", samples))})
 
 
 def _requests_view() -> str:
-    exprs = {c: c for c in REQUESTS.names}
+    # _requests_kept's columns have the types of `requests` but for the sorting key (not Nullable): no
+    # other cast, as one on a column read through FINAL costs every read (~4 ms of a 15 ms query)
+    cols = ",\n    ".join(f"CAST({c.name} AS {ch_type(c.type)}) AS {c.name}" if c.name in _KEPT_NOT_NULL else c.name
+                           for c in REQUESTS.columns)
     return f"""CREATE OR REPLACE VIEW requests AS
-SELECT {_cols(REQUESTS, exprs)}
+SELECT {cols}
 FROM _requests_kept FINAL"""
 
 

@@ -12,25 +12,36 @@ client, which of its settings this user may change (`system.settings`, whose `re
 where the current user may not) and sends only those; the others stand as the server's profile has
 them, which then is the guard (deploy/fleet/clickhouse makes all of them changeable). A row cap fixed
 by the server with `result_overflow_mode=break` still reports `truncated` when it was reached.
+
+One setting is not a guard but part of the dialect: `WITH x AS MATERIALIZED (...)` (the store SQL
+marks CTEs read several times so, as DuckDB computes them once) is computed once by ClickHouse only
+with `enable_materialized_cte` (26.3+, experimental). The read sends it where the server has it and
+this user may change it; where the server does not know the keyword (older releases), the read drops
+it, and the CTE is recomputed at each reference: the same rows, slower.
 """
 
 from __future__ import annotations
 
+import re
+
 from tailtrace.errors import UserError
 
-__all__ = ["GUARD_SETTINGS", "guard_settings", "open_query", "run_readonly", "server_settings"]
+__all__ = ["DIALECT_SETTINGS", "GUARD_SETTINGS", "guard_settings", "open_query", "run_readonly", "server_settings"]
 
 # the settings a guarded read sets, when this user may change them
 GUARD_SETTINGS = ("max_execution_time", "max_result_rows", "result_overflow_mode", "join_algorithm", "readonly")
+# the settings that give a DuckDB construct its meaning (module docstring), when the server has them
+DIALECT_SETTINGS = ("enable_materialized_cte",)
+_MATERIALIZED = re.compile(r"\bAS\s+MATERIALIZED\s*\(", re.IGNORECASE)
 
 
 def server_settings(client) -> dict[str, tuple[str, bool]]:
-    """{setting: (its value for this session, whether this user may change it)} for GUARD_SETTINGS,
-    from the server's `system.settings` (read once per client, then kept on it). Raises
-    clickhouse-connect's errors as the query does."""
+    """{setting: (its value for this session, whether this user may change it)} for GUARD_SETTINGS
+    and those DIALECT_SETTINGS the server has, from the server's `system.settings` (read once per
+    client, then kept on it). Raises clickhouse-connect's errors as the query does."""
     cached = getattr(client, "_tailtrace_guard", None)
     if cached is None:
-        names = ", ".join(f"'{n}'" for n in GUARD_SETTINGS)
+        names = ", ".join(f"'{n}'" for n in (*GUARD_SETTINGS, *DIALECT_SETTINGS))
         rows = client.query(f"SELECT name, value, readonly FROM system.settings WHERE name IN ({names})").result_rows
         cached = {name: (str(value), not int(ro)) for name, value, ro in rows}
         try:
@@ -40,17 +51,20 @@ def server_settings(client) -> dict[str, tuple[str, bool]]:
     return cached
 
 
-def guard_settings(timeout_s: float, max_rows: int, *, asof: bool = False,
+def guard_settings(timeout_s: float, max_rows: int, *, asof: bool = False, materialized: bool = False,
                    server: dict[str, tuple[str, bool]] | None = None) -> dict:
     """The ClickHouse settings of one guarded read (readonly last). `asof`: the query has an ASOF
     JOIN, which ClickHouse's default hash join cannot run without an equality (explain's long-prompt
-    detector has none); the sort-merge join can. `server` (from `server_settings`): the settings
-    this user may not change are left out (the server's own values stand), and so is `readonly`
-    where the session is read-only already; None: every one is sent."""
+    detector has none); the sort-merge join can. `materialized`: the query has a `MATERIALIZED`
+    CTE (`enable_materialized_cte`, sent only where `server` lists it). `server` (from
+    `server_settings`): the settings this user may not change are left out (the server's own values
+    stand), and so is `readonly` where the session is read-only already; None: every one is sent."""
     s = {"max_execution_time": max(1, round(timeout_s)), "max_result_rows": max_rows + 1,
          "result_overflow_mode": "break"}
     if asof:
         s["join_algorithm"] = "full_sorting_merge,hash"
+    if materialized and (server is None or "enable_materialized_cte" in server):
+        s["enable_materialized_cte"] = 1
     s["readonly"] = 1
     if server is not None:
         s = {k: v for k, v in s.items() if server.get(k, ("", True))[1]}
@@ -78,10 +92,12 @@ def _naive_utc(v):
 
 
 def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 10_000) -> dict:
-    """Run one query on `client` under guard_settings; returns {"columns", "types", "rows" (lists,
-    at most `max_rows`; times as naive UTC datetimes), "truncated"}. Raises `UserError` with ClickHouse's first line when the
-    server refuses or fails the query (a write, a table function, a timeout, bad SQL); where the
-    server's profile fixes a setting the query needs, the line says which and how to allow it."""
+    """Run one query on `client` under guard_settings (with a `MATERIALIZED` CTE: `enable_materialized_cte`
+    where this user may set it, the keyword dropped where the server has no such setting); returns
+    {"columns", "types", "rows" (lists, at most `max_rows`; times as naive UTC datetimes), "truncated"}.
+    Raises `UserError` with ClickHouse's first line when the server refuses or fails the query (a
+    write, a table function, a timeout, bad SQL); where the server's profile fixes a setting the query
+    needs, the line says which and how to allow it."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     asof = " ASOF " in sql.upper()
@@ -89,7 +105,10 @@ def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 1
         server = server_settings(client)
     except ClickHouseError as exc:
         raise UserError(_first_line(exc)) from None
-    settings = guard_settings(timeout_s, max_rows, asof=asof, server=server)
+    materialized = bool(_MATERIALIZED.search(sql))
+    if materialized and "enable_materialized_cte" not in server:   # a release without the keyword
+        sql = _MATERIALIZED.sub("AS (", sql)
+    settings = guard_settings(timeout_s, max_rows, asof=asof, materialized=materialized, server=server)
     try:
         res = client.query(sql, settings=settings)
     except ClickHouseError as exc:

@@ -59,3 +59,33 @@ def test_a_fixed_join_algorithm_is_named_when_an_asof_join_needs_it(client):
     with pytest.raises(UserError, match="may not change .*join_algorithm.*changeable_in_readonly") as err:
         run_readonly(client, sql)
     assert "\n" not in str(err.value)
+
+
+
+# a random draw in a CTE read twice: one distinct value when the CTE is computed once (as DuckDB computes
+# a CTE read several times), two when ClickHouse recomputes it at each reference (without MATERIALIZED,
+# or without enable_materialized_cte). A UNION, not two scalar subqueries: ClickHouse computes equal
+# scalar subqueries once either way.
+_DRAWS = ("WITH r AS MATERIALIZED (SELECT rand64() AS x) "
+          "SELECT count() FROM (SELECT x FROM r UNION DISTINCT SELECT x FROM r)")
+
+
+def test_a_materialized_cte_is_computed_once(client):
+    assert run_readonly(client, _DRAWS)["rows"] == [[1]]
+    assert run_readonly(client, _DRAWS.replace(" MATERIALIZED", ""))["rows"] == [[2]]   # two draws (equal once in 2**64)
+
+
+def test_a_server_without_materialized_ctes_reads_the_cte_inlined(client):
+    # a release before enable_materialized_cte (ClickHouse 26.3) does not parse the keyword: the read drops it
+    server = server_settings(client)
+    assert "enable_materialized_cte" in server and server["enable_materialized_cte"][1], server
+    client._tailtrace_guard = {k: v for k, v in server.items() if k != "enable_materialized_cte"}
+    assert "enable_materialized_cte" not in guard_settings(5, 10, materialized=True, server=client._tailtrace_guard)
+    assert run_readonly(client, _DRAWS)["rows"] == [[2]]
+
+
+def test_a_read_only_user_that_may_not_ask_for_materialized_ctes_still_reads(client):
+    client.command("SET readonly = 1")
+    server = server_settings(client)
+    assert not server["enable_materialized_cte"][1], server
+    assert run_readonly(client, _DRAWS)["rows"] == [[2]]   # the keyword ignored by the server, no error

@@ -98,7 +98,6 @@ class Capacity:
 
     def text(self) -> str:
         """One line for a report: the capacity and where it comes from."""
-        pre = ""
         if self.prefill_tok_s:
             pre = f", prefill {self.prefill_tok_s:,.0f} tok/s"
             pre += " (one request's TTFT)" if self.prefill_from == "one request" else ""

@@ -82,7 +82,7 @@ def _preflight(cfg: DemoConfig) -> None:
 
 
 def run_demo(cfg: DemoConfig, console=None) -> dict:
-    """Run the demo; return {"db": path, "run_id": ..., "requests": n, "replay": ReplayResult}.
+    """Run the demo; return {"db": path, "run_id": ..., "requests": rows of the run in the store, "replay": ReplayResult}.
 
     Raises `UserError` for a port in use, vLLM missing, too little memory, or a part that does
     not start (its log is named)."""
@@ -99,12 +99,13 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         speed = cfg.speed if capacity is None else _speed_for_rate(cfg, rate)
         replay_us = time.time_ns() // 1000  # the engine's steps from here on are the replay's
         result = _replay(cfg, stack.gateway_url, stack.otlp_url, out, console, speed, rate)
-        n = _wait_for_store(stack.api_url, result["run_id"], len(result["requests"]))
+        # the engine's spans of every request the client saw complete (a failed one may have none)
+        _wait_for_store(stack.api_url, result["run_id"], len(result["requests"]) - result["summary"]["failed"])
         report = _report(stack.api_url, result["run_id"], replay_us if capacity is not None else None)
         report["capacity"] = None if capacity is None else capacity.to_dict()
         if capacity is not None:
             console.print(f"\n{capacity.text()}; offered {rate:.2f} req/s mean (--load {cfg.load:g})", soft_wrap=True)
-        _print_report(console, report, cfg, result, n)
+        _print_report(console, report, cfg, result)
         _print_diagnosis(console, stack.api_url, result["run_id"], db)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
@@ -117,7 +118,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         stack.stop()
     if cfg.dashboard:
         _serve_dashboard(cfg, db, console)
-    return {"db": db, "run_id": result["run_id"], "requests": n, "replay": result, "report": report}
+    return {"db": db, "run_id": result["run_id"], "requests": report["complete"][0], "replay": result, "report": report}
 
 
 def _trace_means(cfg: DemoConfig) -> tuple[float, float]:
@@ -228,13 +229,13 @@ def _fmt(v) -> str:
     return format_ms(v)
 
 
-def _print_report(console, report: dict, cfg: DemoConfig, result, n: int) -> None:
+def _print_report(console, report: dict, cfg: DemoConfig, result) -> None:
     from rich.table import Table
 
-    total, complete, attributed, ok = report["complete"]
+    total, complete, attributed, ok = report["complete"]  # the run's rows of `requests`, as one query read them
     console.print()
     console.print(f"[bold]{len(result['requests'])} requests[/] sent ({result['summary']['failed']} failed as the "
-                  f"client saw them), {n} in the store ({ok} ok); {complete}/{total} with every layer measured, "
+                  f"client saw them), {total} in the store ({ok} ok); {complete}/{total} with every layer measured, "
                   f"{attributed}/{total} with |unattributed| < 5 ms", soft_wrap=True)
     lag = (result["summary"].get("schedule_lag_ms") or {}).get("p99")
     if lag is not None and lag > LAG_WARN_MS:

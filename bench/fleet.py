@@ -2,7 +2,8 @@
 in-process) beside DuckDB, on the same spans, in one run.
 
     nice -n 19 .venv/bin/python bench/fleet.py                          # 20,000 requests (~5-9 min on 2 cores)
-    nice -n 19 .venv/bin/python bench/fleet.py --requests 1000000 --tokens 400   # the issue's 1M / ~200M steps
+    nice -n 19 .venv/bin/python bench/fleet.py --requests 2000 --tokens 400 --tile 500 --dir /big/fleet
+                                                          # the issue's 1M / ~200M steps, tiled (below)
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
     nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
 
@@ -16,6 +17,13 @@ encodes it (collector/clickhouse/exporter_encoding.py), into `otel_traces` of a 
 per-trace states (`_trace_state`) in one insert; then its `requests` rows are refreshed into the kept
 table (`_requests_kept`, which `requests` reads), and refreshed again past the refresh margin, so that
 no background refresh recomputes them while the pages are timed.
+
+With --tile K > 1 (the issue's scale: the span path above cannot build a million requests in reasonable
+time on 2 cores), the parts go through the DuckDB path only; the DuckDB store is then tiled K times in
+DuckDB SQL (bench/tile.py: each copy with new trace and request ids and its times whole minutes earlier,
+the time-less totals recounted with the store's own rebuild statements) and moved into a fresh chdb store
+by `tailtrace clickhouse init` (its TTL past the oldest copy) and `tailtrace clickhouse load`, each stage
+timed; the requests are refreshed past the refresh margin as above. Both engines then hold the same rows.
 
 Then, on each engine in turn (chdb allows one process per data directory, so never both open):
 - every dashboard page's queries (dashboard/data.py PAGE_QUERIES, the functions the pages run, through
@@ -34,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import math
 import os
 import shutil
 import statistics
@@ -55,10 +64,10 @@ def _load() -> str:
         return "n/a"
 
 
-def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
-    """Fill `directory`/t.duckdb and the chdb store `directory`/ch with the same `n_requests` full
-    traces (and, in the first part, one of each special shape). Returns {"duckdb": path, "chdb":
-    URL, "spans": n, "seconds": {...}}."""
+def build(directory: Path, n_requests: int, part: int, tokens: int, *, chdb: bool = True) -> dict:
+    """Fill `directory`/t.duckdb and (with `chdb`) the chdb store `directory`/ch with the same
+    `n_requests` full traces (and, in the first part, one of each special shape). Returns {"duckdb":
+    path, "chdb": URL or None, "spans": n, "seconds": {...}}."""
     from collector.clickhouse.exporter_encoding import encode_traces
     from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
     from collector.processor.enrich import traces_to_batch
@@ -68,9 +77,9 @@ def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
 
     now = time.time_ns()
     duck_path = directory / "t.duckdb"
-    store, client = new_chdb_store(directory / "ch")
+    store, client = new_chdb_store(directory / "ch") if chdb else (None, None)
     duck = DuckDBStore(duck_path).start()
-    secs = {"build spans": 0.0, "DuckDB writer": 0.0, "encode": 0.0, "chdb insert": 0.0}
+    secs = {"build spans": 0.0, "DuckDB writer": 0.0, **({"encode": 0.0, "chdb insert": 0.0} if chdb else {})}
     n_spans, done, k = 0, 0, 0
     try:
         while done < n_requests:
@@ -82,28 +91,80 @@ def build(directory: Path, n_requests: int, part: int, tokens: int) -> dict:
             t = time.perf_counter()
             duck.submit(traces_to_batch(req)).result(600)
             secs["DuckDB writer"] += time.perf_counter() - t
-            t = time.perf_counter()
-            rows = encode_traces(req)
-            secs["encode"] += time.perf_counter() - t
-            t = time.perf_counter()
-            client.insert("otel_traces", rows, column_names=_columns())
-            secs["chdb insert"] += time.perf_counter() - t
-            n_spans += len(rows)
+            n_spans += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+            if chdb:
+                t = time.perf_counter()
+                rows = encode_traces(req)
+                secs["encode"] += time.perf_counter() - t
+                t = time.perf_counter()
+                client.insert("otel_traces", rows, column_names=_columns())
+                secs["chdb insert"] += time.perf_counter() - t
             done += n
             k += 1
         t = time.perf_counter()
         assert duck.refresh(3600), "the DuckDB writer did not refresh requests in an hour"
+        duck.stop()
         secs["DuckDB writer"] += time.perf_counter() - t
-        t = time.perf_counter()
-        insert_spans(client, [])   # clock_offsets and requests refreshed (their refreshable views), as after an insert
-        secs["chdb insert"] += time.perf_counter() - t
-        # past the refresh margin, so that no background refresh recomputes these traces while pages are timed
-        time.sleep(REFRESH_MARGIN_S + 1)
-        refresh_requests(client)
+        if chdb:
+            t = time.perf_counter()
+            insert_spans(client, [])   # clock_offsets and requests refreshed (their refreshable views), as after an insert
+            secs["chdb insert"] += time.perf_counter() - t
+            _settle(client, REFRESH_MARGIN_S, refresh_requests)
     finally:
         duck.stop()
+        if client is not None:
+            client.close()
+    return {"duckdb": duck_path, "chdb": store.text if chdb else None, "spans": n_spans, "seconds": secs}
+
+
+def _settle(client, margin_s: float, refresh_requests) -> None:
+    """Past the refresh margin, refresh `requests` once more, so that no background refresh recomputes
+    the traces just inserted while the pages are timed."""
+    time.sleep(margin_s + 1)
+    refresh_requests(client)
+
+
+def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
+    """The DuckDB store at `duck_path` tiled `k` times in place (bench/tile.py), then moved into a fresh
+    chdb store `directory`/ch with `tailtrace clickhouse init` and `tailtrace clickhouse load` (the CLI,
+    as a user runs it), its TTL long enough for the oldest copy. Returns {"chdb": URL, "tiled":
+    tile_store's result, "ttl hours": h, "seconds": {stage: s}}."""
+    from bench.tile import tile_store
+    from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.cli import main as cli
+
+    secs = {}
+    t = time.perf_counter()
+    tiled = tile_store(duck_path, k)
+    secs["tile in DuckDB"] = time.perf_counter() - t
+    # ClickHouse drops rows past the TTL at insert: the default (72 h) unless the oldest copy is older
+    age_h = (time.time() / 60 - tiled["oldest minute"]) / 60
+    ttl = 72 if age_h < 71 else 24 * math.ceil(age_h / 24 + 1)
+    if ttl != 72:
+        print(f"note: the oldest copy is {age_h:.0f} h old, past the default TTL (72 h): init --ttl-hours {ttl}")
+    url = f"chdb://{directory / 'ch'}"
+    t = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        if cli(["clickhouse", "init", "--url", url, "--ttl-hours", str(ttl)]) != 0:
+            raise RuntimeError(f"tailtrace clickhouse init --url {url} failed")
+    secs["clickhouse init"] = time.perf_counter() - t
+    t = time.perf_counter()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli(["clickhouse", "load", "--url", url, "--from", str(duck_path)])
+    if rc != 0:
+        raise RuntimeError(f"tailtrace clickhouse load --url {url} --from {duck_path} exited {rc}")
+    secs["clickhouse load"] = time.perf_counter() - t
+    print("  " + out.getvalue().strip().replace("\n", "\n  "))
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        t = time.perf_counter()
+        _settle(client, REFRESH_MARGIN_S, refresh_requests)
+        secs["settle refresh"] = time.perf_counter() - t
+    finally:
         client.close()
-    return {"duckdb": duck_path, "chdb": store.text, "spans": n_spans, "seconds": secs}
+    return {"chdb": url, "tiled": tiled, "ttl hours": ttl, "seconds": secs}
 
 
 def _columns() -> list[str]:
@@ -250,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=20_000, help="full traces in the store (default 20,000)")
     p.add_argument("--tokens", type=int, default=30,
                    help="most output tokens per request (uniform from 2; ~tokens/2 decode steps each; default 30)")
+    p.add_argument("--tile", type=int, default=1,
+                   help="K > 1: build --requests traces into DuckDB only, tile them K times in DuckDB (bench/tile.py), "
+                        "then `clickhouse load` the result into chdb (default 1: both built from the spans)")
     p.add_argument("--part", type=int, default=2_000, help="requests per insert (default 2,000)")
     p.add_argument("--repeats", type=int, default=2, help="warm repeats per query (default 2)")
     p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
@@ -257,17 +321,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replica", default=None,
                    help="also time every page with the Replica filter set to this replica (vllm-0, vllm-1 or vllm-2)")
     args = p.parse_args(argv)
-    if args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0:
-        p.error("--requests and --part must be >= 1, --tokens >= 2, --repeats >= 0")
+    if args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0 or args.tile < 1:
+        p.error("--requests, --part and --tile must be >= 1, --tokens >= 2, --repeats >= 0")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tailtrace-fleet-"))
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "t.duckdb").exists() or (directory / "ch").exists():
         p.error(f"{directory} already holds a store: give an empty --dir")
     try:
         t0 = time.perf_counter()
-        built = build(directory, args.requests, args.part, args.tokens)
+        built = build(directory, args.requests, args.part, args.tokens, chdb=args.tile == 1)
         print(f"built {args.requests:,} requests, {built['spans']:,} spans in {time.perf_counter() - t0:.0f} s ("
               + ", ".join(f"{k} {v:.0f} s" for k, v in built["seconds"].items()) + f"); load {_load()}")
+        if args.tile > 1:
+            t0 = time.perf_counter()
+            tiled = tile_and_load(directory, built["duckdb"], args.tile)
+            built["chdb"] = tiled["chdb"]
+            print(f"tiled {args.tile} times (copies {tiled['tiled']['window_minutes']} min apart) and loaded into chdb "
+                  f"in {time.perf_counter() - t0:.0f} s (" + ", ".join(
+                      f"{k} {v:.0f} s" for k, v in {**tiled["seconds"], **{f"tile: {k}": v for k, v in
+                                                                            tiled["tiled"]["seconds"].items()}}.items())
+                  + f"); load {_load()}")
         import duckdb
 
         con = duckdb.connect(str(built["duckdb"]), read_only=True)

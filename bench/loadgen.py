@@ -36,18 +36,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loadgen.pacing import PacedSpanExporter, SchedulePace
 from loadgen.replay import ReplayConfig, run_replay
 from tailtrace.procs import free_port, start_process, stop_process, wait_http
 
 GOAL_P99_MS = 2.0
 BURST_REQUESTS, BURST_WINDOW_MS = 50, 100.0
 GOAL_AGREE_P99_MS = 1.0
+PACE = SchedulePace()  # the runs are one after another: one pace for the bench's span exporter
 
 
-def _encoding_provider():
+def _encoding_provider(paced: bool = True):
     """A TracerProvider whose BatchSpanProcessor encodes each batch to OTLP protobuf, as the real
     exporter does (instrument.otlp_export; the SDK's encoder with TAILTRACE_DIRECT_EXPORT=0), and
-    sends it nowhere: the span cost in the client process without a network."""
+    sends it nowhere: the span cost in the client process without a network. `paced`: through
+    loadgen.pacing.PacedSpanExporter following PACE, as the replay's own provider (False: as the
+    SDK's processor alone exports)."""
     if os.environ.get("TAILTRACE_DIRECT_EXPORT", "1") == "0":
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     else:
@@ -61,13 +65,14 @@ def _encoding_provider():
             return SpanExportResult.SUCCESS
 
     prov = TracerProvider()
-    prov.add_span_processor(BatchSpanProcessor(_Null(), max_queue_size=65536, max_export_batch_size=512))
+    exporter = PacedSpanExporter(_Null(), PACE) if paced else _Null()
+    prov.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=65536, max_export_batch_size=512))
     return prov
 
 
 def run(url: str, trace: str, rate: float, duration: float, spin_s: float, provider=None, **extra) -> dict:
     res = run_replay(ReplayConfig(trace=trace, target=url, arrival="poisson", rate=rate, duration_s=duration,
-                                  spans=provider is not None, tracer_provider=provider, seed=1, spin_s=spin_s,
+                                  spans=provider is not None, tracer_provider=provider, span_pace=PACE, seed=1, spin_s=spin_s,
                                   slo=None, timeout_s=30, start_delay_s=0.2, **extra))
     s = res.summary
     return {"rate": rate, "requests": s.requests, "failed": s.failed, "lag_p50": s.schedule_lag_ms["p50"],
@@ -118,30 +123,39 @@ TRACE_WINDOW = {"trace": "mooncake-conv", "jitter": "none", "start_s": 3442.0, "
 
 def trace_window(tmp: Path, provider) -> None:
     """`tailtrace replay mooncake-conv --jitter none --start 3442 --duration 20` (TRACE_WINDOW) at
-    real time against the independent receiver, with the default load generator and with +slice:
-    prints lag P50/P99/max and the receiver agreement. No goal is asserted (the goal is the
-    synthetic burst's); it shows what a real bursty window gives."""
+    real time against the independent receiver: the default load generator, with +slice, and
+    with its client spans exported unpaced (as the SDK's BatchSpanProcessor alone does, not in the
+    schedule's gaps: loadgen.pacing), one after another; prints lag P50/P99/max and the receiver
+    agreement, and the P99 ratio to the default. No goal is asserted (the goal is the synthetic
+    burst's); it shows what a real bursty window gives."""
     port = free_port()
     proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port)],
                          log_path=tmp / "receiver-trace.log")
     url = f"http://127.0.0.1:{port}"
+    unpaced = _encoding_provider(paced=False)
     try:
         wait_http(f"{url}/v1/models", 30, proc, "receiver")
         print(f"real trace: {TRACE_WINDOW['trace']} --jitter none --start {TRACE_WINDOW['start_s']:g} --duration "
               f"{TRACE_WINDOW['duration_s']:g} (its largest burst: 28 requests at one instant), real time, "
-              "against the independent receiver")
-        for label, extra in BURST_VARIANTS[:2]:
-            m = _measure(url, ReplayConfig(target=url, tracer_provider=provider, slo=None, timeout_s=30,
+              "against the independent receiver; lag of the requests with a kernel transmit stamp")
+        base = None
+        for label, prov, extra in (("default", provider, {}), ("+slice", provider, BURST_VARIANTS[1][1]),
+                                   ("unpaced", unpaced, {})):
+            m = _measure(url, ReplayConfig(target=url, tracer_provider=prov, span_pace=PACE, slo=None, timeout_s=30,
                                            start_delay_s=0.2, **TRACE_WINDOW, **extra))
             if m is None:
                 continue
             lag, d, order_ok, recs = m
-            print(f"  {label:>9}: {len(recs)} requests, lag P50 {_p(lag, .5):6.3f} P99 {_p(lag, .99):6.3f} "
-                  f"max {max(lag):6.3f} ms | receiver - written P99|.| {_p([abs(x) for x in d], .99):6.3f} ms | "
-                  f"order = id match {order_ok}/{len(recs)} | load {os.getloadavg()[0]:.2f}")
+            stamped = [x for x in lag if x is not None]
+            p99 = _p(stamped, .99)
+            base = p99 if base is None else base
+            print(f"  {label:>9}: {len(recs)} requests ({len(recs) - len(stamped)} unstamped), lag P50 "
+                  f"{_p(stamped, .5):6.3f} P99 {p99:7.3f} max {max(stamped):7.3f} ms | receiver - written P99|.| "
+                  f"{_p([abs(x) for x in d if abs(x) < 1e6], .99):6.3f} ms | order = id match {order_ok}/{len(recs)} | "
+                  f"P99 / default {p99 / max(base, 1e-6):5.2f} | load {os.getloadavg()[0]:.2f}")
     finally:
         stop_process(proc)
-
+        unpaced.shutdown()
 
 def burst(reps: int, tmp: Path, provider) -> bool:
     """The burst case: `reps` draws of BURST_REQUESTS requests within BURST_WINDOW_MS against the
@@ -172,7 +186,7 @@ def burst(reps: int, tmp: Path, provider) -> bool:
                              + "".join(f"{t:.3f},128,8\n" for t in offsets))
             for label, extra in BURST_VARIANTS:
                 m = _measure(url, ReplayConfig(trace=str(trace), target=url, jitter="none", tracer_provider=provider,
-                                               slo=None, timeout_s=30, start_delay_s=0.2, **extra))
+                                               span_pace=PACE, slo=None, timeout_s=30, start_delay_s=0.2, **extra))
                 if m is None:
                     print(f"  run {rep} {label}: cannot match")
                     return False

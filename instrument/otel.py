@@ -46,6 +46,7 @@ def make_tracer_provider(
     max_export_batch_size: int = 512,
     schedule_delay_ms: int = 500,
     extra_resource: dict | None = None,
+    wrap_exporter=None,
 ) -> TracerProvider:
     """A TracerProvider exporting to `{endpoint}/v1/traces` over OTLP/HTTP (protobuf).
 
@@ -55,6 +56,8 @@ def make_tracer_provider(
     `schedule_delay_ms`); a full queue (`max_queue_size` spans) drops new spans. The exporter is
     `instrument.otlp_export.DirectOTLPSpanExporter` (same bytes on the wire as the SDK's
     OTLPSpanExporter, about a third of its CPU); TAILTRACE_DIRECT_EXPORT=0 selects the SDK's.
+    `wrap_exporter`: exporter -> exporter, put between the processor and it (the load generator's
+    `loadgen.pacing.PacedSpanExporter`).
     """
     attrs = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or service_name}
     attrs.update(extra_resource or {})
@@ -70,6 +73,8 @@ def make_tracer_provider(
         from instrument.otlp_export import DirectOTLPSpanExporter
 
         exporter = DirectOTLPSpanExporter(url, timeout_s=10)
+    if wrap_exporter is not None:
+        exporter = wrap_exporter(exporter)
     provider.add_span_processor(
         BatchSpanProcessor(
             exporter,

@@ -74,6 +74,9 @@ class ReplayConfig:
     concurrency_cap: at most N outstanding (the wait is reported as client queue time).
     otlp_endpoint: collector base URL (default `instrument.otel.otlp_endpoint()`); spans=False
     sends traceparent but exports nothing; tracer_provider: use this provider (tests, demo).
+    span_pace: the `loadgen.pacing.SchedulePace` of `tracer_provider`'s PacedSpanExporter, when it
+    has one (the provider the replay makes for itself always has: spans are encoded only in the
+    schedule's gaps).
     slo: per-request SLO for goodput and the SLO check ("ttft_p99=2s,tpot_p99=100ms").
     precise_timer: the writes are woken by a kernel timer (timerfd, Linux) and issued from its
     callback (default); False, or where there is none: by the scheduler task, which sleeps on
@@ -109,6 +112,7 @@ class ReplayConfig:
     otlp_endpoint: str | None = None
     spans: bool = True
     tracer_provider: object | None = None
+    span_pace: object | None = None
     slo: str | list[Slo] | None = DEFAULT_SLO
     priority: str = "interactive"
     run_id: str | None = None
@@ -239,11 +243,15 @@ def _collector_reachable(endpoint: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _make_tracing(config: ReplayConfig, warn) -> tuple[object, bool, bool]:
-    """(tracer_provider, exported, owned). Without a reachable collector the provider has no
-    exporter: spans still get ids, so `traceparent` joins the server's spans to one trace."""
+def _make_tracing(config: ReplayConfig, warn) -> tuple[object, bool, bool, object]:
+    """(tracer_provider, exported, owned, pace: the SchedulePace its exporter follows). Without a
+    reachable collector the provider has no exporter: spans still get ids, so `traceparent` joins
+    the server's spans to one trace."""
+    from loadgen.pacing import PacedSpanExporter, SchedulePace
+
+    pace = SchedulePace()
     if config.tracer_provider is not None:
-        return config.tracer_provider, True, False
+        return config.tracer_provider, True, False, config.span_pace or pace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -252,9 +260,10 @@ def _make_tracing(config: ReplayConfig, warn) -> tuple[object, bool, bool]:
     if config.spans:
         endpoint = otlp_endpoint(config.otlp_endpoint)
         if _collector_reachable(endpoint):
-            return make_tracer_provider("tailtrace-loadgen", endpoint), True, True
+            return make_tracer_provider("tailtrace-loadgen", endpoint,
+                                        wrap_exporter=lambda e: PacedSpanExporter(e, pace)), True, True, pace
         warn(f"no OTLP collector at {endpoint}; client spans are dropped (the summary is unaffected)")
-    return TracerProvider(resource=Resource.create({"service.name": "tailtrace-loadgen"})), False, True
+    return TracerProvider(resource=Resource.create({"service.name": "tailtrace-loadgen"})), False, True, pace
 
 
 @dataclass(slots=True)
@@ -341,8 +350,8 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
         warned.append(msg)
         print(f"tailtrace: warning: {msg}", file=sys.stderr)
 
-    provider, exported, owned = _make_tracing(config, warn)
-    runner = _Runner(config, target, run_id, model, builder, plan, shapes, provider)
+    provider, exported, owned, pace = _make_tracing(config, warn)
+    runner = _Runner(config, target, run_id, model, builder, plan, shapes, provider, pace)
     # The span exporter's thread (protobuf encoding) holds the GIL for up to the switch interval
     # (5 ms by default) each time it runs, which the scheduler would see as lag. A 0.5 ms
     # interval cut P99 lag at 300 req/s with spans from ~56 to ~19 ms (see docs/loadgen.md).
@@ -588,13 +597,14 @@ class _Runner:
     # HARD_SPIN_S before a write is a spin that does not yield to the loop
     GUARD_S, URGENT_S, HARD_SPIN_S = 0.0005, 0.002, 0.0001
 
-    def __init__(self, config, target, run_id, model, builder, plan, shapes, provider):
+    def __init__(self, config, target, run_id, model, builder, plan, shapes, provider, pace):
         from loadgen.clock import WallClock
 
         self.config, self.url, self.run_id, self.model = config, target + config.path, run_id, model
         self.models_url = target + "/v1/models"
         self.builder, self.plan, self.shapes = builder, plan, shapes
         self.tracer = provider.get_tracer("tailtrace.loadgen")
+        self.pace = pace  # told the next write's time on every pass (loadgen.pacing)
         self.ids = _reserved_ids(self.tracer)
         self.flags = "03" if self.ids.is_trace_id_random() else "01"  # sampled (+ random trace id)
         self.clock = WallClock()
@@ -650,6 +660,7 @@ class _Runner:
         interrupted = False
         perf = time.perf_counter
         lead, spin, guard = max(cfg.prepare_s, 0.0), cfg.spin_s, self.GUARD_S
+        pace = self.pace
         todo = collections.deque(zip(self.plan, self.shapes))
         built: collections.deque = collections.deque()   # (planned, shape, body), built ahead
         built_bytes = 0
@@ -743,6 +754,8 @@ class _Runner:
                     room = t_fire - guard  # other work may start before this, none after
                     nxt = built[0][0] if built else todo[0][0] if todo else None
                     t_prep = start_perf + nxt.offset_s - lead if nxt is not None else math.inf
+                    # the span exporter's thread encodes only in gaps before this (loadgen.pacing)
+                    pace.next_write(min(t_fire, t_prep + lead))
                     if now >= t_prep and (now < room or t_prep + lead - now < self.URGENT_S):
                         # prepare the next request: its task runs up to the parked body write
                         if built:
@@ -794,6 +807,7 @@ class _Runner:
                     else:
                         await sleep_until(t_prep, 0.0)
                 self.sending = False
+                pace.idle()
                 while finished:
                     self._finish_span(*finished.popleft())
                 while tasks:
@@ -808,6 +822,7 @@ class _Runner:
                 if t is not None:
                     t.uncancel()
             finally:
+                pace.idle()
                 if timer is not None:
                     loop.remove_reader(timer.fd)
                     timer.close()

@@ -138,6 +138,7 @@ def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
     t = time.perf_counter()
     tiled = tile_store(duck_path, k)
     secs["tile in DuckDB"] = time.perf_counter() - t
+    rss = {"after tiling": _max_rss_mib()}
     # ClickHouse drops rows past the TTL at insert: the default (72 h) unless the oldest copy is older
     age_h = (time.time() / 60 - tiled["oldest minute"]) / 60
     ttl = 72 if age_h < 71 else 24 * math.ceil(age_h / 24 + 1)
@@ -156,6 +157,7 @@ def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
     if rc != 0:
         raise RuntimeError(f"tailtrace clickhouse load --url {url} --from {duck_path} exited {rc}")
     secs["clickhouse load"] = time.perf_counter() - t
+    rss["after load"] = _max_rss_mib()
     print("  " + out.getvalue().strip().replace("\n", "\n  "))
     client = connect_clickhouse(parse_store_url(url))
     try:
@@ -164,7 +166,14 @@ def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
         secs["settle refresh"] = time.perf_counter() - t
     finally:
         client.close()
-    return {"chdb": url, "tiled": tiled, "ttl hours": ttl, "seconds": secs}
+    return {"chdb": url, "tiled": tiled, "ttl hours": ttl, "seconds": secs, "max RSS MiB": rss}
+
+
+def _max_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (getrusage: it only grows)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _columns() -> list[str]:
@@ -341,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{k} {v:.0f} s" for k, v in {**tiled["seconds"], **{f"tile: {k}": v for k, v in
                                                                             tiled["tiled"]["seconds"].items()}}.items())
                   + f"); load {_load()}")
+            print("  peak resident memory of this process: " + ", ".join(
+                f"{k} {v:,.0f} MiB" for k, v in tiled["max RSS MiB"].items()))
         import duckdb
 
         con = duckdb.connect(str(built["duckdb"]), read_only=True)

@@ -28,6 +28,8 @@ spans (as their refreshable views would). Not moved:
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -45,9 +47,11 @@ from collector.store.tables import (
 from semantics import semconv as sc
 from tailtrace.errors import UserError
 
-__all__ = ["load_duckdb", "open_source"]
+__all__ = ["PART_ROWS", "load_duckdb", "open_source"]
 
 _BATCH_ROWS = 50_000
+#: rows per Parquet part: each part is one insert, written, inserted and removed before the next
+PART_ROWS = 2_000_000
 # engine_steps column -> the llm.engine.step attribute it came from (otlp_arrow's slots)
 _STEP_ATTRS = {"step_index": sc.STEP_INDEX, "running": sc.RUNNING, "waiting": sc.WAITING, "batch_size": sc.BATCH_SIZE,
                "prefill_tokens": sc.PREFILL_TOKENS, "decode_tokens": sc.DECODE_TOKENS, "step_ms": sc.STEP_MS,
@@ -55,11 +59,19 @@ _STEP_ATTRS = {"step_index": sc.STEP_INDEX, "running": sc.RUNNING, "waiting": sc
 # _step_row reads the columns in ENGINE_STEPS' order
 assert ("time", "service_name", *_STEP_ATTRS, "trace_id", "span_id") == ENGINE_STEPS.names
 
-_SPANS_SQL = """
-SELECT s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.service_name,
-       coalesce(f.start_ns, epoch_us(s.start_time) * 1000) AS start_ns,
-       coalesce(f.end_ns - f.start_ns, CAST(round(s.duration_ms * 1e6) AS BIGINT)) AS duration_ns,
-       s.status_code, s.status_message, s.attributes, s.resource, s.events, s.scope_name
+def _capitalized(col: str) -> str:
+    """SQL for pdata's name of an OTLP enum the DuckDB store keeps upper-case ('SERVER' -> 'Server'; NULL -> '')."""
+    return f"coalesce(upper(left({col}, 1)) || lower(substr({col}, 2)), '')"
+
+
+# the exporter's columns that are plain values of the DuckDB store; the maps and events are encoded in Python
+_SPANS_SQL = f"""
+SELECT coalesce(f.start_ns, epoch_us(s.start_time) * 1000) AS "Timestamp", s.trace_id AS "TraceId",
+       s.span_id AS "SpanId", coalesce(s.parent_span_id, '') AS "ParentSpanId", '' AS "TraceState",
+       s.name AS "SpanName", {_capitalized('s.kind')} AS "SpanKind", coalesce(s.service_name, '') AS "ServiceName",
+       s.resource, coalesce(s.scope_name, '') AS "ScopeName", '' AS "ScopeVersion", s.attributes,
+       greatest(0, coalesce(f.end_ns - f.start_ns, CAST(round(s.duration_ms * 1e6) AS BIGINT))) AS "Duration",
+       {_capitalized('s.status_code')} AS "StatusCode", coalesce(s.status_message, '') AS "StatusMessage", s.events
 FROM spans s LEFT JOIN (SELECT DISTINCT trace_id, span_id, start_ns, end_ns FROM _request_spans) f
   ON f.trace_id = s.trace_id AND f.span_id = s.span_id"""
 
@@ -84,97 +96,183 @@ def open_source(path: Path):
     return con
 
 
-def _map(json_text: str | None) -> dict[str, str]:
-    """A DuckDB store's JSON attributes -> the exporter's Map(String, String) (AsString values)."""
-    if not json_text:
-        return {}
-    return {k: as_string_plain(v) for k, v in json.loads(json_text).items()}
+_EMPTY: tuple[list[str], list[str]] = ([], [])
 
 
-def _span_row(r) -> list:
-    """One exporter row (TRACE_INSERT_COLUMNS order) of a row of _SPANS_SQL."""
-    (tid, sid, parent, name, kind, svc, start_ns, dur_ns, status, message, attrs, res, events, scope) = r
-    ev = json.loads(events) if events else []
-    return [start_ns, tid, sid, parent or "", "", name, (kind or "").capitalize(), svc or "", _map(res),
-            scope or "", "", _map(attrs), max(0, dur_ns), (status or "").capitalize(), message or "",
-            [e["time_unix_nano"] for e in ev], [e["name"] for e in ev],
-            [{k: as_string_plain(v) for k, v in (e.get("attributes") or {}).items()} for e in ev],
-            [], [], [], []]
+def _items(d: dict | None) -> tuple[list[str], list[str]]:
+    """Plain attribute values {key: value} -> (keys, AsString values) of the exporter's Map(String, String)."""
+    if not d:
+        return _EMPTY
+    return list(d), [v if type(v) is str else as_string_plain(v) for v in d.values()]
 
 
-def _step_row(r) -> list:
-    """One exporter row of an engine_steps row (_STEPS_SQL): a span of Duration 0 ending at `time`."""
-    end_ns, svc, *vals, tid, sid = r
-    attrs = {sc.PHASE: sc.PHASE_ENGINE_STEP}
-    attrs |= {_STEP_ATTRS[c]: as_string_plain(v) for c, v in zip(list(_STEP_ATTRS), vals) if v is not None}
-    return [end_ns, tid, sid, "", "", sc.SPAN_ENGINE_STEP, "Internal", svc or "",
-            {"service.name": svc} if svc else {}, "", "", attrs, 0, "Unset", "", [], [], [], [], [], [], []]
+def _kv(json_text: str | None) -> tuple[list[str], list[str]]:
+    """A DuckDB store's JSON attributes -> (keys, AsString values)."""
+    return _items(json.loads(json_text)) if json_text else _EMPTY
 
 
-def _traces_schema():
+_resource_kv = functools.lru_cache(maxsize=4096)(_kv)   # a store holds few distinct resources
+
+
+class _Maps:
+    """A Map(String, String) column built flat, one map per `add` (pyarrow's MapArray from offsets)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.values: list[str] = []
+        self.offsets = [0]
+
+    def add(self, kv: tuple[list[str], list[str]]) -> None:
+        self.keys += kv[0]
+        self.values += kv[1]
+        self.offsets.append(len(self.keys))
+
+    def array(self):
+        import pyarrow as pa
+
+        return pa.MapArray.from_arrays(pa.array(self.offsets, pa.int32()), pa.array(self.keys, pa.string()),
+                                       pa.array(self.values, pa.string()), type=_map_type())
+
+
+class _Events:
+    """The exporter's Events.Timestamp / Events.Name / Events.Attributes of each span, one `add` per span
+    (the DuckDB store's events JSON: [{"time_unix_nano", "name", "attributes"}, ...])."""
+
+    def __init__(self) -> None:
+        self.offsets = [0]
+        self.times: list[int] = []
+        self.names: list[str] = []
+        self.attrs = _Maps()
+
+    def add(self, json_text: str | None) -> None:
+        for e in json.loads(json_text) if json_text else ():
+            self.times.append(e["time_unix_nano"])
+            self.names.append(e["name"])
+            self.attrs.add(_items(e.get("attributes")))
+        self.offsets.append(len(self.times))
+
+    def arrays(self) -> list:
+        import pyarrow as pa
+
+        off = pa.array(self.offsets, pa.int32())
+        return [pa.ListArray.from_arrays(off, pa.array(self.times, pa.int64()).cast(_ns_type())),
+                pa.ListArray.from_arrays(off, pa.array(self.names, pa.string())),
+                pa.ListArray.from_arrays(off, self.attrs.array())]
+
+
+def _map_type():
     import pyarrow as pa
 
-    m = pa.map_(pa.string(), pa.string())
-    ns = pa.timestamp("ns", tz="UTC")
-    types = {"Timestamp": ns, "Duration": pa.uint64(), "ResourceAttributes": m, "SpanAttributes": m,
-             "Events.Timestamp": pa.list_(ns), "Events.Attributes": pa.list_(m), "Links.Attributes": pa.list_(m)}
-    return pa.schema([pa.field(c, types.get(c, pa.list_(pa.string()) if c.startswith(("Events.", "Links."))
-                                         else pa.string())) for c in TRACE_INSERT_COLUMNS])
+    return pa.map_(pa.string(), pa.string())
 
 
-def _write_traces(con, out: Path) -> int:
-    """Write every span and engine step of `con` as exporter rows to the Parquet file `out`; returns rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = _traces_schema()
-    n = 0
-    with pq.ParquetWriter(out, schema) as w:
-        for sql, encode in ((_SPANS_SQL, _span_row), (_STEPS_SQL, _step_row)):
-            cur = con.cursor().execute(sql)
-            while rows := cur.fetchmany(_BATCH_ROWS):
-                cols = zip(*(encode(r) for r in rows))
-                w.write_table(pa.table([pa.array(_arrow_values(col, f.type), f.type) for col, f in zip(cols, schema)],
-                                       schema=schema))
-                n += len(rows)
-            cur.close()
-    return n
-
-
-def _arrow_values(col, typ) -> list:
-    """A column's values as pyarrow takes them for `typ` (a map: its items; a list of maps: theirs)."""
+def _ns_type():
     import pyarrow as pa
 
-    if pa.types.is_map(typ):
-        return [list(m.items()) for m in col]
-    if pa.types.is_list(typ) and pa.types.is_map(typ.value_type):
-        return [[list(m.items()) for m in ms] for ms in col]
-    return list(col)
+    return pa.timestamp("ns", tz="UTC")
 
 
-def _write_table(con, spec, out: Path) -> int:
-    """Write every row of table `spec` of `con` to the Parquet file `out` (DuckDB's Arrow batches, as
-    they are); returns rows."""
-    import pyarrow.parquet as pq
+def _traces_table(plain: dict, resources: _Maps, attrs: _Maps, events: _Events):
+    """The exporter's rows (TRACE_INSERT_COLUMNS, as Arrow) of `plain` {column: Arrow array of the plain
+    columns, `Timestamp` and `Duration` as int64 ns} and the maps and events built beside them."""
+    import pyarrow as pa
 
+    n = len(plain["Timestamp"])
+    none = pa.array([0] * (n + 1), pa.int32())        # no links: the exporter's empty Nested
+    cols = {**plain, "Timestamp": plain["Timestamp"].cast(_ns_type()), "Duration": plain["Duration"].cast(pa.uint64()),
+            "ResourceAttributes": resources.array(), "SpanAttributes": attrs.array(),
+            **dict(zip(("Events.Timestamp", "Events.Name", "Events.Attributes"), events.arrays())),
+            **{c: pa.ListArray.from_arrays(none, pa.array([], pa.string()))
+               for c in ("Links.TraceId", "Links.SpanId", "Links.TraceState")},
+            "Links.Attributes": pa.ListArray.from_arrays(none, _Maps().array())}
+    return pa.table({c: cols[c] for c in TRACE_INSERT_COLUMNS})
+
+
+def _span_tables(con, batch_rows: int):
+    """The spans of `con` as exporter rows, in Arrow tables of at most `batch_rows` rows."""
     from collector.query.readonly import _reader
 
-    reader = _reader(con.cursor().execute(f"SELECT {', '.join(spec.names)} FROM {spec.name}"), _BATCH_ROWS)
-    n = 0
-    with pq.ParquetWriter(out, reader.schema) as w:
-        for batch in reader:
-            w.write_batch(batch)
-            n += batch.num_rows
-    return n
+    for batch in _reader(con.cursor().execute(_SPANS_SQL), batch_rows):
+        resources, attrs, events = _Maps(), _Maps(), _Events()
+        for r in batch.column("resource").to_pylist():
+            resources.add(_resource_kv(r))
+        for a in batch.column("attributes").to_pylist():
+            attrs.add(_kv(a))
+        for e in batch.column("events").to_pylist():
+            events.add(e)
+        plain = {c: batch.column(c) for c in TRACE_INSERT_COLUMNS if c in batch.schema.names}
+        yield _traces_table(plain, resources, attrs, events)
 
 
-def _insert_parquet(client, table: str, path: Path, columns) -> None:
-    from clickhouse_connect.driver.tools import insert_file
+def _step_tables(con, batch_rows: int):
+    """The engine steps of `con` as exporter rows (`llm.engine.step` spans of Duration 0 ending at
+    their `time`), in Arrow tables of at most `batch_rows` rows."""
+    import pyarrow as pa
 
-    insert_file(client, table, str(path), fmt="Parquet", column_names=list(columns))
+    cur = con.cursor().execute(_STEPS_SQL)
+    while rows := cur.fetchmany(batch_rows):
+        resources, attrs, events = _Maps(), _Maps(), _Events()
+        for end_ns, svc, *vals, tid, sid in rows:
+            resources.add((["service.name"], [svc]) if svc else _EMPTY)
+            attrs.add(_items({sc.PHASE: sc.PHASE_ENGINE_STEP}
+                             | {a: v for a, v in zip(_STEP_ATTRS.values(), vals) if v is not None}))
+            events.add(None)
+        n = len(rows)
+        text = {"TraceId": [r[-2] for r in rows], "SpanId": [r[-1] for r in rows], "SpanName": [sc.SPAN_ENGINE_STEP] * n,
+                "SpanKind": ["Internal"] * n, "ServiceName": [r[1] or "" for r in rows], "StatusCode": ["Unset"] * n}
+        plain = {c: pa.array(text.get(c, [""] * n), pa.string()) for c in TRACE_INSERT_COLUMNS
+                 if c in ("TraceId", "SpanId", "ParentSpanId", "TraceState", "SpanName", "SpanKind", "ServiceName",
+                          "ScopeName", "ScopeVersion", "StatusCode", "StatusMessage")}
+        plain |= {"Timestamp": pa.array([r[0] for r in rows], pa.int64()), "Duration": pa.array([0] * n, pa.int64())}
+        yield _traces_table(plain, resources, attrs, events)
+    cur.close()
 
 
-def load_duckdb(client, source: Path, *, check_loaded: bool = True) -> dict[str, int]:
+def _table_batches(con, spec, batch_rows: int):
+    """Every row of table `spec` of `con`, DuckDB's Arrow batches as they are."""
+    from collector.query.readonly import _reader
+
+    yield from _reader(con.cursor().execute(f"SELECT {', '.join(spec.names)} FROM {spec.name}"), batch_rows)
+
+
+class _Parts:
+    """Arrow batches written to Parquet files of at most `part_rows` rows (plus one batch) in `tmp`, each
+    inserted into `table` of `client` (`INSERT ... FORMAT Parquet`) and removed once full, so that neither
+    the disk nor ClickHouse holds more than one part of the source at a time."""
+
+    def __init__(self, client, table: str, columns, tmp: Path, part_rows: int) -> None:
+        self.client, self.table, self.columns, self.tmp, self.part_rows = client, table, list(columns), tmp, part_rows
+        self.rows = self.parts = self._in_part = 0
+        self._writer = None
+
+    def write(self, batch) -> None:
+        import pyarrow.parquet as pq
+
+        if not batch.num_rows:
+            return
+        if self._writer is None:
+            self._path = self.tmp / f"{self.table}.{self.parts}.parquet"
+            self._writer = pq.ParquetWriter(self._path, batch.schema)
+        self._writer.write(batch)
+        self._in_part += batch.num_rows
+        self.rows += batch.num_rows
+        if self._in_part >= self.part_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        from clickhouse_connect.driver.tools import insert_file
+
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        insert_file(self.client, self.table, str(self._path), fmt="Parquet", column_names=self.columns)
+        self._path.unlink()
+        self.parts += 1
+        self._in_part = 0
+
+
+def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: int = PART_ROWS) -> dict[str, int]:
     """Move the DuckDB store at `source` into the ClickHouse store of `client` (schema applied by
     `tailtrace clickhouse init`). Returns the rows inserted per ClickHouse table.
 
@@ -190,16 +288,19 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True) -> dict[str,
                 raise UserError(f"--from {source}: the target already holds spans of its traces ({there} of the first "
                                 f"{len(first)} traces' spans); it was loaded before")
         counts = {}
+        batch_rows = min(_BATCH_ROWS, part_rows)
         with tempfile.TemporaryDirectory(prefix="tailtrace-load-") as tmp:
-            traces = Path(tmp) / "otel_traces.parquet"
-            counts[TRACES_TABLE] = _write_traces(con, traces)
+            out = _Parts(client, TRACES_TABLE, TRACE_INSERT_COLUMNS, Path(tmp), part_rows)
+            for table in itertools.chain(_span_tables(con, batch_rows), _step_tables(con, batch_rows)):
+                out.write(table)
+            out.flush()
+            counts[TRACES_TABLE] = out.rows
             for spec in (DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
-                counts[spec.name] = _write_table(con, spec, Path(tmp) / f"{spec.name}.parquet")
-            if counts[TRACES_TABLE]:
-                _insert_parquet(client, TRACES_TABLE, traces, TRACE_INSERT_COLUMNS)
-            for spec in (DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
-                if counts[spec.name]:
-                    _insert_parquet(client, spec.name, Path(tmp) / f"{spec.name}.parquet", spec.names)
+                out = _Parts(client, spec.name, spec.names, Path(tmp), part_rows)
+                for batch in _table_batches(con, spec, batch_rows):
+                    out.write(batch)
+                out.flush()
+                counts[spec.name] = out.rows
     finally:
         con.close()
     from collector.clickhouse.objects import refresh_requests

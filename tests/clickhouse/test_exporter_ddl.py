@@ -59,6 +59,27 @@ def test_as_string_is_pdatas():
     assert as_string(_value(["length"])) == '["length"]'
 
 
+def test_float_text_is_gos_shortest_positional_form_at_every_magnitude():
+    """The fast path (repr) gives the digits numpy's Dragon4 gives, positionally, as Go's FormatFloat(v, 'f', -1, 64);
+    and JSON's exponent form outside [1e-6, 1e21), as Go's encoding/json (e-09 written e-9)."""
+    import numpy as np
+
+    from collector.clickhouse.exporter_encoding import _go_float
+
+    rng = np.random.default_rng(7)
+    xs = [0.0, -0.0, 1.0, -2.0, 0.1, 1e15, 1e16, 123456789012345678.0, 1e-4, 1e-5, 1e-7, 1e20, 1e21, 5e-324,
+          *(rng.standard_normal(2000) * 10.0 ** rng.integers(-12, 25, 2000)), *rng.integers(-10**6, 10**6, 200) / 1.0]
+    for x in map(float, xs):
+        assert _go_float(x, False) == np.format_float_positional(x, trim="-"), x
+        a = abs(x)
+        if a == 0 or 1e-6 <= a < 1e21:
+            assert _go_float(x, True) == _go_float(x, False), x
+        else:
+            assert "e" in _go_float(x, True) and float(_go_float(x, True)) == x, x
+    assert _go_float(1e-7, True) == "1e-7" and _go_float(1e21, True) == "1e+21" and _go_float(2e22, True) == "2e+22"
+    assert [_go_float(v, False) for v in (float("nan"), float("inf"), float("-inf"))] == ["NaN", "+Inf", "-Inf"]
+
+
 def test_spans_arrive_in_chdb_as_the_exporter_writes_them(chdb_store):
     _, client = chdb_store
     now = time.time_ns()

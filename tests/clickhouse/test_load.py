@@ -4,9 +4,13 @@ and `step_rollup` rows, and the same readings of the rollups; bad sources and ta
 
 from __future__ import annotations
 
+import collections
+import math
+
 import duckdb
 import pytest
 
+from collector.clickhouse import load
 from collector.clickhouse.query import run_readonly
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
@@ -28,12 +32,8 @@ def duck_path(tmp_path_factory):
     return duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", build_spans()[0])
 
 
-def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
-    url = f"chdb://{tmp_path / 'ch'}"
-    assert main(["clickhouse", "init", "--url", url]) == 0
-    assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 0
-    out = capsys.readouterr().out
-    assert "rows into otel_traces" in out and "694 rows into decode_steps" in out
+def _assert_same_as_duckdb(duck_path, url):
+    """The chdb store at `url` answers as the DuckDB store it was loaded from."""
     duck = duckdb.connect(str(duck_path), read_only=True)
     client = connect_clickhouse(parse_store_url(url))
     try:
@@ -62,9 +62,44 @@ def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
     finally:
         duck.close()
         client.close()
+
+
+def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rows into otel_traces" in out and "694 rows into decode_steps" in out
+    _assert_same_as_duckdb(duck_path, url)
     # loading again would count every span twice: refused
     assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 2
     assert "loaded before" in _err(capsys)
+
+
+def test_a_load_in_small_parts_gives_the_same_rows(duck_path, tmp_path, monkeypatch):
+    """Parts of 97 rows: each table in many inserts (each part's file removed once inserted), the same rows."""
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    inserted = []
+    real_flush = load._Parts.flush
+
+    def flush(self):
+        path = self._path if self._writer is not None else None
+        real_flush(self)
+        if path is not None:
+            inserted.append((self.table, path.exists()))
+
+    monkeypatch.setattr(load._Parts, "flush", flush)
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        counts = load.load_duckdb(client, duck_path, part_rows=97)
+    finally:
+        client.close()
+    parts = collections.Counter(t for t, _ in inserted)
+    assert counts["decode_steps"] == 694 and parts["decode_steps"] == math.ceil(694 / 97)
+    assert parts["otel_traces"] >= counts["otel_traces"] // (2 * 97) >= 2
+    assert not any(kept for _, kept in inserted)
+    _assert_same_as_duckdb(duck_path, url)
 
 
 def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):

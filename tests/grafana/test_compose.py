@@ -1,10 +1,11 @@
-"""compose.yaml: validated by `docker compose config` where Docker Compose v2 runs, and always by a
-structural check: the services, the GPU reservations, DESIGN.md's ports on loopback, bind mounts
+"""compose.yaml: validated by `docker compose config` where Docker Compose v2 runs, and always against
+the Compose Specification's JSON schema (vendored in compose_spec/) and by a structural check: the services, the GPU reservations, DESIGN.md's ports on loopback, bind mounts
 that exist in the repo, the files the images COPY, and every `tailtrace` command line parsed by the
 real CLI parser."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -57,6 +58,33 @@ def check_compose_config(compose: Path, env: dict | None = None) -> None:
     assert r.returncode == 0, r.stderr
 
 
+COMPOSE_SPEC = Path(__file__).parent / "compose_spec" / "compose-spec.json"
+COMPOSE_SPEC_SHA256 = "46b7d35f19dd93a05f8fea530291bf84d881c1791ec167ecf0e6fb94e639d496"
+
+
+def _interpolated(node):
+    """`node` with every string interpolated as Compose does before it validates (`_interpolate`)."""
+    if isinstance(node, dict):
+        return {k: _interpolated(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolated(v) for v in node]
+    return _interpolate(node) if isinstance(node, str) else node
+
+
+def compose_schema_errors(doc: dict) -> list[str]:
+    """The Compose Specification's JSON schema (vendored: compose_spec/README.md) errors of compose
+    document `doc`, as read and interpolated: ["path: message", ...] ([] when valid)."""
+    import hashlib
+
+    import jsonschema
+
+    text = COMPOSE_SPEC.read_bytes()
+    assert hashlib.sha256(text).hexdigest() == COMPOSE_SPEC_SHA256, "compose_spec/compose-spec.json changed"
+    validator = jsonschema.Draft7Validator(json.loads(text))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+            for d in (doc, _interpolated(doc)) for e in validator.iter_errors(d)]
+
+
 def check_ports_and_mounts(doc: dict, name: str, ports: list[int], base: Path) -> None:
     """Service `name` of compose document `doc` publishes exactly `ports`, each on 127.0.0.1 with the
     same port inside, and its bind mounts (relative to `base`) and named volumes exist."""
@@ -78,6 +106,25 @@ def check_ports_and_mounts(doc: dict, name: str, ports: list[int], base: Path) -
 
 def test_docker_compose_config_accepts_it():
     check_compose_config(COMPOSE)
+
+
+def test_the_compose_specifications_schema_accepts_it():
+    assert compose_schema_errors(_compose()) == []
+
+
+def test_the_schema_check_finds_what_compose_would_refuse():
+    """The check can fail: a misspelt key, a port that is not a list, a service without image or build's
+    shape, a bad restart policy type — each is named with its path."""
+    doc = _compose()
+    doc["services"]["gateway"]["portz"] = ["127.0.0.1:8080:8080"]
+    doc["services"]["dashboard"]["ports"] = 8501
+    doc["services"]["collector"]["deploy"] = {"replicas": [2]}
+    doc["volumes"] = ["not", "a", "map"]
+    errors = compose_schema_errors(doc)
+    assert any(e.startswith("services/gateway:") and "'portz'" in e for e in errors), errors
+    assert any(e.startswith("services/dashboard/ports:") for e in errors), errors
+    assert any(e.startswith("services/collector/deploy/replicas:") for e in errors), errors
+    assert any(e.startswith("volumes:") for e in errors), errors
 
 
 def test_services_ports_gpu_and_mounts():

@@ -1,5 +1,5 @@
 """deploy/fleet/compose.yaml (no Docker here): `docker compose config` where Compose v2 runs, and
-always the structural checks of tests/grafana/test_compose.py: services and pinned images, ports on
+always the Compose Specification's JSON schema and the structural checks of tests/grafana/test_compose.py: services and pinned images, ports on
 loopback, bind mounts that exist, the files the images COPY, every `tailtrace` command line parsed by
 the real CLI parser; then the wiring: vLLM scalable behind one name that the gateway resolves, the
 collector-contrib's ClickHouse exporter (create_schema false, batching, retry, sending queue) on the
@@ -16,6 +16,7 @@ from test_compose import (
     check_compose_config,
     check_images_copy_every_package,
     check_ports_and_mounts,
+    compose_schema_errors,
 )
 
 FLEET = ROOT / "deploy" / "fleet"
@@ -35,6 +36,10 @@ def _argv(svc) -> list[str]:
 
 def test_docker_compose_config_accepts_it():
     check_compose_config(COMPOSE, ENV)
+
+
+def test_the_compose_specifications_schema_accepts_it():
+    assert compose_schema_errors(_doc()) == []
 
 
 def test_services_images_ports_and_mounts():

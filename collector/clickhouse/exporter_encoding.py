@@ -43,7 +43,7 @@ def _go_float(x: float, in_json: bool) -> str:
     (exponent outside [1e-6, 1e21)) inside JSON."""
     r = repr(x)  # the shortest digits that round-trip, as Go's -1 precision; positional below 1e16
     if "e" not in r and "n" not in r:  # not an exponent, nan or inf
-        return r[:-2] if r.endswith(".0") else r
+        return r.removesuffix(".0")
     if math.isnan(x):
         return "NaN"
     if math.isinf(x):

@@ -1,13 +1,19 @@
 """`tailtrace clickhouse load --url URL --from PATH.duckdb`: a DuckDB store moved into ClickHouse.
 
 Everything travels through Parquet files in a temporary directory, each inserted by ClickHouse
-(`INSERT ... FORMAT Parquet`):
+(`INSERT ... FORMAT Parquet`) in parts of `PART_ROWS` rows (2M; plus at most one batch of 50k): a part
+is written, inserted and removed before the next is written, so memory and temporary disk stay bounded
+by a part whatever the store's size (one file per table ran out of 24 GiB at 1M requests). A load
+stopped half way leaves the parts inserted so far; the next load of the same file is refused ("loaded
+before"): load into a fresh database.
 
 - the spans, as `otel_traces` rows encoded as the OpenTelemetry Collector's ClickHouse exporter
   encodes them (exporter_encoding.py's `AsString` rules over the attribute values the DuckDB store
   kept with their OTLP types). The Parquet file is written by pyarrow, not by DuckDB's COPY: the
   exporter's rules (Go's float text, JSON text of arrays) are Python code, and one rule set must
-  hold for both paths. Times: a request span's start and end in ns from `_request_spans` (exact);
+  hold for both paths. The plain columns come from DuckDB as Arrow; only the attribute maps and the
+  events are built in Python, column-wise (flat keys, values and offsets, each distinct resource
+  encoded once). Times: a request span's start and end in ns from `_request_spans` (exact);
   any other span's start at the µs the DuckDB store keeps (`spans.start_time`), its Duration exact
   (from `duration_ms`);
 - the engine steps (`engine_steps`, not spans in DuckDB) as `llm.engine.step` spans of Duration 0
@@ -276,8 +282,9 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
     """Move the DuckDB store at `source` into the ClickHouse store of `client` (schema applied by
     `tailtrace clickhouse init`). Returns the rows inserted per ClickHouse table.
 
-    Raises UserError: `source` missing, not DuckDB or not a tailtrace store; with `check_loaded`,
-    spans of its traces already in the target (loading twice would count them twice)."""
+    `part_rows`: rows per insert (module docstring). Raises UserError: `source` missing, not DuckDB or
+    not a tailtrace store; with `check_loaded`, spans of its traces already in the target (loading
+    twice would count them twice)."""
     con = open_source(source)
     try:
         first = [r[0] for r in con.execute("SELECT DISTINCT trace_id FROM spans LIMIT 1000").fetchall()]

@@ -5,6 +5,7 @@ in-process) beside DuckDB, on the same spans, in one run.
     nice -n 19 .venv/bin/python bench/fleet.py --requests 2000 --tokens 400 --tile 500 --dir /big/fleet
                                                           # the issue's 1M / ~200M steps, tiled (below)
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
+    nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse   # a kept DuckDB store, loaded again
     nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
 
 The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
@@ -126,21 +127,33 @@ def _settle(client, margin_s: float, refresh_requests) -> None:
 
 def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
     """The DuckDB store at `duck_path` tiled `k` times in place (bench/tile.py), then moved into a fresh
-    chdb store `directory`/ch with `tailtrace clickhouse init` and `tailtrace clickhouse load` (the CLI,
-    as a user runs it), its TTL long enough for the oldest copy. Returns {"chdb": URL, "tiled":
-    tile_store's result, "ttl hours": h, "seconds": {stage: s}}."""
+    chdb store `directory`/ch (`load_into_chdb`). Returns {"chdb": URL, "tiled": tile_store's result,
+    "ttl hours": h, "seconds": {stage: s}, "max RSS MiB": {stage: MiB}}."""
     from bench.tile import tile_store
+
+    t = time.perf_counter()
+    tiled = tile_store(duck_path, k)
+    secs = {"tile in DuckDB": time.perf_counter() - t}
+    rss = {"after tiling": _max_rss_mib()}
+    loaded = load_into_chdb(directory, duck_path, tiled["oldest minute"])
+    return {**loaded, "tiled": tiled, "seconds": {**secs, **loaded["seconds"]},
+            "max RSS MiB": {**rss, **loaded["max RSS MiB"]}}
+
+
+def load_into_chdb(directory: Path, duck_path: Path, oldest_minute: int) -> dict:
+    """The DuckDB store at `duck_path` moved into a fresh chdb store `directory`/ch with `tailtrace
+    clickhouse init` and `tailtrace clickhouse load` (the CLI, as a user runs it), its TTL long enough
+    for rows from `oldest_minute` (epoch minutes), then its requests refreshed past the refresh margin.
+    Returns {"chdb": URL, "ttl hours": h, "seconds": {stage: s}, "max RSS MiB": {"after load": MiB}}.
+
+    Raises RuntimeError: init or load exited non-zero."""
     from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main as cli
 
     secs = {}
-    t = time.perf_counter()
-    tiled = tile_store(duck_path, k)
-    secs["tile in DuckDB"] = time.perf_counter() - t
-    rss = {"after tiling": _max_rss_mib()}
     # ClickHouse drops rows past the TTL at insert: the default (72 h) unless the oldest copy is older
-    age_h = (time.time() / 60 - tiled["oldest minute"]) / 60
+    age_h = (time.time() / 60 - oldest_minute) / 60
     ttl = 72 if age_h < 71 else 24 * math.ceil(age_h / 24 + 1)
     if ttl != 72:
         print(f"note: the oldest copy is {age_h:.0f} h old, past the default TTL (72 h): init --ttl-hours {ttl}")
@@ -157,7 +170,7 @@ def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
     if rc != 0:
         raise RuntimeError(f"tailtrace clickhouse load --url {url} --from {duck_path} exited {rc}")
     secs["clickhouse load"] = time.perf_counter() - t
-    rss["after load"] = _max_rss_mib()
+    rss = {"after load": _max_rss_mib()}
     print("  " + out.getvalue().strip().replace("\n", "\n  "))
     client = connect_clickhouse(parse_store_url(url))
     try:
@@ -166,7 +179,31 @@ def tile_and_load(directory: Path, duck_path: Path, k: int) -> dict:
         secs["settle refresh"] = time.perf_counter() - t
     finally:
         client.close()
-    return {"chdb": url, "tiled": tiled, "ttl hours": ttl, "seconds": secs, "max RSS MiB": rss}
+    return {"chdb": url, "ttl hours": ttl, "seconds": secs, "max RSS MiB": rss}
+
+
+def _reuse(directory: Path) -> dict:
+    """What `build` returns for the DuckDB store a kept run left in `directory` (t.duckdb), its chdb
+    store (directory/ch) removed and loaded again from it (`load_into_chdb`)."""
+    import duckdb
+
+    from bench.tile import span_minutes
+
+    duck = directory / "t.duckdb"
+    con = duckdb.connect(str(duck), read_only=True)
+    try:
+        lo, _ = span_minutes(con)
+        spans = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+    finally:
+        con.close()
+    shutil.rmtree(directory / "ch", ignore_errors=True)
+    t0 = time.perf_counter()
+    loaded = load_into_chdb(directory, duck, lo)
+    print(f"reused {duck} ({spans:,} spans) and loaded it into chdb in {time.perf_counter() - t0:.0f} s ("
+          + ", ".join(f"{k} {v:.0f} s" for k, v in loaded["seconds"].items()) + f"); load {_load()}")
+    print("  peak resident memory of this process: " + ", ".join(
+        f"{k} {v:,.0f} MiB" for k, v in loaded["max RSS MiB"].items()))
+    return {"duckdb": duck, "chdb": loaded["chdb"], "spans": spans}
 
 
 def _max_rss_mib() -> float:
@@ -327,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="warm repeats per query (default 2)")
     p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the stores after the run")
+    p.add_argument("--reuse", action="store_true",
+                   help="--dir holds the DuckDB store of a kept run (t.duckdb): skip building and tiling, load it "
+                        "into a fresh chdb store there (its old one removed) and time both; implies --keep")
     p.add_argument("--replica", default=None,
                    help="also time every page with the Replica filter set to this replica (vllm-0, vllm-1 or vllm-2)")
     args = p.parse_args(argv)
@@ -334,14 +374,21 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests, --part and --tile must be >= 1, --tokens >= 2, --repeats >= 0")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tailtrace-fleet-"))
     directory.mkdir(parents=True, exist_ok=True)
-    if (directory / "t.duckdb").exists() or (directory / "ch").exists():
-        p.error(f"{directory} already holds a store: give an empty --dir")
+    if args.reuse:
+        if args.dir is None or not (directory / "t.duckdb").is_file():
+            p.error("--reuse needs --dir holding t.duckdb from a run with --keep")
+        args.keep = True
+    elif (directory / "t.duckdb").exists() or (directory / "ch").exists():
+        p.error(f"{directory} already holds a store: give an empty --dir, or --reuse it")
     try:
-        t0 = time.perf_counter()
-        built = build(directory, args.requests, args.part, args.tokens, chdb=args.tile == 1)
-        print(f"built {args.requests:,} requests, {built['spans']:,} spans in {time.perf_counter() - t0:.0f} s ("
-              + ", ".join(f"{k} {v:.0f} s" for k, v in built["seconds"].items()) + f"); load {_load()}")
-        if args.tile > 1:
+        if args.reuse:
+            built = _reuse(directory)
+        else:
+            t0 = time.perf_counter()
+            built = build(directory, args.requests, args.part, args.tokens, chdb=args.tile == 1)
+            print(f"built {args.requests:,} requests, {built['spans']:,} spans in {time.perf_counter() - t0:.0f} s ("
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in built["seconds"].items()) + f"); load {_load()}")
+        if args.tile > 1 and not args.reuse:
             t0 = time.perf_counter()
             tiled = tile_and_load(directory, built["duckdb"], args.tile)
             built["chdb"] = tiled["chdb"]

@@ -196,9 +196,9 @@ def _traces_table(plain: dict, resources: _Maps, attrs: _Maps, events: _Events):
 
 def _span_tables(con, batch_rows: int):
     """The spans of `con` as exporter rows, in Arrow tables of at most `batch_rows` rows."""
-    from collector.query.readonly import _reader
+    from collector.query.readonly import stream_batches
 
-    for batch in _reader(con.cursor().execute(_SPANS_SQL), batch_rows):
+    for batch in stream_batches(con, _SPANS_SQL, batch_rows):
         resources, attrs, events = _Maps(), _Maps(), _Events()
         for r in batch.column("resource").to_pylist():
             resources.add(_resource_kv(r))
@@ -215,8 +215,10 @@ def _step_tables(con, batch_rows: int):
     their `time`), in Arrow tables of at most `batch_rows` rows."""
     import pyarrow as pa
 
-    cur = con.cursor().execute(_STEPS_SQL)
-    while rows := cur.fetchmany(batch_rows):
+    from collector.query.readonly import stream_batches
+
+    for batch in stream_batches(con, _STEPS_SQL, batch_rows):
+        rows = list(zip(*(c.to_pylist() for c in batch.columns)))
         resources, attrs, events = _Maps(), _Maps(), _Events()
         for end_ns, svc, *vals, tid, sid in rows:
             resources.add((["service.name"], [svc]) if svc else _EMPTY)
@@ -231,14 +233,13 @@ def _step_tables(con, batch_rows: int):
                           "ScopeName", "ScopeVersion", "StatusCode", "StatusMessage")}
         plain |= {"Timestamp": pa.array([r[0] for r in rows], pa.int64()), "Duration": pa.array([0] * n, pa.int64())}
         yield _traces_table(plain, resources, attrs, events)
-    cur.close()
 
 
 def _table_batches(con, spec, batch_rows: int):
     """Every row of table `spec` of `con`, DuckDB's Arrow batches as they are."""
-    from collector.query.readonly import _reader
+    from collector.query.readonly import stream_batches
 
-    yield from _reader(con.cursor().execute(f"SELECT {', '.join(spec.names)} FROM {spec.name}"), batch_rows)
+    yield from stream_batches(con, f"SELECT {', '.join(spec.names)} FROM {spec.name}", batch_rows)
 
 
 class _Parts:

@@ -51,11 +51,10 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
             counts[t] = n
             if n == 0:
                 continue
-            cur.execute(f"SELECT *, strftime({col}, '%Y-%m-%dT%H') AS hour FROM {t}")
-            from collector.query.readonly import _reader
-
-            _write(_reader(cur, 100_000), outp, t)
             cur.close()
+            from collector.query.readonly import stream_batches
+
+            _write(stream_batches(con, f"SELECT *, strftime({col}, '%Y-%m-%dT%H') AS hour FROM {t}", 100_000), outp, t)
     finally:
         con.close()
     return counts

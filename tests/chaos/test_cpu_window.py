@@ -42,3 +42,21 @@ def test_idle_gaps_and_order_do_not_matter():
 def test_too_few_steps_is_none():
     assert find_window([1, 2], [5.0, 6.0]) is None
     assert find_window([1, 2, 3], [5.0, None, 6.0]) is None
+
+
+def test_a_host_whose_load_moved_outside_the_window_does_not_stretch_it():
+    # CI's failed run (its engine_steps' medians): 1196 steps at 4.55 ms before the hog, 556 at 15.6 ms
+    # inside its 10 s, 1367 at 5.12 ms after it (the shared box a little busier). From the median alone
+    # the threshold settled at 5.04 ms, between the two outside levels, and the window ran 10.2 s past
+    # the hog's end over the 5.12 ms steps
+    rng = random.Random(2)
+    ms = ([4.55 * rng.uniform(0.85, 1.15) for _ in range(1196)] + [15.6 * rng.uniform(0.6, 1.4) for _ in range(556)]
+          + [5.12 * rng.uniform(0.85, 1.15) for _ in range(1367)])
+    ends, t = [], int(1e18)
+    for v in ms:
+        t += int((v + 2.0) * MS)
+        ends.append(t)
+    found = find_window(ends, ms)
+    assert abs(found.start_unix_ns - (ends[1196] - int(ms[1196] * MS))) / MS <= 40, found
+    assert abs(found.end_unix_ns - ends[1751]) / MS <= 40, found
+    assert 7.0 < found.threshold_ms < 13.0 and abs(found.steps - 556) <= 3, found

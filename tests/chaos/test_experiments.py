@@ -141,10 +141,17 @@ def test_long_prompt_chunks_share_exactly_the_steps_the_store_says(vllm_server, 
     assert set(map(tuple, d["co_scheduled_store"])) == set(map(tuple, d["co_scheduled_truth"])), \
         (d["missing_from_store"], d["extra_in_store"])
     # its own time is prefill: what else its client waited for is its way in, mostly vLLM's frontend
-    # parsing its 14,000 ids (85 ms at load 30, 1.1 s once at load 33 on the shared box: 5.7%)
-    long = res.row("long_prefill_ms")
-    assert d["prefill_share"] >= 0.8, d["long"]
-    assert abs(long.error_ms) <= max(0.1 * long.injected_ms, 2.0), (long, d["long"])
+    # parsing its 14,000 ids (85 ms at load 30, 1.1 s once at load 33 on the shared box: 5.7%; in
+    # CI, on a faster box, 0.44 s of a 2.05 s TTFT: 22%). How long the way in takes is the box's;
+    # the store's prefill is the chunks' steps end to end on the engine's own step clock, and with
+    # the way in as the store splits it the client's TTFT, less its first token's way out
+    long, lg = res.row("long_prefill_ms"), d["long"]
+    way_in = sum(lg[c] or 0.0 for c in ("network_in_ms", "gateway_ms", "gateway_queue_ms", "frontend_ms", "queue_ms"))
+    assert d["prefill_share"] >= 0.5 and lg["prefill_ms"] > way_in, lg
+    chunks = sorted(d["chunks"], key=lambda c: c["time_unix_us"])
+    chunk_span_ms = (chunks[-1]["time_unix_us"] - chunks[0]["time_unix_us"]) / 1e3 + chunks[0]["step_ms"]
+    assert abs(lg["prefill_ms"] - chunk_span_ms) <= max(0.05 * chunk_span_ms, 20.0), (lg, chunks)
+    assert abs(long.error_ms) <= way_in + max(0.1 * long.injected_ms, 2.0), (long, lg)
     # the co-scheduled steps' ITL rise, store vs the client's own chunk gaps
     rise = res.row("itl_rise_ms")
     assert rise.injected_ms > 20 and rise.n >= 5, (rise, d["itl_compared"])

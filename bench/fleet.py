@@ -5,7 +5,7 @@ in-process) beside DuckDB, on the same spans, in one run.
     nice -n 19 .venv/bin/python bench/fleet.py --requests 2000 --tokens 400 --tile 500 --dir /big/fleet
                                                           # the issue's 1M / ~200M steps, tiled (below)
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
-    nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse   # a kept DuckDB store, loaded again
+    nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse   # a kept run's stores (ch/ loaded again if removed)
     nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
 
 The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
@@ -183,8 +183,8 @@ def load_into_chdb(directory: Path, duck_path: Path, oldest_minute: int) -> dict
 
 
 def _reuse(directory: Path) -> dict:
-    """What `build` returns for the DuckDB store a kept run left in `directory` (t.duckdb), its chdb
-    store (directory/ch) removed and loaded again from it (`load_into_chdb`)."""
+    """What `build` returns for the DuckDB store a kept run left in `directory` (t.duckdb) and its chdb
+    store (directory/ch), which is loaded from the DuckDB store first (`load_into_chdb`) where missing."""
     import duckdb
 
     from bench.tile import span_minutes
@@ -196,7 +196,10 @@ def _reuse(directory: Path) -> dict:
         spans = con.execute("SELECT count(*) FROM spans").fetchone()[0]
     finally:
         con.close()
-    shutil.rmtree(directory / "ch", ignore_errors=True)
+    if (directory / "ch").is_dir():
+        print(f"reused {duck} ({spans:,} spans) and the chdb store loaded from it, {directory / 'ch'} (remove it "
+              "to time the load again)")
+        return {"duckdb": duck, "chdb": f"chdb://{directory / 'ch'}", "spans": spans}
     t0 = time.perf_counter()
     loaded = load_into_chdb(directory, duck, lo)
     print(f"reused {duck} ({spans:,} spans) and loaded it into chdb in {time.perf_counter() - t0:.0f} s ("
@@ -365,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the stores after the run")
     p.add_argument("--reuse", action="store_true",
-                   help="--dir holds the DuckDB store of a kept run (t.duckdb): skip building and tiling, load it "
-                        "into a fresh chdb store there (its old one removed) and time both; implies --keep")
+                   help="--dir holds the stores of a kept run (t.duckdb, ch/): skip building and tiling, load t.duckdb "
+                        "into chdb where ch/ is missing, and time both; implies --keep")
     p.add_argument("--replica", default=None,
                    help="also time every page with the Replica filter set to this replica (vllm-0, vllm-1 or vllm-2)")
     args = p.parse_args(argv)

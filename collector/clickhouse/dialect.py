@@ -18,7 +18,9 @@ ClickHouse objects (collector/clickhouse/objects.py) are generated from the same
 - `string_agg([DISTINCT] x, sep)` -> `nullIf(arrayStringConcat(groupUniqArray(x) | groupArray(x), sep), '')`
   (NULL over no rows, as DuckDB; the order of the values is unspecified on both).
 - `time_bucket(INTERVAL n UNIT, t)` -> `toStartOfInterval(t, INTERVAL n UNIT, 2000-01-03)`: the
-  buckets DuckDB gives (its origin for widths under a month), not ClickHouse's (from the epoch).
+  buckets DuckDB gives (its origin for widths under a month), not ClickHouse's (from the epoch); NULL
+  for a NULL t, as DuckDB gives (ClickHouse would raise "The origin must be before the end date" on
+  NULL's placeholder value: a request no layer saw end has no completion_time).
 - `epoch_us(t)` -> `toUnixTimestamp64Micro(t)`; `epoch(t)` (seconds) -> `toUnixTimestamp64Micro(t) / 1e6`; `list_position(l, x)` -> `indexOf(l, x)`;
   `list_max(l)` -> `arrayMax(l)`; `to_microseconds(n)` -> `toIntervalMicrosecond(n)`; `x IS [NOT] TRUE` -> `ifNull(x, 0) = 1` (`<> 1`).
 - `json_extract_string(j, '$."key"')` (one top-level key of JSON text) -> `nullIf(JSONExtractString(j, 'key'), '')`:
@@ -200,7 +202,11 @@ def _time_bucket(args: str) -> str:
     parts = _split_top(args, ",")
     if len(parts) != 2:
         raise ValueError(f"time_bucket takes (width, t): {args!r}")
-    return f"toStartOfInterval({to_clickhouse(parts[1].strip())}, {parts[0].strip()}, {_BUCKET_ORIGIN})"
+    # ClickHouse computes a function of a Nullable column on every row, NULL's placeholder (1970) too,
+    # which is before the origin (an error): NULL times go in as the origin and come out NULL
+    t = to_clickhouse(parts[1].strip())
+    return (f"if(isNull({t}), NULL, toStartOfInterval(ifNull({t}, {_BUCKET_ORIGIN}), {parts[0].strip()}, "
+            f"{_BUCKET_ORIGIN}))")
 
 
 def _round(args: str) -> str:

@@ -227,6 +227,23 @@ def test_exact_quantiles_equal_duckdb_quantile_cont(duck, chdb_store):
     assert sampled != pytest.approx(exact, rel=1e-9)
 
 
+def test_time_buckets_equal_duckdbs_and_a_null_time_is_a_null_bucket(chdb_store):
+    # the Overview's timeline buckets completion_time, which is NULL for a request no layer saw end:
+    # ClickHouse raised "The origin must be before the end date" on it (seen at 1M requests)
+    _, client = chdb_store
+    us = [None, 1_796_247_623_700_606, 1_796_247_623_700_606 + 7_199_999_999, 1_796_254_800_000_000, None,
+          946_857_600_000_000 + 1]
+    sql = ("SELECT epoch_us(time_bucket(INTERVAL 7200000 MILLISECOND, t)) AS b, count(*) AS n FROM v "
+           "GROUP BY 1 ORDER BY 1 NULLS LAST")
+    con = duckdb.connect()
+    want = con.execute(sql.replace("FROM v", "FROM (SELECT make_timestamp(unnest(?)) AS t)"), [us]).fetchall()
+    con.close()
+    ch_sql = to_clickhouse(sql).replace(
+        "FROM v", "FROM (SELECT fromUnixTimestamp64Micro(arrayJoin({v:Array(Nullable(Int64))}), 'UTC') AS t)")
+    got = [tuple(r) for r in client.query(ch_sql, parameters={"v": us}).result_rows]
+    assert got == want and want[-1] == (None, 2) and len(want) == 4, (got, want)
+
+
 def test_spans_and_engine_steps_equal_row_for_row(spans, duck, chdb_store):
     _, client = chdb_store
     insert_spans(client, encode_traces(spans))

@@ -71,8 +71,10 @@ Rows (`print_table`):
 
 What can land outside compute: a request that arrives while a slow step runs waits for it in
 vLLM's queue (queue_ms grows by a part of one step, against a whole step per output token in
-compute); and on a host of 2 cores the other processes (vLLM's API server, the gateway, the
-collector, the load generator) lose their share of the hog's core.
+compute); the EngineCore, pinned beside its worker, takes each request in and sends each output
+out over IPC on the hog's core, at its pace (frontend_ms: +80 ms of a 1170 ms shift once in CI,
+compute the other 90%); and on a host of 2 cores the other processes (vLLM's API server, the
+gateway, the collector, the load generator) lose their share of the hog's core.
 """
 
 from __future__ import annotations

@@ -157,16 +157,19 @@ def test_long_prompt_chunks_share_exactly_the_steps_the_store_says(vllm_server, 
     assert rise.injected_ms > 20 and rise.n >= 5, (rise, d["itl_compared"])
     assert abs(rise.error_ms) <= max(0.05 * rise.injected_ms, 2.0), (rise, d["itl_compared"])
     # the requests that shared its steps: their decode grew as their clients saw; nothing else moved
-    # (frontend_ms is not asked: the long prompt loads vLLM's frontend twice, when it comes in with
+    # by 10% of that (a phase is per request: the yardstick is their per-request shift, not the
+    # per-token rise; CI once saw network_in +43 ms, 2.6% of a 1642 ms shift, 20% of the 220 ms
+    # rise: the gateway shares the other core with vLLM's frontend parsing 14,000 ids).
+    # frontend_ms is not asked: the long prompt loads vLLM's frontend twice, when it comes in with
     # its 14,000 ids and when the requests that queued behind its prefill flood in at its end;
-    # measured +300 ms on the requests that met either, a real effect, docs/chaos.md)
+    # measured +300 ms on the requests that met either, a real effect, docs/chaos.md
     assert d["co_requests"] >= 2 and d["control_requests"] >= 8, d
     dec = res.row("decode_ms")
     assert abs(dec.error_ms) <= max(0.1 * dec.injected_ms, 5.0), dec
     for phase in PHASE_COLUMNS:
         if phase not in ("decode_ms", "frontend_ms", "prefill_ms"):
             row = res.row(phase)
-            assert row.attributed_ms is not None and abs(row.attributed_ms) < 0.1 * rise.injected_ms, (phase, row)
+            assert row.attributed_ms is not None and abs(row.attributed_ms) < 0.1 * dec.injected_ms, (phase, row)
     # what the next issue's diagnosis reads back
     assert d["window"]["start_unix_ns"] < d["fault"]["start_unix_ns"] < d["fault"]["end_unix_ns"] \
         <= d["window"]["end_unix_ns"], d
@@ -269,13 +272,19 @@ def test_cpu_contention_slows_compute_inside_the_hogs_window_only(vllm_server, v
     # the step time rose inside the window only: above the steps before it and those after it
     assert steps["inside_median"] > 1.2 * max(steps["before_median"], steps["after_median"]), steps
     assert d["treated"] >= 8 and d["control"] >= 16, d
-    # the client felt it (E2E up by more than one step per token) and the store puts it in
-    # prefill + decode within max(5%, 2 ms); under 10% of it in every other phase
+    # the client felt it (E2E up by more than one step per token) and the store puts it where the
+    # hog's core runs: prefill + decode (the worker) and frontend_ms (the EngineCore, pinned beside
+    # its worker, takes each request in and sends each output out over IPC) within max(5%, 2 ms),
+    # most of it in compute; under 10% of it in every other phase. CI once: compute 1050 ms and
+    # frontend +80 ms (6.8%) of a 1170 ms shift, compute alone 10% short
     assert res.injected_ms > TOKENS * (steps["inside_median"] - steps["outside_median"]) * 0.5, (res.injected_ms, steps)
-    row = res.row("prefill_ms + decode_ms")
-    assert abs(row.error_ms) <= max(0.05 * res.injected_ms, 2.0), (row, d["shift_ms"])
+    row, shifts = res.row("prefill_ms + decode_ms"), d["shift_ms"]
+    on_the_core = row.attributed_ms + shifts["frontend_ms"]
+    assert abs(on_the_core - res.injected_ms) <= max(0.05 * res.injected_ms, 2.0), (row, shifts)
+    assert row.attributed_ms >= 0.85 * res.injected_ms and abs(shifts["frontend_ms"]) < 0.15 * res.injected_ms, \
+        (row, shifts)
     for phase in PHASE_COLUMNS:
-        if phase not in ("prefill_ms", "decode_ms"):
+        if phase not in ("prefill_ms", "decode_ms", "frontend_ms"):
             other = res.row(phase)
             assert other.attributed_ms is not None and abs(other.attributed_ms) < 0.1 * res.injected_ms, (other, d)
     # known answer (issue 18): the tail's steps ran slower than the window's at the same batch size.

@@ -82,6 +82,7 @@ def _init(args) -> int:
         new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
         fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))
         fresh_requests = not int(client.command("EXISTS TABLE _requests_kept"))
+        fresh_engine_spans = not int(client.command("EXISTS TABLE _engine_spans"))
         try:
             if int(client.command("EXISTS TABLE clock_offsets")) and not int(
                     client.command("EXISTS TABLE clock_offsets_rmv")):
@@ -91,7 +92,8 @@ def _init(args) -> int:
             if rmv and " APPEND " not in rmv[0][0]:   # it replaced clock_offsets with every trace's samples
                 client.command("DROP VIEW clock_offsets_rmv")   # recreated appending those of arrived traces
             for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
-                                        backfill_traces=fresh_traces, backfill_requests=fresh_requests):
+                                        backfill_traces=fresh_traces, backfill_requests=fresh_requests,
+                                        backfill_engine_spans=fresh_engine_spans):
                 client.command(stmt)
             if not fresh and new_rollups:   # a store from before the rollups: count what is there
                 for stmt in backfill_statements(new_rollups):

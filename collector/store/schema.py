@@ -21,11 +21,13 @@ __all__ = [
     "REBUILD_STEP_HISTOGRAM",
     "REBUILD_STEP_HISTOGRAM_FROM_REQUESTS",
     "REFRESH_REQUESTS",
+    "REPLICA_SPAN_COLUMNS",
     "REQUEST_REPLICAS_VIEW",
     "STEP_HISTOGRAM_METRICS",
     "TIME_COLUMNS",
     "USER_TABLES",
     "per_trace_sql",
+    "request_replicas_view",
     "requests_sql",
     "step_histogram_insert",
 ]
@@ -66,14 +68,24 @@ GROUP BY trace_id"""
 # failover) the one that ended last counts, as `requests.upstream` takes the last upstream tried.
 # (Names an alias shadows are qualified: ClickHouse resolves a bare name to the alias.)
 _INSTANCE = f"""json_extract_string(s.resource, '$."{sc.SERVICE_INSTANCE_ID}"')"""
-REQUEST_REPLICAS_VIEW = f"""CREATE OR REPLACE VIEW request_replicas AS
+#: the columns of `spans` that request_replicas reads (ClickHouse keeps them for the engine spans alone)
+REPLICA_SPAN_COLUMNS = ("trace_id", "phase", "service_name", "resource", "end_time")
+
+
+def request_replicas_view(source: str = "spans") -> str:
+    """The DDL of `request_replicas` over `source`: `spans`, or a table of the same
+    REPLICA_SPAN_COLUMNS holding at least every engine span (ClickHouse's `_engine_spans`)."""
+    return f"""CREATE OR REPLACE VIEW request_replicas AS
 SELECT s.trace_id AS trace_id,
     coalesce(arg_max({_INSTANCE}, s.end_time), arg_max(s.service_name, s.end_time)) AS replica,
     arg_max({_INSTANCE}, s.end_time) AS instance_id,
     arg_max(s.service_name, s.end_time) AS service_name
-FROM spans s
+FROM {source} s
 WHERE s.phase = '{sc.PHASE_ENGINE}'
 GROUP BY s.trace_id"""
+
+
+REQUEST_REPLICAS_VIEW = request_replicas_view()
 
 DDL = [t.ddl() for t in STORED_TABLES] + [COLD_STARTS_VIEW, REQUEST_REPLICAS_VIEW]
 

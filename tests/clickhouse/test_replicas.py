@@ -147,3 +147,38 @@ def test_the_replicas_page_and_filter_on_both_engines(slow_replica_stores, monke
         ui._open_source.clear()
     assert shown["duckdb"][0] == shown["chdb"][0]
     pd.testing.assert_frame_equal(pd.DataFrame(shown["duckdb"][1]), pd.DataFrame(shown["chdb"][1]), rtol=1e-9)
+
+
+def test_init_on_a_store_from_before_engine_spans_fills_them(tmp_path):
+    """A store that the previous tailtrace set up (`request_replicas` a view over `spans`, no
+    `_engine_spans`): `clickhouse init` fills `_engine_spans` from the spans already there, and
+    `request_replicas` then reads it with DuckDB's rows (not backfilled, it would hold none)."""
+    from collector.clickhouse.dialect import to_clickhouse
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from collector.store.schema import REQUEST_REPLICAS_VIEW
+    from tailtrace.cli import main
+
+    req, _ = build_spans(n_full=12, seed=7, fleet=True)
+    duck, ch = both_stores(tmp_path, req)
+    q = "SELECT trace_id, replica, instance_id, service_name FROM request_replicas ORDER BY trace_id"
+    want = _rows(f"duckdb://{duck}", q)
+    client = connect_clickhouse(parse_store_url(ch))
+    try:
+        assert int(client.command("SELECT count() FROM _engine_spans")) == len(want)   # fed at insert
+        client.command("DROP VIEW _engine_spans_mv")
+        client.command("DROP TABLE _engine_spans")
+        client.command(to_clickhouse(REQUEST_REPLICAS_VIEW))   # the older view, over spans
+        before = [tuple(r) for r in client.query(q).result_rows]
+    finally:
+        client.close()
+    assert before == [tuple(r) for r in want]   # the older view's rows (readers ask for init first)
+    assert main(["clickhouse", "init", "--url", ch]) == 0
+    client = connect_clickhouse(parse_store_url(ch))
+    try:
+        view = client.command("SELECT create_table_query FROM system.tables WHERE name = 'request_replicas' "
+                              "AND database = currentDatabase()")
+        engine_spans = int(client.command("SELECT count() FROM _engine_spans"))
+    finally:
+        client.close()
+    assert "_engine_spans" in view and engine_spans == len(want) >= 12, (view, engine_spans, len(want))
+    assert _rows(ch, q) == want

@@ -212,9 +212,10 @@ def _reuse(directory: Path) -> dict:
 
 
 def merge_requests(url: str) -> dict:
-    """`OPTIMIZE TABLE _requests_kept FINAL` on the chdb store at `url`: its rows in one part, so that a read
+    """objects.merge_kept_requests on the chdb store at `url`: `_requests_kept` in one part, so that a read
     of `requests` (`_requests_kept FINAL`) merges nothing. Returns {"parts_before", "parts_after", "rows",
-    "seconds"}."""
+    "rows_before", "seconds"}."""
+    from collector.clickhouse.objects import merge_kept_requests
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     client = connect_clickhouse(parse_store_url(url))
@@ -224,7 +225,7 @@ def merge_requests(url: str) -> dict:
                                       "database = currentDatabase() AND table = '_requests_kept'").result_rows[0])
         before = parts()
         t = time.perf_counter()
-        client.command("OPTIMIZE TABLE _requests_kept FINAL")
+        merge_kept_requests(client)
         seconds = time.perf_counter() - t
         after = parts()
     finally:

@@ -30,7 +30,9 @@ before"): load into a fresh database.
 `clock_offsets` and then the `requests` rows of the loaded traces are recomputed from the loaded
 spans (as their refreshable views would), every trace that arrived since the load began stamped as
 arrived again first: a part's arrivals are stamped before it commits, so a refresh that ran while a
-part went in could leave some of them behind (objects.arrived_again_since; 3,083 of 1M traces once). Not moved:
+part went in could leave some of them behind (objects.arrived_again_since; 3,083 of 1M traces once); then
+`_requests_kept` is merged into one part (objects.merge_kept_requests: every loaded trace's row was
+written more than once, and `requests` reads it FINAL). Not moved:
 `device_samples` and `metric_points` (ClickHouse keeps them in the exporter's otel_metrics_* tables).
 """
 
@@ -297,7 +299,12 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
             if there:
                 raise UserError(f"--from {source}: the target already holds spans of its traces ({there} of the first "
                                 f"{len(first)} traces' spans); it was loaded before")
-        from collector.clickhouse.objects import arrived_again_since, refresh_requests, server_now
+        from collector.clickhouse.objects import (
+            arrived_again_since,
+            merge_kept_requests,
+            refresh_requests,
+            server_now,
+        )
 
         started = server_now(client)
         counts = {}
@@ -319,4 +326,5 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
     # every loaded trace recomputed, whichever refresh ran while a part went in (arrived_again_since)
     arrived_again_since(client, started)
     refresh_requests(client)
+    merge_kept_requests(client)   # each loaded trace's row was written more than once: one part, one row each
     return counts

@@ -251,7 +251,7 @@ def format_ms(x: float | None) -> str:
     """A duration (ms) as every surface shows it: 'n/a' for None; '3.142 ms' under 10 ms, '42.5 ms'
     under 1 s, '1,234 ms' under 10 s, then seconds ('550.1 s', not '550,095 ms'). The value is first
     rounded to 1e-9 ms, below any digit shown: two exact paths to one quantile that differ by float
-    noise (numpy's P90 of whole microseconds 24650.000000000004 us, the step histogram's 24650.0 us)
+    noise (a CI run's P90 ITL: numpy's 24.650000000000006 ms, the step histogram's 24.649999999999995 ms)
     show the same text, where the noise alone moved '24.6 ms' to '24.7 ms' at a half-way digit."""
     if x is None:
         return "n/a"

@@ -111,7 +111,8 @@ REFRESH_MARGIN_S = 10
 # REFRESH_S + REFRESH_MARGIN_S at most, unless the refreshes stop for longer.
 ARRIVALS_TTL_HOURS = 24
 
-TAILTRACE_OBJECTS = ("spans", "_engine_spans", "_engine_spans_mv", "request_replicas", "engine_steps", "device_samples", "_request_spans", "_trace_state",
+TAILTRACE_OBJECTS = ("spans", "_engine_spans", "_engine_spans_mv", "request_replicas", "engine_steps", "device_samples",
+                     "_request_spans", "_trace_state",
                      "_trace_state_mv", "_trace_arrivals", "_trace_arrivals_mv", "_agg", "_agg_arrived",
                      "clock_offsets", "clock_offsets_rmv", "_requests_kept", "_requests_kept_rmv", "requests",
                      "decode_steps",
@@ -482,8 +483,9 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
     `backfill_requests` (a store set up before `_requests_kept`), every trace of `_trace_state` is
     marked arrived, so that the next refresh (`refresh_requests`) computes its `requests` row;
     `backfill_engine_spans` (default: `backfill`): fill `_engine_spans` from them (when it is new: a
-    store set up before it, whose `request_replicas` read `spans`). `margin_s` (s, >= 0): how far before the previous refresh each refresh re-reads arrivals
-    (REFRESH_MARGIN_S; tests of what a refresh recomputes set 0)."""
+    store set up before it, whose `request_replicas` read `spans`). `margin_s` (s, >= 0): how far
+    before the previous refresh each refresh re-reads arrivals (REFRESH_MARGIN_S; tests of what a
+    refresh recomputes set 0)."""
     stmts = [f"CREATE DATABASE IF NOT EXISTS {database}",
              render_table(TRACES_TABLE, database, ttl_hours),
              *(render_table(t, database, ttl_hours) for t in METRIC_TABLES),

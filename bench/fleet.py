@@ -7,6 +7,7 @@ in-process) beside DuckDB, on the same spans, in one run.
     .venv/bin/python bench/fleet.py --requests 5000 --dir /tmp/fleet --keep
     nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse   # a kept run's stores (ch/ loaded again if removed)
     nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
+    nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse --merged --live 6   # merged, then live-like
 
 The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
 two of them on other hosts, some preempted; output lengths uniform in [2, --tokens], so about
@@ -33,6 +34,9 @@ Then, on each engine in turn (chdb allows one process per data directory, so nev
 and prints per query both times and the ratio ClickHouse / DuckDB, beside the goal (every page < 1 s).
 With --merged, chdb's `_requests_kept` is then merged into one part (`OPTIMIZE ... FINAL`) and chdb timed
 again, a column beside: a read of `requests` is `_requests_kept FINAL`, which merges the unmerged parts.
+With --live R, chdb is then made live-like (`go_live`: R inserts of --live-requests new traces, each
+refreshed, so R more parts of `_requests_kept`, as while a fleet's spans arrive) and timed again, a
+column beside (DuckDB does not get those traces: the quantile check below runs before them).
 Last, the exact-quantile check on this data: DuckDB's `quantile_cont` of E2E, TTFT and ITL at the
 catalog's quantiles against ClickHouse's `quantileExactInclusive` over the same rows, against the
 merge of per-minute `quantileExactInclusiveState`s (a rollup's merged exact quantile), and against
@@ -234,6 +238,33 @@ def merge_requests(url: str) -> dict:
             "seconds": seconds}
 
 
+def go_live(url: str, rounds: int, n: int, tokens: int) -> dict:
+    """The chdb store at `url` made live-like: `rounds` times, `n` new full traces (their spans built
+    now, trace numbers from 2**23: no id of the built or tiled ones) inserted into `otel_traces`, then
+    `requests` refreshed (objects.refresh_requests, as the refreshable views do every REFRESH_S): each
+    refresh appends its part to `_requests_kept` beside the big one, as while a fleet's spans arrive.
+    Returns {"parts": active parts of `_requests_kept` after, "rows": their rows, "seconds": s}."""
+    from collector.clickhouse.exporter_encoding import encode_traces
+    from collector.clickhouse.objects import refresh_requests
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tests.clickhouse.conftest import insert_spans
+    from tests.clickhouse.spans import build_spans
+
+    client = connect_clickhouse(parse_store_url(url))
+    t0 = time.perf_counter()
+    try:
+        for r in range(rounds):
+            req, _ = build_spans(n_full=n, seed=900 + r, now_ns=time.time_ns(), first=2**23 + r * (n + 3),
+                                 specials=False, max_tokens=tokens)
+            insert_spans(client, encode_traces(req))   # refreshes, as after an insert
+            refresh_requests(client)
+        parts, rows = client.query("SELECT count(), sum(rows) FROM system.parts WHERE active AND "
+                                   "database = currentDatabase() AND table = '_requests_kept'").result_rows[0]
+    finally:
+        client.close()
+    return {"parts": parts, "rows": rows, "seconds": time.perf_counter() - t0}
+
+
 def _max_rss_mib() -> float:
     """This process's peak resident memory so far, MiB (getrusage: it only grows)."""
     import resource
@@ -398,11 +429,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merged", action="store_true",
                    help="then merge chdb's _requests_kept into one part (OPTIMIZE ... FINAL) and time chdb again: "
                         "what FINAL costs over unmerged parts, side by side")
+    p.add_argument("--live", type=int, default=0, metavar="R",
+                   help="then make chdb live-like (R refreshes, each after an insert of --live-requests new traces: "
+                        "R parts of _requests_kept beside the others) and time chdb again, a column beside")
+    p.add_argument("--live-requests", type=int, default=1_000, help="new traces per --live refresh (default 1,000)")
     p.add_argument("--replica", default=None,
                    help="also time every page with the Replica filter set to this replica (vllm-0, vllm-1 or vllm-2)")
     args = p.parse_args(argv)
-    if args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0 or args.tile < 1:
-        p.error("--requests, --part and --tile must be >= 1, --tokens >= 2, --repeats >= 0")
+    if (args.requests < 1 or args.tokens < 2 or args.part < 1 or args.repeats < 0 or args.tile < 1 or args.live < 0
+            or args.live_requests < 1):
+        p.error("--requests, --part, --tile and --live-requests must be >= 1, --tokens >= 2, --repeats and --live >= 0")
     directory = args.dir or Path(tempfile.mkdtemp(prefix="tailtrace-fleet-"))
     directory.mkdir(parents=True, exist_ok=True)
     if args.reuse:
@@ -447,7 +483,14 @@ def main(argv: list[str] | None = None) -> int:
             merged = merge_requests(built["chdb"])
             results["merged"] = {**time_pages(built["chdb"], args.repeats, args.replica),
                                  **time_explain(built["chdb"], args.repeats)}
+        quantiles = quantile_check(built["duckdb"], built["chdb"])   # before --live adds traces to chdb alone
+        live = None
+        if args.live:
+            live = go_live(built["chdb"], args.live, args.live_requests, args.tokens)
+            results["live"] = {**time_pages(built["chdb"], args.repeats, args.replica),
+                               **time_explain(built["chdb"], args.repeats)}
         extra = f" {'merged warm':>11} {'merged/DuckDB':>13}" if merged else ""
+        extra += f" {'live warm':>9} {'live/DuckDB':>11}" if live else ""
         print(f"\n{'query':<34} {'DuckDB cold':>11} {'warm':>7} {'chdb cold':>10} {'warm':>7} {'chdb/DuckDB':>11}{extra}")
         for name in results["duckdb"]:
             dc, dw = results["duckdb"][name]
@@ -457,16 +500,24 @@ def main(argv: list[str] | None = None) -> int:
                 goal += " (merged: < 1 s on both)"
             more = (f" {results['merged'][name][1]:>10.2f}s {results['merged'][name][1] / dw:>12.1f}x"
                     if merged else "")
+            if live:
+                lw = results["live"][name][1]
+                more += f" {lw:>8.2f}s {lw / dw:>10.1f}x"
+                if goal:
+                    goal += "; live: " + ("< 1 s on both" if max(dw, lw) < GOAL_S else "over 1 s")
             print(f"{name:<34} {dc:>10.2f}s {dw:>6.2f}s {cc:>9.2f}s {cw:>6.2f}s {cw / dw:>10.1f}x{more}{goal}")
         print(f"(warm = median of {args.repeats}; load {_load()})")
         if merged:
             print(f"merged: _requests_kept {merged['parts_before']} parts ({merged['rows_before']:,} rows) -> "
                   f"{merged['parts_after']} ({merged['rows']:,} rows) in {merged['seconds']:.1f} s")
+        if live:
+            print(f"live: {args.live} refreshes of {args.live_requests:,} new traces each in {live['seconds']:.0f} s; "
+                  f"_requests_kept then {live['parts']} parts ({live['rows']:,} rows)")
         print("\nchdb, every trace (warm), and refreshes (one run each):")
         for name, secs in time_per_trace(built["chdb"], args.repeats).items():
             print(f"  {name:<60} {secs:6.2f}s")
         print("\nexact quantiles on this data, ClickHouse vs DuckDB's quantile_cont (equal: within 1e-12 relative):")
-        for label, name, diff in quantile_check(built["duckdb"], built["chdb"]):
+        for label, name, diff in quantiles:
             print(f"  {label:<28} {name:<36} {'equal' if diff < 1e-12 else 'DIFFERENT'} (max rel. diff {diff:.1e})")
     finally:
         if not args.keep:

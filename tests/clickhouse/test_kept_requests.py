@@ -139,3 +139,82 @@ def test_arrivals_committed_behind_a_refresh_are_recomputed_once_stamped_again(s
     want = _requests(duck.execute(q).fetchall())
     assert NEW not in behind and len(behind) == len(want) - 1 == 48
     assert _diff(REQUESTS.names, want, got, "stamped again") == []
+
+
+def test_a_recomputed_trace_keeps_the_minute_its_first_row_was_sorted_by(spans, tmp_path):
+    """`_requests_kept` sorts by (_first_minute, trace_id) (objects.KEPT_SORTING_KEY), and FINAL
+    replaces rows of equal key only: each refresh must read a trace's minute back from its kept row,
+    never recompute it. Stage 1 keeps OLD's row; its minute is then moved an hour back (as if its
+    arrival_time had been in that minute when first computed); stage 2's late client span recomputes
+    OLD: the new row keeps the moved minute, `requests` holds OLD once and equals DuckDB's, and NEW,
+    first computed by stage 2, is sorted by the minute of its own arrival_time."""
+    from collector.store.duckdb_store import DuckDBStore
+
+    old, new = bytes.fromhex(OLD), bytes.fromhex(NEW)
+
+    def late(sp) -> bool:
+        return sp.trace_id == new or (sp.trace_id == old and _phase(sp) == sc.PHASE_CLIENT)
+
+    store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
+    client = connect_clickhouse(store, create=True)
+    for stmt in init_statements(store.database, margin_s=0):
+        client.command(stmt)
+    duck = DuckDBStore(tmp_path / "t.duckdb").start()
+    minute = "SELECT toUnixTimestamp(_first_minute) FROM _requests_kept FINAL WHERE trace_id = '{}'"
+    try:
+        _arrive_on_both(duck, client, _subset(spans, lambda sp: not late(sp)), "stage 1")
+        first = int(client.command(minute.format(OLD)))
+        client.command(f"INSERT INTO _requests_kept SELECT * REPLACE (_first_minute - 3600 AS _first_minute) "
+                       f"FROM _requests_kept FINAL WHERE trace_id = '{OLD}'")
+        client.command(f"ALTER TABLE _requests_kept DELETE WHERE trace_id = '{OLD}' AND "
+                       f"toUnixTimestamp(_first_minute) = {first} SETTINGS mutations_sync = 2")
+        second = _arrive_on_both(duck, client, _subset(spans, late), "stage 2")
+        kept = dict(client.query(f"SELECT trace_id, toUnixTimestamp(_first_minute) FROM _requests_kept FINAL "
+                                 f"WHERE trace_id IN ('{OLD}', '{NEW}')").result_rows)
+        rows_old = int(client.command(f"SELECT count() FROM requests WHERE trace_id = '{OLD}'"))
+        versions = int(client.command(f"SELECT count() FROM _requests_kept WHERE trace_id = '{OLD}'"))
+        new_arrival = int(client.command(f"SELECT toUnixTimestamp(toStartOfMinute(arrival_time)) FROM requests "
+                                         f"WHERE trace_id = '{NEW}'"))
+    finally:
+        client.close()
+        duck.stop()
+    assert first % 60 == 0 and versions == 2 and rows_old == 1 and len(second) == 49
+    assert kept == {OLD: first - 3600, NEW: new_arrival}
+
+
+def test_init_on_a_store_sorted_by_trace_id_sorts_it_by_minute(spans, duck, tmp_path):
+    """A store whose `_requests_kept` the previous tailtrace made `ORDER BY trace_id` (no
+    `_first_minute`): `clickhouse init` recreates it with objects.KEPT_SORTING_KEY and refills it from
+    the per-trace states, `requests` equal to DuckDB's, one row per trace."""
+    from collector.store.tables import REQUESTS as R
+    from tailtrace.cli import main
+    from tests.clickhouse.conftest import new_chdb_store
+
+    store, client = new_chdb_store(tmp_path / "ch")
+    try:
+        insert_spans(client, encode_traces(spans))
+        client.command("DROP VIEW _requests_kept_rmv")
+        client.command("CREATE TABLE _old ENGINE = Memory AS SELECT * EXCEPT _first_minute FROM _requests_kept FINAL")
+        client.command("DROP TABLE _requests_kept")
+        cols = ", ".join(f"{c.name} {t}" for c, t in zip(R.columns, client.query(
+            "SELECT type FROM system.columns WHERE database = currentDatabase() AND table = '_old' "
+            "ORDER BY position").result_columns[0]))
+        client.command(f"CREATE TABLE _requests_kept ({cols}, _refreshed DateTime64(6, 'UTC')) "
+                       "ENGINE = ReplacingMergeTree(_refreshed) ORDER BY trace_id")
+        client.command("INSERT INTO _requests_kept SELECT * FROM _old")
+        client.command("DROP TABLE _old")
+    finally:
+        client.close()
+    assert main(["clickhouse", "init", "--url", store.text]) == 0
+    client = connect_clickhouse(store)
+    try:
+        q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
+        got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
+        key = client.command("SELECT sorting_key FROM system.tables WHERE name = '_requests_kept' "
+                             "AND database = currentDatabase()")
+        rows = int(client.command("SELECT count() FROM requests"))
+    finally:
+        client.close()
+    want = _requests(duck.execute(q).fetchall())
+    assert key == "_first_minute, trace_id" and rows == len(want) == 49
+    assert _diff(REQUESTS.names, want, got, "after init") == []

@@ -139,6 +139,10 @@ def test_grafana_has_the_clickhouse_plugin_datasource_and_rules():
     assert plugin == "grafana-clickhouse-datasource" and re.fullmatch(r"\d+\.\d+\.\d+", version)
     mounts = dict(_interpolate(v).split(":")[:2] for v in g["volumes"] if v.startswith("./"))
     assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    # the dashboard provider's folder holds the generated ClickHouse dashboard
+    provider = yaml.safe_load((FLEET / "grafana/provisioning/dashboards/tailtrace.yaml").read_text())["providers"][0]
+    assert mounts["./grafana/dashboards"] == provider["options"]["path"]
+    assert (FLEET / "grafana/dashboards/tailtrace-clickhouse.json").is_file()
     ds = yaml.safe_load((FLEET / "grafana/provisioning/datasources/clickhouse.yaml").read_text())["datasources"][0]
     assert ds["type"] == plugin and ds["jsonData"]["host"] == "clickhouse" and ds["jsonData"]["port"] == 9000
     assert ds["jsonData"]["defaultDatabase"] == "otel"

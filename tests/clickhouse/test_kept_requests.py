@@ -74,7 +74,6 @@ def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_pa
     """A store that the previous tailtrace set up (spans and per-trace states, no `_requests_kept` or
     `_trace_arrivals`, a clock_offsets_rmv replacing its table): `clickhouse init` keeps `requests`
     for every trace already there, equal to DuckDB's, and recreates clock_offsets_rmv appending."""
-    from tailtrace.cli import main
     from tests.clickhouse.conftest import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
@@ -89,19 +88,29 @@ def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_pa
                        "SELECT * FROM clock_offsets WHERE 0")   # the older kind: replaces the table
     finally:
         client.close()
+    rmv, offsets = _init_then(store, duck, "SELECT create_table_query FROM system.tables WHERE name = "
+                              "'clock_offsets_rmv' AND database = currentDatabase()",
+                              "SELECT count() FROM clock_offsets WHERE offset_ms <> 0")
+    assert int(offsets) > 0 and " APPEND " in rmv
+
+
+def _init_then(store, duck, *sqls: str) -> list:
+    """Run `tailtrace clickhouse init` on `store`, assert its `requests` equal DuckDB's (`duck`, 49
+    traces) row for row, and return what each of `sqls` gives there then (client.command)."""
+    from tailtrace.cli import main
+
     assert main(["clickhouse", "init", "--url", store.text]) == 0
     client = connect_clickhouse(store)
     try:
         q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
         got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
-        rmv = client.command("SELECT create_table_query FROM system.tables WHERE name = 'clock_offsets_rmv' "
-                             "AND database = currentDatabase()")
-        offsets = int(client.command("SELECT count() FROM clock_offsets WHERE offset_ms <> 0"))
+        out = [client.command(sql) for sql in sqls]
     finally:
         client.close()
     want = _requests(duck.execute(q).fetchall())
-    assert len(want) == 49 and offsets > 0 and " APPEND " in rmv
+    assert len(want) == len(got) == 49
     assert _diff(REQUESTS.names, want, got, "after init") == []
+    return out
 
 
 def test_arrivals_committed_behind_a_refresh_are_recomputed_once_stamped_again(spans, duck, tmp_path):
@@ -186,8 +195,6 @@ def test_init_on_a_store_sorted_by_trace_id_sorts_it_by_minute(spans, duck, tmp_
     """A store whose `_requests_kept` the previous tailtrace made `ORDER BY trace_id` (no
     `_first_minute`): `clickhouse init` recreates it with objects.KEPT_SORTING_KEY and refills it from
     the per-trace states, `requests` equal to DuckDB's, one row per trace."""
-    from collector.store.tables import REQUESTS as R
-    from tailtrace.cli import main
     from tests.clickhouse.conftest import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
@@ -196,7 +203,7 @@ def test_init_on_a_store_sorted_by_trace_id_sorts_it_by_minute(spans, duck, tmp_
         client.command("DROP VIEW _requests_kept_rmv")
         client.command("CREATE TABLE _old ENGINE = Memory AS SELECT * EXCEPT _first_minute FROM _requests_kept FINAL")
         client.command("DROP TABLE _requests_kept")
-        cols = ", ".join(f"{c.name} {t}" for c, t in zip(R.columns, client.query(
+        cols = ", ".join(f"{c.name} {t}" for c, t in zip(REQUESTS.columns, client.query(
             "SELECT type FROM system.columns WHERE database = currentDatabase() AND table = '_old' "
             "ORDER BY position").result_columns[0]))
         client.command(f"CREATE TABLE _requests_kept ({cols}, _refreshed DateTime64(6, 'UTC')) "
@@ -205,16 +212,6 @@ def test_init_on_a_store_sorted_by_trace_id_sorts_it_by_minute(spans, duck, tmp_
         client.command("DROP TABLE _old")
     finally:
         client.close()
-    assert main(["clickhouse", "init", "--url", store.text]) == 0
-    client = connect_clickhouse(store)
-    try:
-        q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
-        got = _requests(run_readonly(client, q, max_rows=10**6)["rows"])
-        key = client.command("SELECT sorting_key FROM system.tables WHERE name = '_requests_kept' "
-                             "AND database = currentDatabase()")
-        rows = int(client.command("SELECT count() FROM requests"))
-    finally:
-        client.close()
-    want = _requests(duck.execute(q).fetchall())
-    assert key == "_first_minute, trace_id" and rows == len(want) == 49
-    assert _diff(REQUESTS.names, want, got, "after init") == []
+    key, rows = _init_then(store, duck, "SELECT sorting_key FROM system.tables WHERE name = '_requests_kept' "
+                           "AND database = currentDatabase()", "SELECT count() FROM requests")
+    assert key == "_first_minute, trace_id" and int(rows) == 49

@@ -88,7 +88,7 @@ from semantics import semconv as sc
 
 __all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "KEPT_SORTING_KEY", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
            "arrived_again_since", "ch_type", "init_statements", "merge_kept_requests", "refresh_requests",
-           "server_now"]
+           "server_now", "stale_trace_state"]
 
 # Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
 # over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
@@ -325,6 +325,19 @@ def _trace_state_table(ttl_hours: int) -> str:
     return (f"CREATE TABLE IF NOT EXISTS _trace_state ENGINE = AggregatingMergeTree "
             f"PARTITION BY toDate(last_start) ORDER BY trace_id {ttl_clause('last_start', ttl_hours)} "
             f"EMPTY AS {_trace_state_select()}")
+
+
+def stale_trace_state(client) -> bool:
+    """True when `_trace_state` exists with other columns (names, types, order) than today's
+    PER_TRACE_AGGREGATES give (a store that an older tailtrace set up: its states' columns were fixed
+    when `init` first created the table). `tailtrace clickhouse init` then drops it and its view and
+    refills it from `otel_traces`. Raises clickhouse_connect's errors."""
+    if not int(client.command("EXISTS TABLE _trace_state")):
+        return False
+    want = [tuple(r[:2]) for r in client.query(f"DESCRIBE TABLE ({_trace_state_select()})").result_rows]
+    have = [tuple(r) for r in client.query("SELECT name, type FROM system.columns WHERE database = currentDatabase() "
+                                           "AND table = '_trace_state' ORDER BY position").result_rows]
+    return want != have
 
 
 def _agg_view(name: str = "_agg", where: str = "") -> str:

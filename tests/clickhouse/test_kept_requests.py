@@ -215,3 +215,27 @@ def test_init_on_a_store_sorted_by_trace_id_sorts_it_by_minute(spans, duck, tmp_
     key, rows = _init_then(store, duck, "SELECT sorting_key FROM system.tables WHERE name = '_requests_kept' "
                            "AND database = currentDatabase()", "SELECT count() FROM requests")
     assert key == "_first_minute, trace_id" and int(rows) == 49
+
+
+def test_init_refills_per_trace_states_kept_with_other_aggregates(spans, duck, tmp_path):
+    """`_trace_state`'s columns are fixed when init first creates it: a store whose states an older
+    tailtrace kept (here: one aggregate fewer) is detected (objects.stale_trace_state), its states
+    dropped and refilled from `otel_traces` by `clickhouse init`, and `requests` recomputed from them
+    equals DuckDB's. A store init made today is not refilled (its states are today's)."""
+    from collector.clickhouse.objects import stale_trace_state
+    from tests.clickhouse.conftest import new_chdb_store
+
+    store, client = new_chdb_store(tmp_path / "ch")
+    try:
+        insert_spans(client, encode_traces(spans))
+        fresh = stale_trace_state(client)
+        last = client.query("SELECT name FROM system.columns WHERE database = currentDatabase() AND "
+                            "table = '_trace_state' AND name <> 'last_start' ORDER BY position DESC LIMIT 1").result_rows[0][0]
+        client.command("DROP VIEW _trace_state_mv")
+        client.command(f"ALTER TABLE _trace_state DROP COLUMN {last}")
+        old = stale_trace_state(client)
+    finally:
+        client.close()
+    (columns,) = _init_then(store, duck, "SELECT groupArray(name) FROM system.columns WHERE database = "
+                            "currentDatabase() AND table = '_trace_state'")
+    assert not fresh and old and last in columns

@@ -138,6 +138,9 @@ TRUNCATED_TOKENS = "tailtrace.gateway.truncated_tokens"
 # Gauges exported by the device sampler; data point attributes: host, device_index, device_uuid,
 # source (nvml | dcgm | cpu). The collector turns them into device_samples rows.
 DEVICE_METRIC_PREFIX = "tailtrace.device."
+# resource attribute of a metric point's rows in ClickHouse: the metric_points `source` it had in
+# the DuckDB store it was loaded from, where not 'otlp' (a scrape target; collector/clickhouse/load.py)
+METRIC_POINTS_SOURCE = "tailtrace.metric_points.source"
 DEVICE_UTIL_PCT = "tailtrace.device.util_pct"
 DEVICE_MEM_UTIL_PCT = "tailtrace.device.mem_util_pct"
 DEVICE_MEM_USED_BYTES = "tailtrace.device.mem_used_bytes"

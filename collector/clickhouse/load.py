@@ -25,15 +25,16 @@ before"): load into a fresh database.
   `otel_traces` without those arrays, so `decode_steps_mv` (and the rollups fed from the same arrays)
   add nothing twice. The other rollups (collector/clickhouse/rollups.py) fill themselves: the ITL
   histogram from the inserted `decode_steps`, the engine totals from the engine-step spans, the
-  request totals and phases from `requests`.
+  request totals and phases from `requests`;
+- `device_samples` and `metric_points` as the exporter's `otel_metrics_gauge` / `otel_metrics_sum`
+  rows, which ClickHouse's views of the same names read back as the same rows (`_metric_tables`).
 
 `clock_offsets` and then the `requests` rows of the loaded traces are recomputed from the loaded
 spans (as their refreshable views would), every trace that arrived since the load began stamped as
 arrived again first: a part's arrivals are stamped before it commits, so a refresh that ran while a
 part went in could leave some of them behind (objects.arrived_again_since; 3,083 of 1M traces once); then
 `_requests_kept` is merged into one part (objects.merge_kept_requests: every loaded trace's row was
-written more than once, and `requests` reads it FINAL). Not moved:
-`device_samples` and `metric_points` (ClickHouse keeps them in the exporter's otel_metrics_* tables).
+written more than once, and `requests` reads it FINAL).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from collector.clickhouse.exporter_encoding import as_string_plain
+from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, as_string_plain
 from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, TRACES_TABLE
+from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
 from collector.store.tables import (
     DECODE_STEPS,
     ENGINE_STEPS,
@@ -136,6 +138,14 @@ class _Maps:
         self.keys += kv[0]
         self.values += kv[1]
         self.offsets.append(len(self.keys))
+
+    @staticmethod
+    def empty(n: int):
+        """A column of `n` empty maps."""
+        m = _Maps()
+        for _ in range(n):
+            m.add(_EMPTY)
+        return m.array()
 
     def array(self):
         import pyarrow as pa
@@ -239,6 +249,69 @@ def _step_tables(con, batch_rows: int):
         yield _traces_table(plain, resources, attrs, events)
 
 
+# device_samples -> its gauges: every device column (NaN where NULL: the view reads a non-finite value
+# as NULL, so a row whose every value is NULL comes back too) at the sample's time, host and device
+_DEVICE_SQL = (f"SELECT epoch_us(time) * 1000 AS t_ns, host, device_index, device_uuid, source, throttle_reasons, "
+               f"{', '.join(DEVICE_COLUMNS.values())} FROM device_samples")
+_POINTS_SQL = "SELECT epoch_us(time) * 1000 AS t_ns, source, name, CAST(labels AS VARCHAR) AS labels, value FROM metric_points"
+_TEMPORALITY = {"delta": 1, "cumulative": 2}   # OTLP's AggregationTemporality; otherwise 0, unspecified
+
+
+def _metric_tables(con, batch_rows: int):
+    """(exporter table, Arrow table of its METRIC_COLUMNS) of the DuckDB store's device_samples and
+    metric_points, so that ClickHouse's views of the same name give the same rows:
+    - a device sample: one `otel_metrics_gauge` point per device column (its tailtrace.device.*
+      name), attributes host, device_index and the sample's device_uuid, source, throttle_reasons;
+    - a metric_points row: one point named as the row (`_bucket`, `_count`, ... rows of a histogram
+      too: metric_points holds them flat), its labels the point's attributes; in `otel_metrics_sum`
+      with that AggregationTemporality when the labels carry enrich.TEMPORALITY_LABEL (the label
+      itself left out: the view adds it back), else in `otel_metrics_gauge`; a source other than
+      'otlp' (a scrape target) as the resource attribute semconv.METRIC_POINTS_SOURCE.
+    NULL values travel as NaN (the views read a non-finite value as NULL); IsMonotonic is not kept
+    by metric_points (false)."""
+    import pyarrow as pa
+
+    from collector.query.readonly import stream_batches
+
+    def table(name: str, rows: list[tuple]):
+        """rows: (resource kv, attributes kv, name, t_ns, value[, temporality])."""
+        res, attrs = _Maps(), _Maps()
+        for r in rows:
+            res.add(r[0])
+            attrs.add(r[1])
+        n = len(rows)
+        cols = {"ResourceAttributes": res.array(), "ScopeAttributes": _Maps.empty(n), "Attributes": attrs.array(),
+                "MetricName": pa.array([r[2] for r in rows], pa.string()),
+                "StartTimeUnix": pa.array([0] * n, pa.int64()).cast(_ns_type()),
+                "TimeUnix": pa.array([r[3] for r in rows], pa.int64()).cast(_ns_type()),
+                "Value": pa.array([r[4] for r in rows], pa.float64()),
+                "Flags": pa.array([0] * n, pa.uint32()), "ScopeDroppedAttrCount": pa.array([0] * n, pa.uint32()),
+                "AggregationTemporality": pa.array([r[5] if len(r) > 5 else 0 for r in rows], pa.int32()),
+                "IsMonotonic": pa.array([False] * n, pa.bool_())}
+        return name, pa.table({c: cols.get(c, pa.array([""] * n, pa.string())) for c in METRIC_COLUMNS[name]})
+
+    nan = float("nan")
+    for batch in stream_batches(con, _DEVICE_SQL, batch_rows):
+        rows = []
+        for t_ns, host, di, uuid, source, reasons, *vals in zip(*(c.to_pylist() for c in batch.columns)):
+            kv = _items({k: v for k, v in (("host", host), ("device_index", di), ("device_uuid", uuid),
+                                            ("source", source), ("throttle_reasons", reasons)) if v is not None})
+            rows += [(_EMPTY, kv, metric, t_ns, nan if v is None else v) for metric, v in zip(DEVICE_COLUMNS, vals)]
+        yield table("otel_metrics_gauge", rows)
+    for batch in stream_batches(con, _POINTS_SQL, batch_rows):
+        out: dict[str, list] = {"otel_metrics_gauge": [], "otel_metrics_sum": []}
+        for t_ns, source, name, labels, v in zip(*(c.to_pylist() for c in batch.columns)):
+            labels = json.loads(labels) if labels else {}
+            res = _EMPTY if source in (None, "otlp") else ([sc.METRIC_POINTS_SOURCE], [source])
+            v = nan if v is None else v
+            if TEMPORALITY_LABEL in labels:
+                temporality = _TEMPORALITY.get(labels.pop(TEMPORALITY_LABEL), 0)
+                out["otel_metrics_sum"].append((res, _items(labels), name, t_ns, v, temporality))
+            else:
+                out["otel_metrics_gauge"].append((res, _items(labels), name, t_ns, v))
+        yield from (table(name, rows) for name, rows in out.items() if rows)
+
+
 def _table_batches(con, spec, batch_rows: int):
     """Every row of table `spec` of `con`, DuckDB's Arrow batches as they are."""
     from collector.query.readonly import stream_batches
@@ -315,6 +388,12 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
                 out.write(table)
             out.flush()
             counts[TRACES_TABLE] = out.rows
+            parts = {t: _Parts(client, t, METRIC_COLUMNS[t], Path(tmp), part_rows) for t in METRIC_COLUMNS}
+            for name, table in _metric_tables(con, batch_rows):
+                parts[name].write(table)
+            for name, out in parts.items():
+                out.flush()
+                counts[name] = out.rows
             for spec in (DECODE_STEPS, STEP_ROLLUP, STEP_HISTOGRAM):
                 out = _Parts(client, spec.name, spec.names, Path(tmp), part_rows)
                 for batch in _table_batches(con, spec, batch_rows):

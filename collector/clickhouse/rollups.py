@@ -89,18 +89,21 @@ def _sources() -> dict[str, str]:
 
 
 def _metric_points_view() -> str:
-    """metric_points over the exporter's gauge and sum tables (enrich.metrics_to_batch's rows)."""
+    """metric_points over the exporter's gauge and sum tables (enrich.metrics_to_batch's rows); `source`
+    'otlp', or the resource attribute semconv.METRIC_POINTS_SOURCE (the rows `clickhouse load` moved)."""
     from collector.clickhouse.objects import _cols, _in
     from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
     from collector.processor.otlp_arrow import MAX_TIME_NS, MIN_TIME_NS
     from collector.store.tables import METRIC_POINTS
+    from semantics import semconv as sc
 
     svc = "if(mapContains(ResourceAttributes, 'service.name'), map('service_name', ResourceAttributes['service.name']), map())"
     # the point's attributes win over service_name; the temporality label over an attribute of that name
     base = f"mapUpdate(CAST({svc} AS Map(String, String)), CAST(Attributes AS Map(String, String)))"
     temporality = (f"map('{TEMPORALITY_LABEL}', multiIf(AggregationTemporality = 1, 'delta', "
                    "AggregationTemporality = 2, 'cumulative', 'unspecified'))")
-    exprs = {"time": "fromUnixTimestamp64Micro(intDiv(t_ns, 1000), 'UTC')", "source": "'otlp'", "name": "MetricName",
+    source = f"coalesce(nullIf(ResourceAttributes['{sc.METRIC_POINTS_SOURCE}'], ''), 'otlp')"   # load.py's rows
+    exprs = {"time": "fromUnixTimestamp64Micro(intDiv(t_ns, 1000), 'UTC')", "source": source, "name": "MetricName",
              "labels": "toJSONString(labels)", "value": "if(isFinite(Value), Value, NULL)"}
     parts = []
     for table, labels in (("otel_metrics_gauge", base), ("otel_metrics_sum", f"mapUpdate({base}, {temporality})")):

@@ -5,7 +5,10 @@ and `step_rollup` rows, and the same readings of the rollups; bad sources and ta
 from __future__ import annotations
 
 import collections
+import datetime as dt
+import json
 import math
+import time
 
 import duckdb
 import pytest
@@ -21,15 +24,42 @@ from tests.clickhouse.test_equality import _diff, _requests, _steps
 from tests.clickhouse.test_rollups import _compare, _on_ch, _on_duck, _readers
 
 
+def _naive(v):
+    """A datetime without its time zone (chdb's are UTC-aware, DuckDB's TIMESTAMP naive UTC)."""
+    return v.replace(tzinfo=None) if isinstance(v, dt.datetime) else v
+
+
 def _err(capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err
 
 
+SCRAPED = "http://127.0.0.1:9400/metrics"   # a scrape target's rows in metric_points (source = the target)
+
+
 @pytest.fixture(scope="module")
 def duck_path(tmp_path_factory):
-    return duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", build_spans()[0])
+    """A DuckDB store of build_spans' traces and test_rollups.full_metrics_request's metrics (device
+    gauges, gauges, delta and cumulative sums, a histogram) through the real processor and writer, and
+    one metric_points row of a scrape target."""
+    from collector.processor.enrich import metrics_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+    from tests.clickhouse.test_rollups import full_metrics_request
+
+    path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", build_spans()[0])
+    store = DuckDBStore(path).start()
+    try:
+        store.submit(metrics_to_batch(full_metrics_request(time.time_ns()))).result(60)
+    finally:
+        store.stop()
+    con = duckdb.connect(str(path))
+    try:
+        con.execute("INSERT INTO metric_points VALUES (now(), ?, 'DCGM_FI_DEV_GPU_UTIL', '{\"gpu\": \"0\"}', 37.0)",
+                    [SCRAPED])
+    finally:
+        con.close()
+    return path
 
 
 def _assert_same_as_duckdb(duck_path, url):
@@ -56,6 +86,19 @@ def _assert_same_as_duckdb(duck_path, url):
         assert len(want) > 10 and [tuple(r) for r in got] == [tuple(r) for r in want]
         # the dashboard's and the exporter's readers of the rollups
         assert _compare(_readers(duck, _on_duck), _readers(client, _on_ch)) == []
+        # the metrics: device_samples pivoted back, metric_points with every histogram row and its source
+        cols = "time, host, device_index, device_uuid, util_pct, sm_clock_mhz, power_w, temp_c, mem_used_bytes, " \
+               "throttle_mask, source"
+        want, got = both(f"SELECT {cols} FROM device_samples ORDER BY host")
+        assert len(want) == 2 and want[0][4:10] == (50.0, 1410.0, 300.0, 70.0, 2.0**34, 4.0)
+        assert [tuple(_naive(v) for v in r) for r in got] == [tuple(_naive(v) for v in r) for r in want]
+        q = "SELECT time, source, name, labels, value FROM metric_points"
+        want, got = (sorted((_naive(t), src, n, json.dumps(json.loads(lab) if isinstance(lab, str) else lab,
+                                                            sort_keys=True), v)
+                            for t, src, n, lab, v in rows) for rows in both(q))
+        assert any(n.endswith("_bucket") for _, _, n, _, _ in want) and any(s == SCRAPED for _, s, *_ in want)
+        assert any(v is None for *_, v in want)   # a NaN point
+        assert len(want) == 12 + 2 * 5 + 1 and got == want
         q = "SELECT phase, count(*), round(sum(duration_ms), 6) FROM spans GROUP BY phase ORDER BY phase"
         want, got = both(q)
         assert [tuple(r) for r in got] == [tuple(r) for r in want]

@@ -114,6 +114,35 @@ def _metrics_request(now_ns: int):
     return req
 
 
+def full_metrics_request(now_ns: int):
+    """`_metrics_request` with, per service, every device gauge the dashboards read beside its
+    utilisation (SM clock 1410 MHz, 300 W, 70 C, 16 GiB used, throttle reasons 4) and a cumulative
+    histogram `vllm:e2e_request_latency_seconds` (bounds 0.1, 1; counts 1, 2, 3; sum 5): what the
+    live ClickHouse path leaves out of metric_points (its `_bucket`/`_count`/`_sum` rows), which
+    `clickhouse load` moves."""
+    from semantics import semconv as sc
+
+    req = _metrics_request(now_ns)
+    for rm in req.resource_metrics:
+        sm = rm.scope_metrics[0]
+        util = next(m for m in sm.metrics if m.name == sc.DEVICE_UTIL_PCT)
+        for name, v in ((sc.DEVICE_SM_CLOCK_MHZ, 1410.0), (sc.DEVICE_POWER_W, 300.0), (sc.DEVICE_TEMP_C, 70.0),
+                        (sc.DEVICE_MEM_USED_BYTES, 2.0**34), (sc.DEVICE_THROTTLE_REASONS, 4.0)):
+            g = sm.metrics.add()
+            g.CopyFrom(util)
+            g.name = name
+            g.gauge.data_points[0].as_double = v
+        h = sm.metrics.add()
+        h.name = "vllm:e2e_request_latency_seconds"
+        h.histogram.aggregation_temporality = 2
+        p = h.histogram.data_points.add()
+        p.time_unix_nano = now_ns
+        p.explicit_bounds.extend([0.1, 1.0])
+        p.bucket_counts.extend([1, 2, 3])
+        p.count, p.sum = 6, 5.0
+    return req
+
+
 def test_metric_points_and_device_samples_equal_duckdbs(chdb_store, tmp_path):
     from collector.processor.enrich import metrics_to_batch
     from collector.store.duckdb_store import DuckDBStore

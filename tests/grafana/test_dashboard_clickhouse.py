@@ -62,22 +62,12 @@ def test_latency_panels_give_each_intervals_exact_quantiles_per_model(fixture_db
 
 def test_every_panel_runs_on_the_real_views(chdb_store):  # noqa: F811
     from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics
-    from semantics import semconv as sc
-    from tests.clickhouse.test_rollups import _metrics_request
+    from tests.clickhouse.test_rollups import full_metrics_request
 
     _, client = chdb_store
     req, now_ns = build_spans(n_full=8)
     insert_spans(client, encode_traces(req))
-    metrics = _metrics_request(time.time_ns())
-    for rm in metrics.resource_metrics:   # beside its utilisation gauge, every other one the device panels read
-        sm = rm.scope_metrics[0]
-        util = next(m for m in sm.metrics if m.name == sc.DEVICE_UTIL_PCT)
-        for name, v in ((sc.DEVICE_SM_CLOCK_MHZ, 1410.0), (sc.DEVICE_POWER_W, 300.0), (sc.DEVICE_TEMP_C, 70.0),
-                        (sc.DEVICE_MEM_USED_BYTES, 2.0**34), (sc.DEVICE_THROTTLE_REASONS, 4.0)):
-            g = sm.metrics.add()
-            g.CopyFrom(util)
-            g.name = name
-            g.gauge.data_points[0].as_double = v
+    metrics = full_metrics_request(time.time_ns())
     for table, rows in encode_metrics(metrics).items():
         client.insert(table, rows, column_names=list(METRIC_COLUMNS[table]))
     end_s = max(now_ns, time.time_ns()) // 10**9 + 60

@@ -87,7 +87,9 @@ class TailSet:
     quantile_cont; `label` P99 for 0.99), the tail (strictly above the threshold: `n_tail`) and its
     total excess over the median (`excess_ms`). `window`: the scope's [start, end) as ISO UTC;
     `where`/`params`: the SQL condition on `requests` selecting the population (the tail adds
-    `AND <column> > threshold`)."""
+    `AND <column> > threshold`), in DuckDB's dialect, as the detectors run it; `shown`: the tail's
+    (condition, params) as the report shows them when the store speaks another dialect
+    (source.evidence_for_store: ClickHouse's, params bound), else None (`tail_where`, `tail_params`)."""
 
     metric: str
     column: str
@@ -100,6 +102,7 @@ class TailSet:
     window: dict
     where: str
     params: list
+    shown: tuple[str, list] | None = None
 
     @property
     def tail_where(self) -> str:
@@ -162,10 +165,9 @@ class Report:
         """The report as JSON values, following docs/explain.schema.json."""
         tail = None
         if self.tail is not None:
-            tail = {k: v for k, v in asdict(self.tail).items() if k not in ("where", "params")}
+            tail = {k: v for k, v in asdict(self.tail).items() if k not in ("where", "params", "shown")}
             tail["label"] = self.tail.label
-            tail["sql_where"] = self.tail.tail_where
-            tail["sql_params"] = self.tail.tail_params
+            tail["sql_where"], tail["sql_params"] = self.tail.shown or (self.tail.tail_where, self.tail.tail_params)
         return {
             "schema": SCHEMA_ID,
             "scope": self.scope,

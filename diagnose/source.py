@@ -161,10 +161,10 @@ def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[
 
 def evidence_for_store(report, url: str | None) -> None:
     """Rewrite, in place, every `Evidence` of `report` (its findings', its capacity line's and its
-    request's) in the dialect of the store at `url`, so that `tailtrace sql --store URL` re-runs it as
-    shown: on ClickHouse (`chdb://`, `clickhouse://`) the SQL as the store ran it (translated by
-    collector/clickhouse/dialect.py, its `?` bound as literals) and no params; a DuckDB store, a live
-    collector (None) or a bad URL: unchanged."""
+    request's) and its tail set's condition (`TailSet.shown`) in the dialect of the store at `url`, so
+    that `tailtrace sql --store URL` re-runs it as shown: on ClickHouse (`chdb://`, `clickhouse://`)
+    the SQL as the store ran it (translated by collector/clickhouse/dialect.py, its `?` bound as
+    literals) and no params; a DuckDB store, a live collector (None) or a bad URL: unchanged."""
     from collector.clickhouse.store_url import parse_store_url
 
     if not url:
@@ -182,4 +182,6 @@ def evidence_for_store(report, url: str | None) -> None:
     for group in groups:
         for ev in group:
             ev.sql, ev.params = bind(to_clickhouse(ev.sql), list(ev.params or [])), []
+    if report.tail is not None:
+        report.tail.shown = (bind(to_clickhouse(report.tail.tail_where), list(report.tail.tail_params)), [])
 

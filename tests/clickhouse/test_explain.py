@@ -60,6 +60,16 @@ def assert_same_report(want: dict, got: dict, duck_url: str, ch_url: str) -> Non
             rows_d = [list(r) for r in con.execute(a["sql"], a["params"]).fetchall()]
             rows_c = run_readonly(client, b["sql"], max_rows=10**6)["rows"]
             assert _differences(_json(rows_d), _json(rows_c)) == [], (a["what"], b["sql"])
+        # the tail set's condition as shown: ClickHouse's dialect, bound; the same tail on both
+        if want["tail"] is not None:
+            tw, tg = want["tail"], got["tail"]
+            assert tg["sql_params"] == [] and tg["sql_where"] != tw["sql_where"]
+            q = "SELECT count(*) FROM requests WHERE "
+            n_d = con.execute(q + tw["sql_where"], tw["sql_params"]).fetchone()[0]
+            n_c = run_readonly(client, q + tg["sql_where"], max_rows=10)["rows"][0][0]
+            assert n_d == n_c == tw["n_tail"] > 0
+            for t in (tw, tg):
+                t.pop("sql_where"), t.pop("sql_params")
     finally:
         client.close()
         con.close()

@@ -66,7 +66,6 @@ def _load(args) -> int:
 
 def _init(args) -> int:
     from collector.clickhouse.objects import (
-        KEPT_SORTING_KEY,
         init_statements,
         refresh_requests,
         stale_trace_state,
@@ -96,16 +95,10 @@ def _init(args) -> int:
                                "AND name = 'clock_offsets_rmv'", parameters={"db": store.database}).result_rows
             if rmv and " APPEND " not in rmv[0][0]:   # it replaced clock_offsets with every trace's samples
                 client.command("DROP VIEW clock_offsets_rmv")   # recreated appending those of arrived traces
-            key = client.query("SELECT sorting_key FROM system.tables WHERE database = {db:String} "
-                               "AND name = '_requests_kept'", parameters={"db": store.database}).result_rows
             if stale_trace_state(client):   # states of another PER_TRACE_AGGREGATES: refilled from otel_traces
                 client.command("DROP VIEW IF EXISTS _trace_state_mv")
                 client.command("DROP TABLE _trace_state")
                 fresh_traces = True
-            if key and key[0][0] != KEPT_SORTING_KEY:   # ORDER BY trace_id, as before objects.KEPT_SORTING_KEY
-                client.command("DROP VIEW IF EXISTS _requests_kept_rmv")   # recreated with the table, which
-                client.command("DROP TABLE _requests_kept")   # the next refresh fills from _trace_state
-                fresh_requests = True
             for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
                                         backfill_traces=fresh_traces, backfill_requests=fresh_requests,
                                         backfill_engine_spans=fresh_engine_spans):

@@ -32,8 +32,7 @@ Over the exporter's `otel_traces` (vendored DDL, exporter_schema.py), `init_stat
   `clock.samples_sql` over the traces of `_agg_arrived` (below), as the DuckDB writer records the
   samples of the traces of each refresh (a minute and pair may have several rows; readers take the
   best, clock.offsets_cte). A request's network split uses the offsets known when its row was computed;
-- `_requests_kept` (ReplacingMergeTree, version `_refreshed`, ORDER BY KEPT_SORTING_KEY: the minute a
-  trace was first computed, then trace_id), appended to every
+- `_requests_kept` (ReplacingMergeTree, version `_refreshed`, ORDER BY trace_id), appended to every
   `REFRESH_S` by the refreshable materialized view `_requests_kept_rmv` (`APPEND`, after
   `clock_offsets_rmv`):
   `schema.requests_sql` over `_agg_arrived`, the merged states (`_agg`'s SELECT) of the traces with
@@ -86,7 +85,7 @@ from collector.store.tables import (
 )
 from semantics import semconv as sc
 
-__all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "KEPT_SORTING_KEY", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
+__all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
            "arrived_again_since", "ch_type", "init_statements", "merge_kept_requests", "refresh_requests",
            "server_now", "stale_trace_state"]
 
@@ -362,15 +361,10 @@ def _trace_arrivals_select(source: str = "") -> str:
     return f"SELECT DISTINCT assumeNotNull(trace_id) AS trace_id, now64(6, 'UTC') AS inserted FROM {rel}"
 
 
-def _arrived_traces(margin_s: int) -> str:
-    """SELECT of the trace ids with an arrival since the newest kept row's refresh less `margin_s` (s)."""
-    since = f"(SELECT max(_refreshed) FROM _requests_kept) - toIntervalSecond({int(margin_s)})"
-    return f"SELECT trace_id FROM _trace_arrivals WHERE inserted >= {since}"
-
-
 def _agg_arrived_view(margin_s: int) -> str:
     """_agg over the traces with an arrival since the newest kept row's refresh less `margin_s`."""
-    return _agg_view("_agg_arrived", f"trace_id IN ({_arrived_traces(margin_s)})")
+    since = f"(SELECT max(_refreshed) FROM _requests_kept) - toIntervalSecond({int(margin_s)})"
+    return _agg_view("_agg_arrived", f"trace_id IN (SELECT trace_id FROM _trace_arrivals WHERE inserted >= {since})")
 
 
 _DECODE_NOT_NULL = ("trace_id", "time")
@@ -458,44 +452,25 @@ def arrived_again_since(client, since: str) -> None:
     client.command(f"INSERT INTO _trace_arrivals {_trace_arrivals_select(src)}", parameters={"since": since})
 
 
-_KEPT_NOT_NULL = ("trace_id",)   # in the sorting key
-# _requests_kept's sorting key. Its prefix `_first_minute` follows time and never changes for a trace:
-# the minute of the trace's arrival_time (now, if none) when a refresh first computed its row, read
-# back from its kept row at every later refresh. A read of `requests` is `_requests_kept FINAL`, which
-# merges only the key ranges that several parts share: the trace ids are random, so under `ORDER BY
-# trace_id` each refresh's part overlapped the whole table and FINAL merged every row at each read
-# (at 1M requests in a live-like state, pages of 0.9-1.7 s against 0.03-0.62 s merged); with the minute
-# first, a refresh's part (the newest traces, and the few that arrived again) overlaps the newest
-# minutes' granules alone. All rows of a trace have the same key, so the newest replaces the others.
-KEPT_SORTING_KEY = "_first_minute, trace_id"
+_KEPT_NOT_NULL = ("trace_id",)   # the sorting key
 
 
 def _requests_kept_table(ttl_hours: int) -> str:
     cols = ", ".join(f"{c.name} {ch_type(c.type, c.name not in _KEPT_NOT_NULL)}" for c in REQUESTS.columns)
     # a row outlives its last refresh by the spans' TTL (the spans' own TTL counts from their start)
-    return (f"CREATE TABLE IF NOT EXISTS _requests_kept ({cols}, _first_minute DateTime('UTC'), "
-            f"_refreshed DateTime64(6, 'UTC')) ENGINE = ReplacingMergeTree(_refreshed) ORDER BY ({KEPT_SORTING_KEY}) "
-            f"{ttl_clause('_refreshed', ttl_hours)}")
+    return (f"CREATE TABLE IF NOT EXISTS _requests_kept ({cols}, _refreshed DateTime64(6, 'UTC')) "
+            f"ENGINE = ReplacingMergeTree(_refreshed) ORDER BY trace_id {ttl_clause('_refreshed', ttl_hours)}")
 
 
-def _requests_kept_select(margin_s: int) -> str:
-    """The `requests` rows of the traces of _agg_arrived, stamped with the time of the refresh and
-    their `_first_minute` (KEPT_SORTING_KEY: read back from the trace's kept row, else the minute of
-    its arrival_time). Their clock offsets come from clock_offsets and their own samples (as the
-    DuckDB writer records the samples of a refresh's traces before it computes their rows), whenever
-    clock_offsets_rmv ran."""
+def _requests_kept_select() -> str:
+    """The `requests` rows of the traces of _agg_arrived, stamped with the time of the refresh. Their
+    clock offsets come from clock_offsets and their own samples (as the DuckDB writer records the
+    samples of a refresh's traces before it computes their rows), whenever clock_offsets_rmv ran."""
     exprs = {c: c for c in REQUESTS.names}
     samples = (f"(SELECT {', '.join(CLOCK_OFFSETS.names)} FROM clock_offsets UNION ALL "
                f"SELECT * FROM ({clock.samples_sql('_agg_arrived')}))")
-    rows = f"SELECT {_cols(REQUESTS, exprs, _KEPT_NOT_NULL)} FROM ({to_clickhouse(requests_sql('_agg_arrived', samples))})"
-    # min(): every kept row of a trace has the same minute; nullIf: an unmatched row's default without
-    # join_use_nulls (a setting the SQL does not depend on, _SETTINGS)
-    kept = (f"SELECT trace_id, min(_first_minute) AS first_minute FROM _requests_kept "
-            f"WHERE trace_id IN ({_arrived_traces(margin_s)}) GROUP BY trace_id")
-    first = ("coalesce(nullIf(k.first_minute, toDateTime(0, 'UTC')), "
-             "toStartOfMinute(toDateTime(coalesce(r.arrival_time, now64(6, 'UTC')), 'UTC')))")
-    return f"""SELECT r.*, {first} AS _first_minute, now64(6, 'UTC') AS _refreshed
-FROM ({rows}) AS r LEFT JOIN ({kept}) AS k ON r.trace_id = k.trace_id
+    return f"""SELECT {_cols(REQUESTS, exprs, _KEPT_NOT_NULL)}, now64(6, 'UTC') AS _refreshed
+FROM ({to_clickhouse(requests_sql("_agg_arrived", samples))})
 {_SETTINGS}"""
 
 
@@ -545,7 +520,7 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS clock_offsets_rmv REFRESH EVERY {REFRESH_S} SECOND "
               f"APPEND TO clock_offsets AS {to_clickhouse(clock.samples_sql('_agg_arrived'))} {_SETTINGS}"),
              (f"CREATE MATERIALIZED VIEW IF NOT EXISTS _requests_kept_rmv REFRESH EVERY {REFRESH_S} SECOND "
-              f"DEPENDS ON clock_offsets_rmv APPEND TO _requests_kept AS {_requests_kept_select(margin_s)}"),
+              f"DEPENDS ON clock_offsets_rmv APPEND TO _requests_kept AS {_requests_kept_select()}"),
              _requests_view(),
              _decode_steps_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",

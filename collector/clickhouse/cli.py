@@ -33,6 +33,11 @@ def register(sub) -> None:
     ld.set_defaults(func=_load)
 
 
+# the longest TTL init applies (h): `now + INTERVAL N HOUR` past 2106 wraps in ClickHouse's DateTime,
+# which would drop every row at insert
+MAX_TTL_HOURS = 24 * 365 * 10
+
+
 def _clickhouse_target(url: str):
     """The parsed --url of a ClickHouse command; UserError for a DuckDB URL."""
     from collector.clickhouse.store_url import parse_store_url
@@ -54,10 +59,18 @@ def _load(args) -> int:
     store = _clickhouse_target(args.url)
     source = Path(args.source)
     open_source(source).close()          # a bad source is one line before the target is touched
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from tailtrace.errors import UserError
+
     client = connect_clickhouse(store)
     try:
         check_schema(client, store)
         counts = load_duckdb(client, source)
+    except ClickHouseError as exc:   # an insert the target refused (a table another schema made)
+        raise UserError(f"ClickHouse at {store.text} refused the load: {' '.join(str(exc).split())[:300]}; "
+                        f"what was inserted stays: load into a fresh database that `tailtrace clickhouse init "
+                        f"--url URL` set up") from None
     finally:
         client.close()
     print(f"{source} -> {store.text}: " + ", ".join(f"{n} rows into {t}" for t, n in counts.items()))
@@ -76,6 +89,8 @@ def _init(args) -> int:
     store = _clickhouse_target(args.url)
     if args.ttl_hours < 0:
         raise UserError("--ttl-hours must be 0 (no TTL) or more")
+    if args.ttl_hours > MAX_TTL_HOURS:   # past it, ClickHouse's DateTime (to 2106) wraps: every row expires
+        raise UserError(f"--ttl-hours must be at most {MAX_TTL_HOURS} (10 years); 0 keeps rows forever")
     client = connect_clickhouse(store, create=True)
     try:
         from clickhouse_connect.driver.exceptions import ClickHouseError

@@ -100,6 +100,7 @@ def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 1
     needs, the line says which and how to allow it."""
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
+    _refuse_client_side(sql)
     asof = " ASOF " in sql.upper()
     try:
         server = server_settings(client)
@@ -123,6 +124,25 @@ def run_readonly(client, sql: str, *, timeout_s: float = 30.0, max_rows: int = 1
     truncated = len(rows) > max_rows or (cap is not None and len(rows) >= cap)
     return {"columns": list(res.column_names), "types": [t.name for t in res.column_types],
             "rows": rows[:max_rows], "truncated": truncated}
+
+
+# `INTO OUTFILE` writes a file where the query runs: in-process (chdb) that is this machine, and
+# readonly=1 does not stop it. The word is refused wherever it appears (in a string or a comment too):
+# a scan that skipped strings and comments could be fooled by ClickHouse's own comment rules.
+_OUTFILE = re.compile(r"\bOUTFILE\b", re.IGNORECASE)
+_LEXEME = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`|--[^\n]*|/\*.*?\*/|;|[^'\"`;/-]+|.", re.DOTALL)
+
+
+def _refuse_client_side(sql: str) -> None:
+    """UserError for what the server's readonly=1 does not guard: `INTO OUTFILE` (a file written by
+    the process that runs the query; chdb's is this one) and more than one statement (chdb runs
+    each and returns their rows as one table). Quotes and comments are skipped to find a `;`."""
+    if _OUTFILE.search(sql):
+        raise UserError("INTO OUTFILE is not allowed: a read returns its rows (tailtrace sql --format csv|json "
+                        "writes them to stdout); the word OUTFILE is refused anywhere in the query")
+    parts = [m.group(0) for m in _LEXEME.finditer(sql)]
+    if ";" in parts and any(p.strip() and not p.startswith(("--", "/*")) for p in parts[parts.index(";") + 1:]):
+        raise UserError("one statement at a time: the query holds a `;` followed by another statement")
 
 
 def _first_line(exc: Exception) -> str:

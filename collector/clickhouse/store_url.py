@@ -8,6 +8,7 @@ is for tests and a single process; real deployments use `clickhouse://` (docs/fl
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -42,6 +43,7 @@ def parse_store_url(url: str, what: str = "--store") -> StoreUrl:
     """Parse `url` (see the module docstring; `clickhouses://` is clickhouse over https, and a plain
     path is a DuckDB file). Raises `UserError` naming `what` for any other form."""
     text = str(url).strip()
+    url = _masked(text)   # every message below shows the URL without its password
     if "://" not in text:
         if not text:
             raise UserError(f"{what} is empty; e.g. {_EXAMPLES}")
@@ -58,20 +60,38 @@ def parse_store_url(url: str, what: str = "--store") -> StoreUrl:
             raise UserError(f"{what} {url!r}: a {scheme} URL names a path, with three slashes: {scheme}:///path")
         if not parts.path or parts.path == "/":
             raise UserError(f"{what} {url!r} names no path; e.g. {scheme}:///var/lib/tailtrace")
-        return StoreUrl(scheme, text, path=Path(unquote(parts.path)), database=q.get("database", DEFAULT_DATABASE))
+        db = q.get("database") or DEFAULT_DATABASE
+        if scheme == "chdb":
+            _check_database(db, what, url)
+        return StoreUrl(scheme, text, path=Path(unquote(parts.path)), database=db)
     if scheme in ("clickhouse", "clickhouses"):
         if not parts.hostname:
             raise UserError(f"{what} {url!r} names no host; e.g. clickhouse://127.0.0.1:8123/otel")
         if port == 0:
             raise UserError(f"{what} {url!r}: port 0 is not a server's port; ClickHouse's HTTP port is 8123")
         db = unquote(parts.path.strip("/")) or DEFAULT_DATABASE
-        if "/" in db or not db.replace("_", "").isalnum():
-            raise UserError(f"{what} {url!r}: {db!r} is not a database name")
-        shown = text.replace(f":{parts.password}@", ":***@") if parts.password else text
-        return StoreUrl("clickhouse", shown, host=parts.hostname, port=port or (8443 if scheme == "clickhouses" else 8123),
+        _check_database(db, what, url)
+        return StoreUrl("clickhouse", url, host=parts.hostname, port=port or (8443 if scheme == "clickhouses" else 8123),
                         database=db, user=unquote(parts.username) if parts.username else None,
                         password=unquote(parts.password) if parts.password else None, secure=scheme == "clickhouses")
     raise UserError(f"{what} {url!r}: unknown scheme {parts.scheme!r}; one of {_EXAMPLES}")
+
+
+# ClickHouse's own databases (`system` would not even persist a store)
+_RESERVED_DATABASES = {"system", "information_schema"}
+
+
+def _check_database(db: str, what: str, url: str) -> None:
+    """UserError unless `db` is a plain database name (letters, digits, `_`) that is not ClickHouse's own."""
+    if "/" in db or not db.replace("_", "").isalnum():
+        raise UserError(f"{what} {url!r}: {db!r} is not a database name (letters, digits and _)")
+    if db.lower() in _RESERVED_DATABASES:
+        raise UserError(f"{what} {url!r}: {db!r} is ClickHouse's own database; name another, e.g. {DEFAULT_DATABASE}")
+
+
+def _masked(text: str) -> str:
+    """`text` with the password of a URL's user info shown as ***."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:)[^/@]*@", r"\1***@", text)
 
 
 def connect_clickhouse(store: StoreUrl, *, create: bool = False, settings: dict | None = None):

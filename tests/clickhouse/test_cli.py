@@ -46,6 +46,21 @@ def test_init_then_sql_store_reads_requests(tmp_path, capsys):
     for q in ("INSERT INTO otel_traces (TraceId) VALUES ('x')", "SELECT * FROM file('/etc/passwd', 'LineAsString')"):
         assert main(["sql", "--store", url, q]) == 2
         assert "readonly" in _err(capsys).lower()
+    # what readonly=1 does not stop: a file written by the process that runs the query (chdb: this
+    # one), and a second statement; both refused before the query runs, the file left as it was
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for q, words in ((f"SELECT 'x' INTO OUTFILE '{victim}' TRUNCATE", "INTO OUTFILE is not allowed"),
+                     (f"SELECT 1 /* a */ inTO  outfile '{tmp_path / 'new.txt'}'", "INTO OUTFILE is not allowed"),
+                     ("SELECT 1; SELECT 2", "one statement at a time")):
+        assert main(["sql", "--store", url, q]) == 2
+        assert words in _err(capsys)
+    assert victim.read_text() == "precious" and not (tmp_path / "new.txt").exists()
+    assert main(["sql", "--store", url, "--format", "json", "SELECT ';' AS s;"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == [[";"]]
+    # a TTL past ClickHouse's DateTime range would wrap and drop every row at insert
+    assert main(["clickhouse", "init", "--url", url, "--ttl-hours", "1000000"]) == 2
+    assert "at most 87600" in _err(capsys)
 
 
 def test_sql_store_duckdb_is_db(tmp_path, capsys):
@@ -62,10 +77,15 @@ def test_sql_store_duckdb_is_db(tmp_path, capsys):
     ("chdb://relative/dir", "three slashes"),
     ("clickhouse://127.0.0.1:1/otel", "cannot reach ClickHouse"),
     ("clickhouse://:8123/otel", "names no host"),
+    ("chdb:///tmp/x?database=a%60b", "'a`b' is not a database name"),
+    ("chdb:///tmp/x?database=system", "'system' is ClickHouse's own database"),
+    ("clickhouse://u:s3cret@h/a-b", "'clickhouse://u:***@h/a-b': 'a-b' is not a database name"),
+    ("clickhous://u:s3cret@h/x", "unknown scheme"),
 ])
 def test_bad_store_urls_are_one_line(url, words, capsys):
     assert main(["sql", "--store", url, "SELECT 1"]) == 2
-    assert words in _err(capsys)
+    err = _err(capsys)
+    assert words in err and "s3cret" not in err
 
 
 def test_missing_store_and_schema_name_the_fix(tmp_path, capsys):

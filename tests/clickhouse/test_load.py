@@ -166,3 +166,12 @@ def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):
     assert f"tailtrace clickhouse init --url {bare.text}" in _err(capsys)
     assert main(["clickhouse", "load", "--url", f"duckdb://{duck_path}", "--from", str(duck_path)]) == 2
     assert "is a DuckDB store" in _err(capsys)
+    # a target whose otel_traces another schema made (a column the load writes is missing): one line
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        client.command("ALTER TABLE otel_traces DROP COLUMN ScopeVersion")
+    finally:
+        client.close()
+    assert main(["clickhouse", "load", "--url", url, "--from", str(duck_path)]) == 2
+    err = _err(capsys)
+    assert "refused the load" in err and "ScopeVersion" in err and "tailtrace clickhouse init" in err

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["register"]
 
 
@@ -17,8 +19,9 @@ def register(sub) -> None:
                                     "(step_histogram, latency_histogram, totals) and metric_points.")
     i.add_argument("--url", required=True,
                    help="chdb:///dir (in-process, one process per directory) or clickhouse://host:8123/db")
-    i.add_argument("--ttl-hours", type=int, default=72,
-                   help="TTL of otel_traces, otel_metrics_* and decode_steps, hours (0: none; default 72)")
+    i.add_argument("--ttl-hours", type=int, default=None,
+                   help="TTL of otel_traces, otel_metrics_* and decode_steps, hours (0: none; default 72 for a new "
+                        "store; an existing store keeps the TTL it was created with)")
     i.set_defaults(func=_init)
     ld = csub.add_parser("load", help="move a DuckDB store into ClickHouse (through Parquet)",
                          description="Copy a DuckDB store's spans (encoded into otel_traces as the exporter "
@@ -36,6 +39,26 @@ def register(sub) -> None:
 # the longest TTL init applies (h): `now + INTERVAL N HOUR` past 2106 wraps in ClickHouse's DateTime,
 # which would drop every row at insert
 MAX_TTL_HOURS = 24 * 365 * 10
+
+
+def _ttl_of_store(client, store, asked: int | None) -> int:
+    """The TTL (h) init applies: `asked` (72 when None) on a store without otel_traces; on one with it,
+    the TTL its otel_traces was created with (what repaired or new tables get too). UserError when
+    `asked` differs from it: init does not change an existing store's TTL."""
+    from collector.clickhouse.exporter_schema import TRACES_TABLE
+    from tailtrace.errors import UserError
+
+    rows = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = {t:String}",
+                        parameters={"db": store.database, "t": TRACES_TABLE}).result_rows
+    if not rows:
+        return 72 if asked is None else asked
+    m = re.search(r"\bTTL\s+toDateTime\(\w+\)\s*\+\s*toInterval(Day|Hour)\((\d+)\)", rows[0][0])
+    have = 0 if m is None else int(m.group(2)) * (24 if m.group(1) == "Day" else 1)
+    if asked is not None and asked != have:
+        raise UserError(f"{store.text} keeps rows {have} h ({TRACES_TABLE}'s TTL{'' if have else ': none'}); init does "
+                        f"not change an existing store's TTL: run `tailtrace clickhouse init --url URL --ttl-hours "
+                        f"{asked}` on a new database, or ALTER TABLE ... MODIFY TTL each table (docs/fleet.md)")
+    return have
 
 
 def _clickhouse_target(url: str):
@@ -87,13 +110,15 @@ def _init(args) -> int:
     from tailtrace.errors import UserError
 
     store = _clickhouse_target(args.url)
-    if args.ttl_hours < 0:
+    if args.ttl_hours is not None and args.ttl_hours < 0:
         raise UserError("--ttl-hours must be 0 (no TTL) or more")
-    if args.ttl_hours > MAX_TTL_HOURS:   # past it, ClickHouse's DateTime (to 2106) wraps: every row expires
+    if args.ttl_hours is not None and args.ttl_hours > MAX_TTL_HOURS:   # past it, DateTime (to 2106) wraps
         raise UserError(f"--ttl-hours must be at most {MAX_TTL_HOURS} (10 years); 0 keeps rows forever")
     client = connect_clickhouse(store, create=True)
     try:
         from clickhouse_connect.driver.exceptions import ClickHouseError
+
+        ttl_hours = _ttl_of_store(client, store, args.ttl_hours)
 
         fresh = not int(client.command("EXISTS TABLE decode_steps"))
         from collector.clickhouse.rollups import BACKFILLED, backfill_statements
@@ -114,7 +139,7 @@ def _init(args) -> int:
                 client.command("DROP VIEW IF EXISTS _trace_state_mv")
                 client.command("DROP TABLE _trace_state")
                 fresh_traces = True
-            for stmt in init_statements(store.database, args.ttl_hours, backfill=fresh,
+            for stmt in init_statements(store.database, ttl_hours, backfill=fresh,
                                         backfill_traces=fresh_traces, backfill_requests=fresh_requests,
                                         backfill_engine_spans=fresh_engine_spans):
                 client.command(stmt)

@@ -127,3 +127,34 @@ def test_a_chdb_directory_held_by_another_process_is_one_line(tmp_path, capsys):
     finally:
         holder.stdin.close()
         holder.wait(30)
+
+
+def test_init_keeps_a_stores_ttl_and_refuses_another(tmp_path, capsys):
+    """An existing store keeps the TTL it was created with: init again with another --ttl-hours is one
+    line naming it (no silent keep), without the flag it is reapplied, and a table init recreates
+    (here `_requests_kept`, dropped) gets the store's TTL, not the default 72 h."""
+    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+
+    url = f"chdb://{tmp_path / 'ch'}"
+    assert main(["clickhouse", "init", "--url", url, "--ttl-hours", "0"]) == 0
+    assert main(["clickhouse", "init", "--url", url, "--ttl-hours", "48"]) == 2
+    assert "keeps rows 0 h" in _err(capsys)
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        client.command("DROP VIEW _requests_kept_rmv")
+        client.command("DROP TABLE _requests_kept")
+    finally:
+        client.close()
+    assert main(["clickhouse", "init", "--url", url]) == 0
+    client = connect_clickhouse(parse_store_url(url))
+    try:
+        ddl = client.command("SELECT create_table_query FROM system.tables WHERE database = currentDatabase() "
+                             "AND name = '_requests_kept'")
+    finally:
+        client.close()
+    assert "TTL" not in ddl
+    other = f"chdb://{tmp_path / 'ch2'}"
+    assert main(["clickhouse", "init", "--url", other]) == 0
+    assert main(["clickhouse", "init", "--url", other, "--ttl-hours", "72"]) == 0
+    assert main(["clickhouse", "init", "--url", other, "--ttl-hours", "5"]) == 2
+    assert "keeps rows 72 h" in _err(capsys)

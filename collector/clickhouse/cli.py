@@ -107,6 +107,7 @@ def _init(args) -> int:
         stale_trace_state,
     )
     from collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from collector.store.tables import REQUESTS
     from tailtrace.errors import UserError
 
     store = _clickhouse_target(args.url)
@@ -139,6 +140,13 @@ def _init(args) -> int:
                 client.command("DROP VIEW IF EXISTS _trace_state_mv")
                 client.command("DROP TABLE _trace_state")
                 fresh_traces = True
+            kept = [r[0] for r in client.query("SELECT name FROM system.columns WHERE database = {db:String} AND "
+                                               "table = '_requests_kept' ORDER BY position",
+                                               parameters={"db": store.database}).result_rows]
+            if kept and kept != [*REQUESTS.names, "_refreshed"]:   # another layout: rebuilt from _trace_state
+                client.command("DROP VIEW IF EXISTS _requests_kept_rmv")
+                client.command("DROP TABLE _requests_kept")
+                fresh_requests = True
             for stmt in init_statements(store.database, ttl_hours, backfill=fresh,
                                         backfill_traces=fresh_traces, backfill_requests=fresh_requests,
                                         backfill_engine_spans=fresh_engine_spans):

@@ -365,13 +365,16 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
     twice would count them twice)."""
     con = open_source(source)
     try:
-        first = [r[0] for r in con.execute("SELECT DISTINCT trace_id FROM spans LIMIT 1000").fetchall()]
+        # its spans' trace ids, else (a store of decode steps alone) its decode steps'
+        table, target = ("spans", f"{TRACES_TABLE} WHERE TraceId") if con.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM spans LIMIT 1)").fetchone()[0] else ("decode_steps", "decode_steps WHERE trace_id")
+        first = [r[0] for r in con.execute(f"SELECT DISTINCT trace_id FROM {table} LIMIT 1000").fetchall()]
         if check_loaded and first:
-            there = int(client.command(f"SELECT count() FROM {TRACES_TABLE} WHERE TraceId IN "
-                                       f"({', '.join(repr(t) for t in first)})"))
+            there = int(client.command(f"SELECT count() FROM {target} IN ({', '.join(repr(t) for t in first)})"))
             if there:
-                raise UserError(f"--from {source}: the target already holds spans of its traces ({there} of the first "
-                                f"{len(first)} traces' spans); it was loaded before")
+                raise UserError(f"--from {source}: the target already holds {table} of its traces ({there} rows of the "
+                                f"first {len(first)} traces); it was loaded before: load into a fresh database that "
+                                "`tailtrace clickhouse init --url URL` set up")
         from collector.clickhouse.objects import (
             arrived_again_since,
             merge_kept_requests,

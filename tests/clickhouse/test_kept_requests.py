@@ -154,7 +154,7 @@ def test_init_refills_per_trace_states_kept_with_other_aggregates(spans, duck, t
     """`_trace_state`'s columns are fixed when init first creates it: a store whose states an older
     tailtrace kept (here: one aggregate fewer) is detected (objects.stale_trace_state), its states
     dropped and refilled from `otel_traces` by `clickhouse init`, and `requests` recomputed from them
-    equals DuckDB's. A store init made today is not refilled (its states are today's)."""
+    equals DuckDB's; `_requests_kept` with a column missing is rebuilt as well. A store init made today is not refilled (its states are today's)."""
     from collector.clickhouse.objects import stale_trace_state
     from tests.clickhouse.conftest import new_chdb_store
 
@@ -167,6 +167,7 @@ def test_init_refills_per_trace_states_kept_with_other_aggregates(spans, duck, t
         client.command("DROP VIEW _trace_state_mv")
         client.command(f"ALTER TABLE _trace_state DROP COLUMN {last}")
         old = stale_trace_state(client)
+        client.command("ALTER TABLE _requests_kept DROP COLUMN queue_ms")   # rebuilt too, from the states
     finally:
         client.close()
     (columns,) = _init_then(store, duck, "SELECT groupArray(name) FROM system.columns WHERE database = "

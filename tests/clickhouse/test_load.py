@@ -166,6 +166,19 @@ def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):
     assert f"tailtrace clickhouse init --url {bare.text}" in _err(capsys)
     assert main(["clickhouse", "load", "--url", f"duckdb://{duck_path}", "--from", str(duck_path)]) == 2
     assert "is a DuckDB store" in _err(capsys)
+    # a source of decode steps alone (no spans) loaded twice: refused too, not counted twice
+    steps_only = tmp_path / "steps.duckdb"
+    import shutil
+    shutil.copy(duck_path, steps_only)
+    con = duckdb.connect(str(steps_only))
+    con.execute("DELETE FROM spans")
+    con.close()
+    again = f"chdb://{tmp_path / 'ch3'}"
+    assert main(["clickhouse", "init", "--url", again]) == 0
+    assert main(["clickhouse", "load", "--url", again, "--from", str(steps_only)]) == 0
+    capsys.readouterr()
+    assert main(["clickhouse", "load", "--url", again, "--from", str(steps_only)]) == 2
+    assert "already holds decode_steps of its traces" in _err(capsys)
     # a target whose otel_traces another schema made (a column the load writes is missing): one line
     client = connect_clickhouse(parse_store_url(url))
     try:

@@ -47,6 +47,11 @@ def parse_store_url(url: str, what: str = "--store") -> StoreUrl:
     if "://" not in text:
         if not text:
             raise UserError(f"{what} is empty; e.g. {_EXAMPLES}")
+        m = re.match(r"(duckdb|chdb|clickhouses?):/*", text, re.IGNORECASE)
+        if m:   # a scheme with too few slashes, not a file named so
+            rest = text[m.end():]
+            fix = f"{m.group(1)}:///{rest}" if m.group(1).lower() in ("duckdb", "chdb") else f"{m.group(1)}://{rest}"
+            raise UserError(f"{what} {url!r}: did you mean {fix!r}? ({_EXAMPLES})")
         return StoreUrl("duckdb", text, path=Path(text))
     try:
         parts = urlsplit(text)

@@ -81,6 +81,8 @@ def test_sql_store_duckdb_is_db(tmp_path, capsys):
     ("chdb:///tmp/x?database=system", "'system' is ClickHouse's own database"),
     ("clickhouse://u:s3cret@h/a-b", "'clickhouse://u:***@h/a-b': 'a-b' is not a database name"),
     ("clickhous://u:s3cret@h/x", "unknown scheme"),
+    ("chdb:/tmp/x", "did you mean 'chdb:///tmp/x'"),
+    ("chdb:", "did you mean 'chdb:///'"),
 ])
 def test_bad_store_urls_are_one_line(url, words, capsys):
     assert main(["sql", "--store", url, "SELECT 1"]) == 2

@@ -422,6 +422,9 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     def step_ms_where(pred) -> list[float]:
         return [s for t, s in steps if pred(t - int(s * 1e6), t)]
 
+    # how long the engine stayed idle after the hog began: no step can show its slowdown before then
+    # (at 3 req/s the engine is idle now and then), so the window found cannot start earlier
+    idle_ms = max(0.0, min(((t - int(s * 1e6) - hog_start) / 1e6 for t, s in steps if t > hog_start), default=0.0))
     inside = step_ms_where(lambda a, b: a >= hog_start and b <= hog_end)
     before = step_ms_where(lambda a, b: b < hog_start)
     after = step_ms_where(lambda a, b: a > hog_end)
@@ -451,7 +454,8 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
                   "cpu_share": [t["cpu_s"] / max(1e-9, (t["end_unix_ns"] - t["start_unix_ns"]) / 1e9)
                                 for t in truths]},
         "found_window": found_d,
-        "step_ms": {"inside_median": step_inside, "outside_median": step_outside, "before_median": median(before),
+        "step_ms": {"idle_after_start_ms": idle_ms, "inside_median": step_inside, "outside_median": step_outside,
+                    "before_median": median(before),
                     "after_median": median(after), "inside": len(inside), "before": len(before), "after": len(after)},
         "shift_ms": {c: shift(col(c)) for c in _COLUMNS},
         "hl_shift_ms": {c: hodges_lehmann_shift((r[c] for r in rows_of["treated"]), (r[c] for r in rows_of["control"]))

@@ -267,8 +267,11 @@ def test_cpu_contention_slows_compute_inside_the_hogs_window_only(vllm_server, v
     # vLLM's API server was kept off that core meanwhile, and given its own placement back after
     assert fault["api_server_cores"] and not set(fault["api_server_cores"]) & set(fault["cores"]), fault
     assert os.sched_getaffinity(vllm_server.proc.pid) == api_affinity_before
-    # the window found from the store alone (engine_steps) is the hog's within 1 s at both ends
-    assert found is not None and abs(found["start_error_ms"]) <= 1000 and abs(found["end_error_ms"]) <= 1000, found
+    # the window found from the store alone (engine_steps) is the hog's within 1 s at both ends; at its
+    # start, 1 s past the first step after the hog began (an idle engine shows nothing before it: a
+    # fresh clone's CI run found it 1.33 s late)
+    assert found is not None and abs(found["end_error_ms"]) <= 1000, found
+    assert -1000 <= found["start_error_ms"] <= 1000 + steps["idle_after_start_ms"], (found, steps)
     # the step time rose inside the window only: above the steps before it and those after it
     assert steps["inside_median"] > 1.2 * max(steps["before_median"], steps["after_median"]), steps
     assert d["treated"] >= 8 and d["control"] >= 16, d

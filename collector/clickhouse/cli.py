@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import re
-
 __all__ = ["register"]
 
 
@@ -45,15 +43,14 @@ def _ttl_of_store(client, store, asked: int | None) -> int:
     """The TTL (h) init applies: `asked` (72 when None) on a store without otel_traces; on one with it,
     the TTL its otel_traces was created with (what repaired or new tables get too). UserError when
     `asked` differs from it: init does not change an existing store's TTL."""
-    from collector.clickhouse.exporter_schema import TRACES_TABLE
+    from collector.clickhouse.exporter_schema import TRACES_TABLE, ttl_hours_of
     from tailtrace.errors import UserError
 
     rows = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = {t:String}",
                         parameters={"db": store.database, "t": TRACES_TABLE}).result_rows
     if not rows:
         return 72 if asked is None else asked
-    m = re.search(r"\bTTL\s+toDateTime\(\w+\)\s*\+\s*toInterval(Day|Hour)\((\d+)\)", rows[0][0])
-    have = 0 if m is None else int(m.group(2)) * (24 if m.group(1) == "Day" else 1)
+    have = ttl_hours_of(rows[0][0])
     if asked is not None and asked != have:
         raise UserError(f"{store.text} keeps rows {have} h ({TRACES_TABLE}'s TTL{'' if have else ': none'}); init does "
                         f"not change an existing store's TTL: run `tailtrace clickhouse init --url URL --ttl-hours "
@@ -104,10 +101,10 @@ def _init(args) -> int:
     from collector.clickhouse.objects import (
         init_statements,
         refresh_requests,
+        stale_kept_requests,
         stale_trace_state,
     )
     from collector.clickhouse.store_url import check_schema, connect_clickhouse
-    from collector.store.tables import REQUESTS
     from tailtrace.errors import UserError
 
     store = _clickhouse_target(args.url)
@@ -140,10 +137,7 @@ def _init(args) -> int:
                 client.command("DROP VIEW IF EXISTS _trace_state_mv")
                 client.command("DROP TABLE _trace_state")
                 fresh_traces = True
-            kept = [r[0] for r in client.query("SELECT name FROM system.columns WHERE database = {db:String} AND "
-                                               "table = '_requests_kept' ORDER BY position",
-                                               parameters={"db": store.database}).result_rows]
-            if kept and kept != [*REQUESTS.names, "_refreshed"]:   # another layout: rebuilt from _trace_state
+            if stale_kept_requests(client):   # another layout: rebuilt from _trace_state
                 client.command("DROP VIEW IF EXISTS _requests_kept_rmv")
                 client.command("DROP TABLE _requests_kept")
                 fresh_requests = True

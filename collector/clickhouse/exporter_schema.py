@@ -15,6 +15,7 @@ same way (its `internal.GenerateTTLExpr` gives the TTL). The insert has one: the
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from tailtrace.errors import UserError
@@ -70,6 +71,13 @@ def ttl_clause(time_column: str, ttl_hours: int) -> str:
     if ttl_hours % 24 == 0:
         return f"TTL {field} + toIntervalDay({ttl_hours // 24})"
     return f"TTL {field} + toIntervalHour({ttl_hours})"
+
+
+def ttl_hours_of(ddl: str) -> int:
+    """The TTL (h) of a CREATE TABLE that `ttl_clause` wrote (system.tables' create_table_query), 0
+    when it has none: ttl_clause's inverse."""
+    m = re.search(r"\bTTL\s+toDateTime\(\w+\)\s*\+\s*toInterval(Day|Hour)\((\d+)\)", ddl)
+    return 0 if m is None else int(m.group(2)) * (24 if m.group(1) == "Day" else 1)
 
 
 def render_table(table: str, database: str, ttl_hours: int = 72, cluster: str = "") -> str:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, as_string_plain
 from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, TRACES_TABLE
-from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
+from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL, TEMPORALITY_NAMES
 from collector.store.tables import (
     DECODE_STEPS,
     ENGINE_STEPS,
@@ -254,7 +254,7 @@ def _step_tables(con, batch_rows: int):
 _DEVICE_SQL = (f"SELECT epoch_us(time) * 1000 AS t_ns, host, device_index, device_uuid, source, throttle_reasons, "
                f"{', '.join(DEVICE_COLUMNS.values())} FROM device_samples")
 _POINTS_SQL = "SELECT epoch_us(time) * 1000 AS t_ns, source, name, CAST(labels AS VARCHAR) AS labels, value FROM metric_points"
-_TEMPORALITY = {"delta": 1, "cumulative": 2}   # OTLP's AggregationTemporality; otherwise 0, unspecified
+_TEMPORALITY = {name: code for code, name in TEMPORALITY_NAMES.items()}   # otherwise 0, unspecified
 
 
 def _metric_tables(con, batch_rows: int):

@@ -87,7 +87,7 @@ from semantics import semconv as sc
 
 __all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
            "arrived_again_since", "ch_type", "init_statements", "merge_kept_requests", "refresh_requests",
-           "server_now", "stale_trace_state"]
+           "server_now", "stale_kept_requests", "stale_trace_state"]
 
 # Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
 # over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
@@ -460,6 +460,15 @@ def _requests_kept_table(ttl_hours: int) -> str:
     # a row outlives its last refresh by the spans' TTL (the spans' own TTL counts from their start)
     return (f"CREATE TABLE IF NOT EXISTS _requests_kept ({cols}, _refreshed DateTime64(6, 'UTC')) "
             f"ENGINE = ReplacingMergeTree(_refreshed) ORDER BY trace_id {ttl_clause('_refreshed', ttl_hours)}")
+
+
+def stale_kept_requests(client) -> bool:
+    """True when `_requests_kept` exists with other columns (names, order) than `_requests_kept_table`
+    gives (REQUESTS' and `_refreshed`): `tailtrace clickhouse init` then drops it and its view and
+    refills it from the per-trace states. Raises clickhouse_connect's errors."""
+    have = [r[0] for r in client.query("SELECT name FROM system.columns WHERE database = currentDatabase() "
+                                       "AND table = '_requests_kept' ORDER BY position").result_rows]
+    return bool(have) and have != [*REQUESTS.names, "_refreshed"]
 
 
 def _requests_kept_select() -> str:

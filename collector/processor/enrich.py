@@ -86,7 +86,7 @@ DEVICE_COLUMNS = {
 # The label that keeps an OTLP sum's or histogram's aggregation temporality visible (docs/schema.md):
 # delta and cumulative points of one name are never mixed silently.
 TEMPORALITY_LABEL = "aggregation_temporality"
-_TEMPORALITY = {1: "delta", 2: "cumulative"}        # AggregationTemporality; 0 is "unspecified"
+TEMPORALITY_NAMES = {1: "delta", 2: "cumulative"}   # AggregationTemporality; 0 is "unspecified"
 
 
 def _points(metric):
@@ -99,7 +99,7 @@ def _points(metric):
     if w is None:
         return
     data = getattr(metric, w)
-    temporality = (_TEMPORALITY.get(data.aggregation_temporality, "unspecified")
+    temporality = (TEMPORALITY_NAMES.get(data.aggregation_temporality, "unspecified")
                    if w in ("sum", "histogram", "exponential_histogram") else None)
     convert = {"histogram": explicit_rows, "exponential_histogram": exponential_rows}.get(w)
     for p in data.data_points:

@@ -1,33 +1,97 @@
 """`explain(query, scope) -> Report`: the four-layer diagnosis of a store's tail, the one code path
-of `tailtrace explain` and of the dashboard's "Why is it slow?" page."""
+of `tailtrace explain` and of the dashboard's "Why is it slow?" page.
+
+Objectives first (DESIGN.md "From why to what it buys"): every report carries the verdict of each
+objective over the scope, worst ratio first. With no metric (`Scope(metric=None)`, the CLI's
+default) each missed objective is explained, worst first, the first as the report itself and the
+others in `also`; an E2E tail that is mostly long answers (expected behaviour, not a fault) goes
+after the others; when every objective holds, the one nearest its bound is explained."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from diagnose import capacity as capacity_mod
+from diagnose.deployment import read_deployment
 from diagnose.detectors import Context, run_detectors
+from diagnose.objectives import Verdict, evaluate
 from diagnose.report import DOMINANT_MIN_SHARE, Report
+from diagnose.runs import RunScope, resolve_runs
 from diagnose.source import Query, Scope, sql_time
 from diagnose.tail import phase_split, resolve_window, tail_set
 from semantics.catalog import LAYER_NONE, LAYERS
+from semantics.slo import DEFAULT_SLO, parse_slo
+from tailtrace.errors import UserError
 
 __all__ = ["explain"]
 
 
 def explain(query: Query, scope: Scope) -> Report:
     """The diagnosis of `scope` over the store behind `query` (`source.db_query` or
-    `source.api_query`, or any `query(sql, params) -> rows`).
+    `source.api_query`, or any `query(sql, params) -> rows`), objectives first (module docstring).
 
-    Ranks the findings of every detector (diagnose/detectors.py) by share x confidence; the first
+    Ranks the findings of every detector (diagnose/detectors/) by share x confidence; the first
     is `dominant` when it explains at least report.DOMINANT_MIN_SHARE of the excess with high or
     medium confidence. With `scope.trace_id` the report also holds that request (diagnose/trace.py).
-    Raises UserError for an empty store or window, or an unknown trace id."""
+    Raises UserError for an empty store or window, an unknown run id (listing the runs present) or
+    trace id."""
     since, until, _ = resolve_window(query, scope)
-    notes: list[str] = []
-    ts = tail_set(query, scope, since, until)
+    runs = resolve_runs(query, scope.run_id, scope.all_runs, windowed=bool(scope.since or scope.until))
+    spec = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO
+    where = "completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
+    params = [sql_time(since), sql_time(until)]
+    if runs.where:
+        where, params = f"{where} AND {runs.where}", [*params, *runs.params]
+    verdicts = evaluate(query, parse_slo(spec), where, params)
+    deployment = read_deployment(query, sql_time(since), sql_time(until))
+    targets: dict[str, float] = {}
+    for v in verdicts:
+        targets[v.metric] = min(v.target_ms, targets.get(v.metric, v.target_ms))
+    common = (since, until, runs, deployment, targets, spec)
+    if scope.metric is not None:
+        report = _explain_metric(query, scope, *common)
+        report.objectives = verdicts
+        return report
+    return _slo_first(query, scope, verdicts, common)
+
+
+def _slo_first(query: Query, scope: Scope, verdicts: list[Verdict], common: tuple) -> Report:
+    missed = [v for v in verdicts if v.met is False]
+    measured = [v for v in verdicts if v.met is not None]
+    picks = missed or measured[:1]
+    done: dict[tuple, Report] = {}
+    skipped: list[str] = []
+    for v in picks:
+        metric = "tpot" if v.metric == "itl" else v.metric  # ITL's tail lives in decode, as TPOT's
+        q = v.quantile if 0.5 < v.quantile < 1 else 0.99
+        if (metric, q) in done:
+            continue
+        try:
+            done[(metric, q)] = _explain_metric(query, dataclasses.replace(scope, metric=metric, quantile=q), *common)
+        except UserError as exc:  # a tail the scope cannot show (too few requests with the metric)
+            skipped.append(f"{v.objective}: {exc}")
+    if not done:  # nothing measured to explain: the E2E tail, as before objectives
+        done[("e2e", scope.quantile)] = _explain_metric(query, dataclasses.replace(scope, metric="e2e"), *common)
+    # a missed objective whose tail is mostly long answers (expected behaviour) goes after the others
+    reports = sorted(done.values(), key=lambda r: bool(r.findings and r.findings[0].expected_behaviour))
+    first = reports[0]
+    first.objectives, first.also = verdicts, reports[1:]
+    first.notes[:0] = [f"not explained: {s}" for s in skipped]
+    if not missed:
+        where = first.scope["runs"]["label"]
+        first.notes.insert(0, f"every objective holds over {where}; explained: the {first.tail.label} of "
+                              f"{first.tail.metric.upper()}, the nearest its bound" if measured else
+                              f"no objective could be measured over {where}: the E2E tail is explained instead")
+    return first
+
+
+def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, deployment, targets: dict,
+                    spec: str) -> Report:
+    notes: list[str] = [runs.note] if runs.note else []
+    ts = tail_set(query, scope, since, until, runs)
     scope_d = {"since": scope.since, "until": scope.until, "run_id": scope.run_id, "metric": scope.metric,
-               "quantile": scope.quantile, "column": ts.column, "trace_id": scope.trace_id}
+               "quantile": scope.quantile, "column": ts.column, "trace_id": scope.trace_id,
+               "runs": runs.to_dict(), "slo": spec}
     phases, ref, _, _ = phase_split(query, ts)
     trace = None
     if scope.trace_id:
@@ -55,10 +119,10 @@ def explain(query: Query, scope: Scope) -> Report:
     if ts.n_tail == 0:
         notes.append(f"no request lies strictly above the {ts.label} (too few, or all equal): nothing to explain")
         return Report(scope_d, ts, phases, _layers(phases), [], capacity_mod.capacity(query, ts, since, until),
-                      notes, trace)
+                      notes, trace, deployment=deployment.to_dict())
     ctx = Context(query, ts, {p.column: p for p in phases}, ref, sql_time(since), sql_time(until),
-                  " AND run_id = ?" if scope.run_id else "", [scope.run_id] if scope.run_id else [],
-                  notes, bool(has_engine), bool(has_steps), _has_table(query, "step_rollup"))
+                  f" AND {runs.where}" if runs.where else "", list(runs.params),
+                  notes, bool(has_engine), bool(has_steps), _has_table(query, "step_rollup"), deployment, targets)
     if has_steps and not ctx.has_rollup:
         notes.append("the store has no step_rollup (written before it; a collector adds it when it opens the "
                      "file): the decode steps of the window were scanned instead")
@@ -76,8 +140,11 @@ def explain(query: Query, scope: Scope) -> Report:
         top = findings[0]
         top.dominant = (max(top.share, top.score or 0.0) >= DOMINANT_MIN_SHARE
                         and top.confidence in ("high", "medium"))
+    if deployment.vllm is None and has_engine:
+        notes.append("the engine's configuration is not recorded in the store (a plugin before it, or vLLM's own "
+                     "spans): the actions' current values are unknown ('?')")
     return Report(scope_d, ts, phases, _layers(phases), findings,
-                  capacity_mod.capacity(query, ts, since, until), notes, trace)
+                  capacity_mod.capacity(query, ts, since, until), notes, trace, deployment=deployment.to_dict())
 
 
 def _has_table(query: Query, name: str) -> bool:

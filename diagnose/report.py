@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 __all__ = ["CONFIDENCES", "DOMINANT_MIN_SHARE", "SCHEMA_ID", "Capacity", "Evidence", "Finding", "PhaseShare",
            "Report", "TailSet", "TraceReport"]
 
-SCHEMA_ID = "tailtrace.explain/1"
+SCHEMA_ID = "tailtrace.explain/2"
 CONFIDENCES = ("high", "medium", "low")
 # A finding is called dominant when it ranks first, explains at least this share of the tail's
 # excess and has high or medium confidence (docs/explain.md).
@@ -36,7 +36,10 @@ class Finding:
     excess it explains (not added across findings; 0..1); `explained_ms`: that excess in ms;
     `score`: what ranks it (the share, or for errors the share of misses); `confidence`: one of
     CONFIDENCES; `mitigations`: one or two suggestions; `example_trace_ids`: tail requests it
-    speaks of; `window`: {"start", "end"} ISO UTC of those requests."""
+    speaks of; `window`: {"start", "end"} ISO UTC of those requests; `actions`: one to three
+    changes to try (diagnose/actions.py: knob, where, current, proposed, expected, rationale);
+    `expected_behaviour`: the finding is what every deployment shows (long answers make a long
+    E2E) rather than a fault: reported after the missed objectives, never as the headline."""
 
     layer: str
     layer_label: str
@@ -54,6 +57,8 @@ class Finding:
     score: float | None = None
     rank: int = 0
     dominant: bool = False
+    actions: list = field(default_factory=list)
+    expected_behaviour: bool = False
 
     def rank_key(self) -> float:
         """What ranks findings: the share (or `score`) times the confidence's weight (1, 0.75, 0.4)."""
@@ -150,7 +155,9 @@ class TraceReport:
 class Report:
     """The whole answer: the scope, the tail set, the phase split (adds up to 1), the layers'
     shares (their phases' sum), the ranked findings, the capacity line, notes on what the store
-    could not tell, and for `--trace-id` the one request."""
+    could not tell, and for `--trace-id` the one request; the objectives' verdicts over the scope
+    (`objectives`), the reports of the other missed objectives (`also`, objectives first) and the
+    recorded configuration the actions read (`deployment`)."""
 
     scope: dict
     tail: TailSet | None
@@ -160,6 +167,9 @@ class Report:
     capacity: Capacity | None
     notes: list[str]
     trace: TraceReport | None = None
+    objectives: list = field(default_factory=list)   # diagnose.objectives.Verdict, worst ratio first
+    also: list = field(default_factory=list)         # Reports of the other missed objectives, in order
+    deployment: dict | None = None                   # diagnose.deployment.Deployment.to_dict()
 
     def to_dict(self) -> dict:
         """The report as JSON values, following docs/explain.schema.json."""
@@ -171,6 +181,7 @@ class Report:
         return {
             "schema": SCHEMA_ID,
             "scope": self.scope,
+            "objectives": [v.to_dict() for v in self.objectives],
             "tail": tail,
             "phases": [asdict(p) for p in self.phases],
             "layers": self.layers,
@@ -178,4 +189,6 @@ class Report:
             "capacity": asdict(self.capacity) if self.capacity else None,
             "notes": list(self.notes),
             "trace": asdict(self.trace) if self.trace else None,
+            "deployment": self.deployment,
+            "also": [r.to_dict() for r in self.also],
         }

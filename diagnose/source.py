@@ -34,19 +34,28 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 class Scope:
     """What to explain: requests that completed in [since, until) (ISO 8601 strings, or relative
     `-15m`, `-2h`, `-30s`, `-1d` before the latest completion in the store; None: open), of one run
-    (`run_id`; None: all), by `metric` (a key of METRICS), its tail above the exact `quantile`
-    (0.99: the P99; 0.5 < quantile < 1). `trace_id`: explain that one request. Raises UserError
-    for an unknown metric, a quantile outside (0.5, 1) or a time that does not parse."""
+    (`run_id`), every run (`all_runs`) or by default the latest traffic run (diagnose/runs.py), by
+    `metric` (a key of METRICS; None: objectives first, each missed one explained, worst first),
+    its tail above the exact `quantile` (0.99: the P99; 0.5 < quantile < 1). `slo`: the objectives
+    (a spec, semantics/slo.py; None: the run's recorded spec, else the default). `trace_id`: explain
+    that one request. Raises UserError for an unknown metric, a quantile outside (0.5, 1), a spec
+    or a time that does not parse."""
 
     since: str | None = None
     until: str | None = None
     run_id: str | None = None
-    metric: str = "e2e"
+    metric: str | None = "e2e"
     trace_id: str | None = None
     quantile: float = 0.99
+    all_runs: bool = False
+    slo: str | None = None
 
     def __post_init__(self):
-        if self.metric not in METRICS:
+        if self.slo is not None:
+            from semantics.slo import parse_slo
+
+            parse_slo(self.slo)  # checked now
+        if self.metric is not None and self.metric not in METRICS:
             raise UserError(f"--metric {self.metric!r}: choose one of {', '.join(METRICS)}")
         try:
             q = float(self.quantile)

@@ -81,18 +81,20 @@ def resolve_window(query: Query, scope: Scope) -> tuple[dt.datetime, dt.datetime
     return since, until, {"n_requests": n, "first_us": first, "last_us": last}
 
 
-def tail_set(query: Query, scope: Scope, since: dt.datetime, until: dt.datetime) -> TailSet:
-    """The tail set of `scope` in [since, until): population, exact median and threshold (the scope's
-    quantile, P99 by default), the tail's size
-    and excess. Raises UserError when the window holds no `ok` request with the metric (naming what
-    the store holds)."""
+def tail_set(query: Query, scope: Scope, since: dt.datetime, until: dt.datetime, runs=None) -> TailSet:
+    """The tail set of `scope` in [since, until) and the run scope `runs` (diagnose.runs.RunScope;
+    None: `scope.run_id` alone): population, exact median and threshold (the scope's quantile, P99
+    by default), the tail's size and excess. Raises UserError when the window holds no `ok` request
+    with the metric (naming what the store holds)."""
     col = METRICS[scope.metric]
     terms = [LATENCY_POPULATION, f"{col} IS NOT NULL", "completion_time >= CAST(? AS TIMESTAMP)",
              "completion_time < CAST(? AS TIMESTAMP)"]
     params: list = [sql_time(since), sql_time(until)]
-    if scope.run_id:
-        terms.append("run_id = ?")
-        params.append(scope.run_id)
+    run_where, run_params = (runs.where, list(runs.params)) if runs is not None else (
+        ("run_id = ?", [scope.run_id]) if scope.run_id else ("", []))
+    if run_where:
+        terms.append(run_where)
+        params.extend(run_params)
     where = " AND ".join(terms)
     n, med, threshold = query(f"SELECT count(*), quantile_cont({col}, 0.5), quantile_cont({col}, ?) "
                               f"FROM requests WHERE {where}", [scope.quantile, *params])[0]
@@ -100,8 +102,9 @@ def tail_set(query: Query, scope: Scope, since: dt.datetime, until: dt.datetime)
     if not n:
         all_n, ok_n = query("SELECT count(*), count(*) FILTER (WHERE ok) FROM requests WHERE completion_time >= "
                             "CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
-                            + (" AND run_id = ?" if scope.run_id else ""), params)[0]
-        what = f"run {scope.run_id!r} in " if scope.run_id else ""
+                            + (f" AND {run_where}" if run_where else ""), params)[0]
+        what = f"{runs.label} in " if runs is not None and run_where else (
+            f"run {scope.run_id!r} in " if scope.run_id else "")
         raise UserError(f"no ok request with {col} in {what}{window['start']} .. {window['end']} "
                         f"({all_n} requests there, {ok_n} ok); widen --since/--until"
                         + (" or check --run-id" if scope.run_id else "")

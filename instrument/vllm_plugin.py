@@ -62,6 +62,8 @@ class _State:
     last_waiting: int | None = None
     hook_errors = 0
     vllm_tracing = False  # vLLM's own tracing is on too (--otlp-traces-endpoint)
+    engine_config = None  # vLLM's VllmConfig, as create_engine_config made it (recorded on the resource)
+    disable_log_stats: bool | None = None
 
 
 def check_vllm_version(version: str) -> None:
@@ -165,9 +167,15 @@ def _guard(fn):
 
 def _sink() -> SpanSink:
     if _State.sink is None:
+        from instrument.deployment import vllm_config
         from instrument.otel import make_tracer_provider
 
-        _State.provider = make_tracer_provider("vllm")
+        extra = None
+        if _State.engine_config is not None:
+            import vllm
+
+            extra = vllm_config(_State.engine_config, getattr(vllm, "__version__", None), _State.disable_log_stats)
+        _State.provider = make_tracer_provider("vllm", extra_resource=extra)
         _State.tracer = _State.provider.get_tracer("tailtrace.vllm")
         threshold = os.environ.get("TAILTRACE_TAIL_THRESHOLD_MS")
         mode = os.environ.get("TAILTRACE_DECODE_SPANS", "tail")
@@ -441,6 +449,8 @@ def _install_config_hooks(EngineArgs) -> None:
     @functools.wraps(orig)
     def create_engine_config(self, *a, **kw):
         config = orig(self, *a, **kw)
+        _State.engine_config = config  # read when the tracer starts: after start-up, its KV blocks are known
+        _State.disable_log_stats = getattr(self, "disable_log_stats", None)
         obs = config.observability_config
         obs.enable_logging_iteration_details = True
         return config

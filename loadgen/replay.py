@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 
 from instrument import semconv as sc
 from loadgen.stats import RequestRecord, Slo, Summary, parse_slo, summarize
-from semantics.catalog import SLO_DEFAULTS_MS
+from semantics.slo import DEFAULT_SLO, format_slo, run_kind_of
 from tailtrace.errors import UserError
 
 __all__ = ["ReplayConfig", "ReplayResult", "discover_target", "run_replay", "run_replay_async"]
@@ -54,8 +54,6 @@ __all__ = ["ReplayConfig", "ReplayResult", "discover_target", "run_replay", "run
 log = logging.getLogger("tailtrace.loadgen")
 
 DEFAULT_TARGET = "http://127.0.0.1:8080"
-# the catalog's SLO bounds, at P99 (semantics.catalog.SLO_DEFAULTS_MS): "ttft_p99=2000ms,tpot_p99=100ms"
-DEFAULT_SLO = ",".join(f"{m}_p99={v:g}ms" for m, v in SLO_DEFAULTS_MS.items() if v is not None)
 ERROR_KINDS = ("connect", "timeout", "http_429", "http_503", "http_4xx", "http_5xx", "disconnect",
                "stream_error", "incomplete", "bad_response", "cancelled", "client")
 
@@ -77,7 +75,9 @@ class ReplayConfig:
     span_pace: the `loadgen.pacing.SchedulePace` of `tracer_provider`'s PacedSpanExporter, when it
     has one (the provider the replay makes for itself always has: spans are encoded only in the
     schedule's gaps).
-    slo: per-request SLO for goodput and the SLO check ("ttft_p99=2s,tpot_p99=100ms").
+    slo: per-request SLO for goodput and the SLO check ("ttft_p99=2s,tpot_p99=100ms";
+    semantics/slo.py), recorded on the run span. run_kind: the run's kind for its run span
+    (semantics.slo.RUN_KINDS; None: read from the run id's prefix).
     precise_timer: the writes are woken by a kernel timer (timerfd, Linux) and issued from its
     callback (default); False, or where there is none: by the scheduler task, which sleeps on
     the loop's timer and spins cooperatively for the last `spin_s` (0: plain asyncio sleeps).
@@ -116,6 +116,7 @@ class ReplayConfig:
     slo: str | list[Slo] | None = DEFAULT_SLO
     priority: str = "interactive"
     run_id: str | None = None
+    run_kind: str | None = None
     timeout_s: float = 600.0
     progress: bool = False
     progress_interval_s: float = 10.0
@@ -364,12 +365,39 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
             interrupted = await runner.run()
     finally:
         sys.setswitchinterval(old_switch)
+        _record_run(provider, run_id, config, slos, runner.records)
         if owned:
             await loop.run_in_executor(None, _shutdown_provider, provider)
     summary = summarize(runner.records, slos, notes)
     return ReplayResult(run_id=run_id, config=config, model=model, max_model_len=mml,
                         records=runner.records, summary=summary, spans_exported=exported,
                         interrupted=interrupted, notes=notes + warned)
+
+
+def _record_run(provider, run_id: str, config: ReplayConfig, slos: list[Slo], records) -> None:
+    """One `tailtrace.run` span (phase `run`) for the run: its id, kind (config.run_kind, else read
+    from the id: semantics.slo.run_kind_of), the SLO spec it was judged by (none: the readers'
+    default), the trace and the requests scheduled; from the first scheduled send to the last
+    response end. Readers (diagnose/runs.py) join it to the run's requests by run id."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind
+
+    sent = [r for r in records if r.scheduled_unix_nano]
+    if not sent:
+        return
+    start = min(r.scheduled_unix_nano for r in sent)
+    end = max([r.end_unix_nano or 0 for r in sent] + [start])
+    attrs = {sc.PHASE: sc.PHASE_RUN, sc.RUN_ID: run_id, sc.RUN_KIND: run_kind_of(run_id, config.run_kind),
+             sc.RUN_TRACE: str(config.trace), sc.RUN_REQUESTS: len(records)}
+    if slos:
+        attrs[sc.RUN_SLO] = format_slo(slos)
+    try:
+        span = provider.get_tracer("tailtrace.loadgen").start_span(sc.SPAN_RUN, context=Context(),
+                                                                  kind=SpanKind.INTERNAL, start_time=start,
+                                                                  attributes=attrs)
+        span.end(end_time=end)
+    except Exception:  # exporting is best effort; never fail a run over it
+        log.debug("run span failed", exc_info=True)
 
 
 def _shutdown_provider(provider) -> None:

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from array import array
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
 from semantics import catalog
-from tailtrace.errors import UserError
+from semantics.slo import Objective as Slo  # the one objective type (semantics/slo.py)
+from semantics.slo import parse_slo, quantile_key
 
 __all__ = [
     "METRICS",
@@ -114,72 +114,20 @@ class RequestRecord:
         return d
 
 
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """A latency objective: `metric` (ttft|tpot|itl|e2e) at quantile `q` (e.g. 0.99) <= `limit_ms`."""
-
-    metric: str
-    q: float
-    limit_ms: float
-
-    @property
-    def label(self) -> str:
-        return f"{self.metric}_{_qname(self.q)}<={_fmt_ms(self.limit_ms)}"
-
-
-def _qname(q: float) -> str:
-    return "p" + f"{q * 100:g}".replace(".", "")
-
-
-def _fmt_ms(ms: float) -> str:
-    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms:g}ms"
-
-
-_SLO_RE = re.compile(r"^(ttft|tpot|itl|e2e)(?:_p(\d+))?=([0-9.]+)\s*(ms|s)?$")
-
-
-def parse_slo(text: str) -> list[Slo]:
-    """Parse `ttft_p99=2s,tpot_p99=100ms` into Slo objects. A key without `_pNN` means P99.
-
-    `pNN` reads as a percentile with the digits after the first two as decimals: p50, p90, p99,
-    p999 = 99.9. Values take `ms` or `s` (default ms). Raises UserError on bad text.
-    """
-    out = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        m = _SLO_RE.match(part)
-        if not m:
-            raise UserError(f"bad --slo item {part!r}: use e.g. ttft_p99=2s,tpot_p99=100ms "
-                            "(metrics ttft, tpot, itl, e2e; quantiles p50, p90, p99, p999)")
-        metric, digits, value, unit = m.groups()
-        digits = digits or "99"
-        if len(digits) > 2 and digits.endswith("0"):
-            # p150 reads as 15.0 % by the rule above, surely not what was meant: refuse it
-            raise UserError(f"bad quantile in --slo item {part!r}: after two digits come decimals, without a "
-                            "trailing zero (p15, p50, p99, p999, p9999)")
-        q = round(float(digits[:2] + "." + digits[2:]) / 100, 10)
-        if not 0 < q < 1:
-            raise UserError(f"bad quantile in --slo item {part!r}")
-        limit = float(value) * (1000.0 if unit == "s" else 1.0)
-        out.append(Slo(metric, q, limit))
-    if not out:
-        raise UserError("--slo is empty")
-    return out
-
-
 def percentiles(values, qs=QUANTILES) -> dict[str, float | None]:
     """Exact percentiles of `values` (linear interpolation, as DuckDB quantile_cont); None if empty.
 
     Infinite values (failed requests counted as misses) are allowed and sort last."""
     arr = np.asarray([v for v in values if v is not None], dtype=float)
     if arr.size == 0:
-        return {_qname(q): None for q in qs}
+        return {quantile_key(q): None for q in qs}
     arr.sort()
     out = {}
     for q in qs:
         pos = q * (arr.size - 1)
         lo, hi = math.floor(pos), math.ceil(pos)
         a, b = arr[lo], arr[hi]
-        out[_qname(q)] = float(a if lo == hi or a == b else a + (b - a) * (pos - lo))
+        out[quantile_key(q)] = float(a if lo == hi or a == b else a + (b - a) * (pos - lo))
     return out
 
 
@@ -246,7 +194,7 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
             vals = list(values[s.metric])
             if s.metric != "itl":
                 vals += [math.inf] * len(failed)
-            got = percentiles(vals, (s.q,))[_qname(s.q)]
+            got = percentiles(vals, (s.q,))[quantile_key(s.q)]
             met = got is not None and got <= s.limit_ms
             slo_met = slo_met and met
             slo_rows.append({"slo": s.label, "value_ms": got, "met": met})

@@ -11,6 +11,7 @@ from __future__ import annotations
 # ---------------------------------------------------------------- phases (`tailtrace.phase`)
 PHASE = "tailtrace.phase"
 PHASE_CLIENT = "client"              # client.request (loadgen)
+PHASE_RUN = "run"                    # tailtrace.run: one load-generator run (its kind and SLO spec)
 PHASE_GATEWAY = "gateway"            # the gateway's HTTP server span of an LLM request
 PHASE_GATEWAY_OTHER = "gateway_other"  # its server span of anything else (GET /v1/models, probes, 404s)
 PHASE_GATEWAY_QUEUE = "gateway_queue"  # gateway.admission
@@ -30,6 +31,7 @@ PHASE_VLLM_REQUEST = "vllm_request"  # vLLM's native `llm_request` span (--otlp-
 
 # ---------------------------------------------------------------- span names
 SPAN_CLIENT = "client.request"
+SPAN_RUN = "tailtrace.run"
 SPAN_GATEWAY_ADMISSION = "gateway.admission"
 SPAN_GATEWAY_UPSTREAM = "gateway.upstream"
 SPAN_GATEWAY_STREAM = "gateway.stream"
@@ -123,6 +125,15 @@ CLIENT_TPOT_MS = "tailtrace.client.tpot_ms"
 CLIENT_CHUNK_TIMES = "tailtrace.client.chunk_times_unix_nano"  # int[]: arrival of each streamed chunk
 CLIENT_ERROR = "tailtrace.client.error"          # error kind when the request failed
 RUN_ID = "tailtrace.run_id"                      # loadgen run (a sweep step, a replay)
+# the run span (one per run, `tailtrace.run`, phase `run`): what the run was for and what it was judged by
+RUN_KIND = "tailtrace.run.kind"                  # semantics.slo.RUN_KINDS: replay, capacity-probe, ...
+RUN_SLO = "tailtrace.run.slo"                    # the SLO spec the run was judged by (semantics/slo.py)
+RUN_TRACE = "tailtrace.run.trace"                # the trace replayed (a name or a file path)
+RUN_REQUESTS = "tailtrace.run.requests"          # requests scheduled
+
+# ---------------------------------------------------------------- tailtrace keys: deployment (resource)
+VLLM_CONFIG = "tailtrace.vllm.config"            # JSON: the engine's effective configuration (instrument/deployment.py)
+GATEWAY_CONFIG = "tailtrace.gateway.config"      # JSON: the gateway's admission and routing settings
 
 # ---------------------------------------------------------------- tailtrace keys: gateway
 UPSTREAM = "tailtrace.gateway.upstream"

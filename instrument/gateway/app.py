@@ -96,9 +96,11 @@ class _Gateway:
         elif config.tracer_provider is not None:
             self.provider = config.tracer_provider
         else:
+            from instrument.deployment import gateway_config
             from instrument.otel import make_tracer_provider
 
-            self.provider = make_tracer_provider("tailtrace-gateway", config.otlp_endpoint)
+            self.provider = make_tracer_provider("tailtrace-gateway", config.otlp_endpoint,
+                                                 extra_resource=gateway_config(config))
             self.own_provider = True
         self.tracer = self.provider.get_tracer("tailtrace.gateway")
         self.client = None  # the pooled aiohttp.ClientSession for proxied requests

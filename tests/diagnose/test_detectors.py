@@ -11,11 +11,11 @@ from diagnose import Scope, db_query, explain
 from tests.diagnose.store import baseline, write_store
 
 
-def diagnose(tmp_path, reqs, metric="e2e", **kw):
+def diagnose(tmp_path, reqs, metric="e2e", all_runs=False, **kw):
     path = write_store(tmp_path / "s.duckdb", reqs, **kw)
     query, close = db_query(path)
     try:
-        return explain(query, Scope(metric=metric))
+        return explain(query, Scope(metric=metric, all_runs=all_runs))
     finally:
         close()
 
@@ -268,7 +268,8 @@ def test_no_fault_invents_no_dominant_cause_in_a_small_layer(tmp_path):
 
 
 def test_detectors_do_not_read_run_ids(tmp_path):
-    """The same store with run ids naming another experiment, and with none: the same findings."""
+    """The same store with run ids naming another experiment, and with none: the same findings
+    (over every run: the default scope would take the latest run alone, diagnose/runs.py)."""
     rng = np.random.default_rng(14)
     reqs = baseline(rng, n=600)
     for r in slow(rng, reqs, 10):
@@ -277,23 +278,23 @@ def test_detectors_do_not_read_run_ids(tmp_path):
     for i, r in enumerate(reqs):
         r.run_id = f"chaos-kv-pressure-20251009T080000-ab12-{'delayed' if i % 2 else 'control'}"
     (tmp_path / "s.duckdb").unlink()
-    named = diagnose(tmp_path, reqs)
+    named = diagnose(tmp_path, reqs, all_runs=True)
     assert [(f.cause, f.share, f.example_trace_ids) for f in named.findings] == \
         [(f.cause, f.share, f.example_trace_ids) for f in plain.findings]
     assert plain.findings[0].cause == "network"
 
 
 def test_a_sampled_tail_scales_to_the_whole(tmp_path, monkeypatch):
-    """Past detectors.STEP_SAMPLE tail requests only the slowest are read raw from decode_steps;
+    """Past detectors.steps.STEP_SAMPLE tail requests only the slowest are read raw from decode_steps;
     their explained ms scale by the tail's excess over theirs: about the answer of reading all."""
-    from diagnose import detectors
+    from diagnose.detectors import steps
 
     rng = np.random.default_rng(15)
     reqs = baseline(rng)
     for r in slow(rng, reqs, 15):
         r.steps = [(itl + 25.0, bs, 512) if j % 2 else (itl, bs, 0) for j, (itl, bs, _) in enumerate(r.steps)]
     full = by_cause(diagnose(tmp_path, reqs))["prefill_interference"]
-    monkeypatch.setattr(detectors, "STEP_SAMPLE", 4)
+    monkeypatch.setattr(steps, "STEP_SAMPLE", 4)
     query, close = db_query(tmp_path / "s.duckdb")
     try:
         part = by_cause(explain(query, Scope()))["prefill_interference"]
@@ -349,10 +350,10 @@ def test_prune_ranges_merge_what_lies_closer_than_the_gap():
 
 
 def test_burst_windows_count_across_the_blocks_they_are_windowed_in(tmp_path):
-    """The arrivals before each request are counted per block of detectors.BURST_BLOCK_S (run in
+    """The arrivals before each request are counted per block of detectors.scheduling.BURST_BLOCK_S (run in
     parallel), each block holding the arrivals of the seconds before it: a burst that straddles a
     block's start counts as a range join over all requests counts it."""
-    from diagnose import detectors
+    from diagnose.detectors import scheduling as detectors
 
     rng = np.random.default_rng(17)
     reqs = baseline(rng)

@@ -1,0 +1,119 @@
+"""Runs and the run scope: which requests an answer speaks of, by default and when asked.
+
+A run is the requests of one load-generator invocation (`requests.run_id`); its kind and the SLO
+spec it was judged by come from its run span (`tailtrace.run`, loadgen/replay.py), else from its id
+(semantics.slo.run_kind_of). The default scope of `explain`, the demo's report and the dashboard is
+the latest traffic run (never a capacity probe): of the runs of a traffic kind, and of the requests
+of no run (traffic no load generator sent, as a production collector sees it), the group whose last
+request completed last. `--run-id ID` takes one run; `--all-runs` every request; a time window
+(`--since`/`--until`) without either takes every request in it but the probes'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from diagnose.source import Query, iso
+from semantics import semconv as sc
+from semantics.slo import RUN_KIND_PROBE, TRAFFIC_KINDS, run_kind_of
+from tailtrace.errors import UserError
+
+__all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the store: `run_id` (None: the requests of no run), `kind` (semantics.slo.RUN_KINDS;
+    None for no run), `requests`, `start`/`end` (ISO UTC: first arrival, last completion), `slo` (the
+    spec recorded on its run span, None when none was)."""
+
+    run_id: str | None
+    kind: str | None
+    requests: int
+    start: str | None
+    end: str | None
+    slo: str | None = None
+
+    def describe(self) -> str:
+        """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`."""
+        name = self.run_id if self.run_id is not None else "(no run: traffic no load generator sent)"
+        return f"{name} ({self.kind or 'traffic'}, {self.requests:,} requests, from {self.start})"
+
+
+@dataclass(frozen=True)
+class RunScope:
+    """The requests an answer speaks of: `where` a SQL condition on `requests` ("" for all) with
+    its `params`; `label` in words; `run` the one run it is (None for several or all); `runs` every
+    run of the store, oldest first; `note` what the reader should know about the choice."""
+
+    where: str
+    params: list
+    label: str
+    run: Run | None
+    runs: list[Run] = field(default_factory=list)
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        """As explain's JSON `scope.runs` shows it."""
+        return {"label": self.label, "run_id": self.run.run_id if self.run else None,
+                "kind": self.run.kind if self.run else None, "slo_recorded": self.run.slo if self.run else None}
+
+
+def list_runs(query: Query) -> list[Run]:
+    """Every run of the store (one per `requests.run_id`, the requests of no run as one with id
+    None), oldest last completion first, with the kind and SLO spec of its run span when it has one."""
+    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)) "
+                 "FROM requests GROUP BY run_id ORDER BY 4, 1", [])
+    recorded: dict[str, tuple[str | None, str | None]] = {}
+    try:
+        spans = query(f"""SELECT json_extract_string(attributes, '$."{sc.RUN_ID}"'),
+       json_extract_string(attributes, '$."{sc.RUN_KIND}"'), json_extract_string(attributes, '$."{sc.RUN_SLO}"')
+FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
+    except UserError:  # a store without spans (a requests-only extract): kinds from the ids
+        spans = []
+    for rid, kind, slo in spans:
+        if rid:
+            recorded[rid] = (kind, slo)
+    out = []
+    for rid, n, first, last in rows:
+        kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
+        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
+    return out
+
+
+def resolve_runs(query: Query, run_id: str | None = None, all_runs: bool = False,
+                 windowed: bool = False) -> RunScope:
+    """The run scope (module docstring). Raises UserError for `run_id` and `all_runs` together and
+    for an unknown run id (listing the runs present)."""
+    if run_id and all_runs:
+        raise UserError("--run-id and --all-runs: give one (a run, or every request)")
+    runs = list_runs(query)
+    if all_runs:
+        return RunScope("", [], "all runs", None, runs)
+    if run_id:
+        for r in runs:
+            if r.run_id == run_id:
+                return RunScope("run_id = ?", [run_id], f"run {run_id} ({r.kind})", r, runs)
+        present = [r for r in runs if r.run_id is not None]
+        listed = "; ".join(r.describe() for r in reversed(present[-10:])) or "none (no request carries a run id)"
+        more = f" (and {len(present) - 10} older)" if len(present) > 10 else ""
+        raise UserError(f"no run {run_id!r} in the store: check --run-id; runs present, newest first: {listed}{more}")
+    probes = [r.run_id for r in runs if r.kind == RUN_KIND_PROBE]
+    if windowed:
+        if not probes:
+            return RunScope("", [], "every request in the window", None, runs)
+        marks = ", ".join("?" for _ in probes)
+        return RunScope(f"(run_id IS NULL OR run_id NOT IN ({marks}))", list(probes),
+                        f"every request in the window but {len(probes)} capacity probe(s)", None, runs)
+    traffic = [r for r in runs if r.kind is None or r.kind in TRAFFIC_KINDS]
+    if not traffic:
+        return RunScope("", [], "all runs", None, runs,
+                        "the store holds capacity probes only: they are the scope")
+    latest = traffic[-1]
+    note = None
+    if len(runs) > 1:
+        note = (f"scope: the latest traffic run, {latest.describe()}, of {len(runs)} in the store "
+                "(--run-id ID for another, --all-runs for every request)")
+    if latest.run_id is None:
+        return RunScope("run_id IS NULL", [], "the requests of no run (live traffic)", latest, runs, note)
+    return RunScope("run_id = ?", [latest.run_id], f"run {latest.run_id} ({latest.kind})", latest, runs, note)

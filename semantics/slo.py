@@ -1,0 +1,132 @@
+"""Objectives as data: the one SLO spec every surface reads, and the kinds of run a store holds.
+
+An SLO spec is text, `ttft_p99=2s,tpot_p99=100ms[,e2e_p99=30s,ttft_p999=5s]`: comma-separated
+objectives `<metric>[_p<digits>]=<value>[ms|s]`, each "the metric's exact quantile must not exceed
+the value". `replay`, `demo`, `explain`, the dashboard and `tailtrace metrics` take it with `--slo`;
+each run records the spec it was judged by (the run span's `tailtrace.run.slo`), so a store read
+later gives the same verdicts. The default is the catalog's (semantics.catalog.SLO_DEFAULTS_MS, at
+P99).
+
+A run is the requests of one load-generator invocation (`requests.run_id`). Its kind says what it
+was for; the kind is recorded on the run span (`tailtrace.run.kind`) and, for stores written
+before that or runs cut short, read from the run id's prefix, which every tailtrace command sets
+(`capacity-probe-…`, `sweep-…-r<rate>`, `chaos-…`, `demo-…`, `replay-…`, `try-…`, `sim-…`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from semantics.catalog import SLO_DEFAULTS_MS
+from tailtrace.errors import UserError
+
+__all__ = ["DEFAULT_SLO", "OBJECTIVE_METRICS", "RUN_KINDS", "RUN_KIND_PROBE", "TRAFFIC_KINDS", "Objective",
+           "format_slo", "parse_slo", "quantile_key", "run_kind_of"]
+
+# the metrics an objective may bound (the `requests` column or decode-step value each reads is
+# the explain catalog's: diagnose/objectives.py)
+OBJECTIVE_METRICS = ("ttft", "tpot", "itl", "e2e")
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """One objective: `metric` (one of OBJECTIVE_METRICS) at quantile `q` (0 < q < 1, e.g. 0.99)
+    must be <= `limit_ms` (milliseconds)."""
+
+    metric: str
+    q: float
+    limit_ms: float
+
+    @property
+    def label(self) -> str:
+        """As a spec item reads back: `ttft_p99<=2s`."""
+        return f"{self.metric}_{quantile_key(self.q)}<={_fmt_ms(self.limit_ms)}"
+
+    @property
+    def key(self) -> str:
+        """The spec item's key: `ttft_p99`, `tpot_p999`."""
+        return f"{self.metric}_{quantile_key(self.q)}"
+
+    @property
+    def spec(self) -> str:
+        """The spec item: `ttft_p99=2s`."""
+        return f"{self.key}={_fmt_ms(self.limit_ms)}"
+
+
+def quantile_key(q: float) -> str:
+    """0.99 -> "p99", 0.999 -> "p999", 0.5 -> "p50": the key an SLO spec item and a summary use."""
+    return "p" + f"{q * 100:g}".replace(".", "")
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms:g}ms"
+
+
+_ITEM = re.compile(r"^(ttft|tpot|itl|e2e)(?:_p(\d+))?=([0-9]*\.?[0-9]+)\s*(ms|s)?$")
+
+
+def parse_slo(text: str, what: str = "--slo") -> list[Objective]:
+    """Parse `ttft_p99=2s,tpot_p99=100ms` into Objectives (the order given; a metric and quantile
+    given twice: the last wins). A key without `_pNN` means P99. `pNN` reads as a percentile with
+    the digits after the first two as decimals: p50, p90, p99, p999 = 99.9. Values take `ms` or `s`
+    (default ms) and must be > 0. Raises UserError naming the bad item."""
+    out: dict[tuple[str, float], Objective] = {}
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        m = _ITEM.match(part)
+        if not m:
+            raise UserError(f"bad {what} item {part!r}: use e.g. ttft_p99=2s,tpot_p99=100ms "
+                            f"(metrics {', '.join(OBJECTIVE_METRICS)}; quantiles p50, p90, p99, p999; values in ms or s)")
+        metric, digits, value, unit = m.groups()
+        digits = digits or "99"
+        if len(digits) > 2 and digits.endswith("0"):
+            # p150 reads as 15.0 % by the rule above, surely not what was meant: refuse it
+            raise UserError(f"bad quantile in {what} item {part!r}: after two digits come decimals, without a "
+                            "trailing zero (p15, p50, p99, p999, p9999)")
+        q = round(float(digits[:2] + "." + digits[2:]) / 100, 10)
+        if not 0 < q < 1:
+            raise UserError(f"bad quantile in {what} item {part!r}")
+        limit = float(value) * (1000.0 if unit == "s" else 1.0)
+        if not limit > 0:
+            raise UserError(f"bad value in {what} item {part!r}: a latency bound above 0")
+        out[(metric, q)] = Objective(metric, q, limit)
+    if not out:
+        raise UserError(f"{what} is empty: give e.g. ttft_p99=2s,tpot_p99=100ms")
+    return list(out.values())
+
+
+def format_slo(objectives: list[Objective]) -> str:
+    """The canonical spec text of `objectives` (parse_slo(format_slo(x)) == x)."""
+    return ",".join(o.spec for o in objectives)
+
+
+# the catalog's bounds, at P99: "ttft_p99=2s,tpot_p99=100ms"
+DEFAULT_SLO = format_slo([Objective(m, 0.99, v) for m, v in SLO_DEFAULTS_MS.items() if v is not None])
+
+# ------------------------------------------------------------------------- runs
+RUN_KIND_PROBE = "capacity-probe"
+# (kind, run id prefix); the first match wins; anything else is a replay
+RUN_KINDS: tuple[tuple[str, str], ...] = (
+    (RUN_KIND_PROBE, "capacity-probe"),
+    ("sweep-step", "sweep-"),
+    ("chaos", "chaos-"),
+    ("experiment-arm", "try-"),
+    ("simulation", "sim-"),
+    ("replay", ""),
+)
+# the kinds that are traffic: what the default scope of explain, the demo's report and the
+# dashboard picks from (the latest of them); a probe is a measurement of the engine, not traffic
+TRAFFIC_KINDS = tuple(k for k, _ in RUN_KINDS if k != RUN_KIND_PROBE)
+
+
+def run_kind_of(run_id: str | None, recorded: str | None = None) -> str | None:
+    """A run's kind: the `recorded` one (the run span's) when it is a known kind, else read from
+    the run id's prefix (RUN_KINDS); None for requests of no run (traffic no load generator sent)."""
+    if recorded in {k for k, _ in RUN_KINDS}:
+        return recorded
+    if run_id is None:
+        return None
+    for kind, prefix in RUN_KINDS:
+        if run_id.startswith(prefix):
+            return kind
+    return "replay"

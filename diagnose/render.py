@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from diagnose.actions import Action, render_action
 from diagnose.report import Evidence, Report, TraceReport
 from semantics.catalog import format_ms
 
@@ -15,6 +16,26 @@ _BAR = 48
 def render_json(report: Report) -> str:
     """The report as JSON (docs/explain.schema.json), one document."""
     return json.dumps(report.to_dict(), indent=2, ensure_ascii=False)
+
+
+def _try(a) -> str:
+    """An action (an Action, or its dict in a report read back) as its `try:` line."""
+    return render_action(a if isinstance(a, Action) else Action(**a))
+
+
+def objective_lines(report: Report) -> list[str]:
+    """The objectives' verdicts, worst first, one line each (`TTFT P99 8.0 s against 2,000 ms: MISSED
+    (4.00x)`), then the scope they were judged over."""
+    if not report.objectives:
+        return []
+    runs = report.scope.get("runs") or {}
+    out = [f"objectives ({report.scope.get('slo')}) over {runs.get('label', 'the scope')}:"]
+    out += [f"  {v.text()}" for v in report.objectives]
+    return out
+
+
+def _reports(report: Report) -> list[Report]:
+    return [report, *report.also]
 
 
 def _head(report: Report) -> str:
@@ -68,15 +89,27 @@ def _trace_text(tr: TraceReport) -> list[str]:
 
 
 def render_text(report: Report, console=None) -> None:
-    """Print the report with rich on `console` (default: stdout, full width when piped)."""
+    """Print the report with rich on `console` (default: stdout, full width when piped): the
+    objectives' verdicts, then the tail of each missed objective explained, worst first."""
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     if console is None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=160)
+    for line in objective_lines(report):
+        console.print(escape(line), style="bold" if line.startswith("objectives") else None)
+    for i, r in enumerate(_reports(report)):
+        if i or report.objectives:
+            console.print()
+        _render_one(r, console)
+
+
+def _render_one(report: Report, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     if report.trace:
         for line in _trace_text(report.trace):
             console.print(escape(line))
@@ -100,6 +133,8 @@ def render_text(report: Report, console=None) -> None:
         for ev in f.evidence:
             console.print(f"   [dim]evidence:[/] {escape(ev.what)}: {escape(_numbers(ev))}")
             console.print(f"   [dim]SQL ({escape(json.dumps(ev.params))}):[/] [dim]{escape(' '.join(ev.sql.split()))}[/]")
+        for a in f.actions:
+            console.print(f"   [bold]{escape(_try(a))}[/]  [dim]{escape(a.rationale if isinstance(a, Action) else a['rationale'])}[/]")
         for m in f.mitigations:
             console.print(f"   suggestion: {escape(m)}")
         console.print(f"   examples: {', '.join(f.example_trace_ids) or 'none'}; window "
@@ -111,9 +146,29 @@ def render_text(report: Report, console=None) -> None:
 
 
 def render_brief(report: Report, console, limit: int = 3) -> None:
-    """The diagnosis in a few lines (`tailtrace demo`'s report): the tail's excess by layer, then
-    the first `limit` findings that explain at least 5% of it (the first always), each with its
-    share, confidence, summary and first suggestion."""
+    """The diagnosis in a few lines (`tailtrace demo`'s report): the objectives and their verdicts;
+    for each missed objective its top cause with its share and first action; then, for the first,
+    the tail's excess by layer and its first `limit` findings that explain at least 5% of it."""
+    from rich.markup import escape
+
+    for line in objective_lines(report):
+        console.print(escape(line), style="bold" if line.startswith("objectives") else None, soft_wrap=True)
+    missed = [v for v in report.objectives if v.met is False]
+    for r in _reports(report):
+        if not missed or r.tail is None or not r.findings:
+            continue
+        f = r.findings[0]
+        what = "expected behaviour" if f.expected_behaviour else f"top cause, {f.share:.0%} of the excess"
+        line = rf"{r.tail.metric.upper()} {r.tail.label}: {what}: \[{escape(f.layer_label)}] {escape(f.title)}"
+        console.print(f"  [bold]{line}[/]", soft_wrap=True)
+        if f.actions and not f.expected_behaviour:
+            console.print(f"     {escape(_try(f.actions[0]))}", soft_wrap=True)
+    if report.objectives:
+        console.print()
+    _brief_one(report, console, limit)
+
+
+def _brief_one(report: Report, console, limit: int) -> None:
     from rich.markup import escape
 
     if report.tail is None or report.tail.n_tail == 0:
@@ -130,15 +185,32 @@ def render_brief(report: Report, console, limit: int = 3) -> None:
         dom = " [bold red]dominant[/]" if f.dominant else ""
         console.print(f"  {f.rank}. \\[{escape(f.layer_label)}] [bold]{escape(f.title)}[/]: explains {f.share:.0%} "
                       f"of the excess, confidence {f.confidence}{dom}. {escape(f.summary)}", soft_wrap=True)
-        if f.mitigations:
+        if f.actions:
+            console.print(f"     {escape(_try(f.actions[0]))}", soft_wrap=True)
+        elif f.mitigations:
             console.print(f"     suggestion: {escape(f.mitigations[0])}", soft_wrap=True)
 
 
 def render_markdown(report: Report) -> str:
     """The report as Markdown (a phase table, one section per finding with its SQL in code blocks)."""
     out = ["# Why is it slow?", ""]
+    if report.objectives:
+        out += ["| objective | value | target | ratio | verdict |", "|---|---|---|---|---|"]
+        out += [f"| {v.metric.upper()} {v.label} | {format_ms(v.value_ms) if v.value_ms is not None else 'not measured'} | "
+                f"{format_ms(v.target_ms)} | {f'{v.ratio:.2f}x' if v.ratio is not None else '—'} | "
+                f"{'met' if v.met else 'missed' if v.met is False else 'not measured (' + str(v.why) + ')'} |"
+                for v in report.objectives]
+        out.append("")
+    for i, r in enumerate(_reports(report)):
+        out += _markdown_one(r, level=2 if i == 0 and not report.also else 3, head=bool(report.also))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _markdown_one(report: Report, level: int, head: bool) -> list[str]:
+    h = "#" * level
+    out = [f"{'#' * (level - 1)} {report.tail.metric.upper()} {report.tail.label}", ""] if head and report.tail else []
     if report.trace:
-        out += ["## One request", "", "```", *_trace_text(report.trace), "```", ""]
+        out += [f"{h} One request", "", "```", *_trace_text(report.trace), "```", ""]
     if report.tail is not None:
         out += [_head(report), "", "| phase | layer | median's | tail mean | share of excess |", "|---|---|---|---|---|"]
         out += [f"| {p.label} | {p.layer} | {format_ms(p.median_ms)} | {format_ms(p.tail_mean_ms)} | {p.share:.0%} |"
@@ -147,14 +219,16 @@ def render_markdown(report: Report) -> str:
         for f in report.findings:
             what = (f"Explains **{f.share:.0%}** of the excess ({format_ms(f.explained_ms)}); confidence "
                     f"{f.confidence}{'; dominant' if f.dominant else ''}. {f.summary}.")
-            out += [f"## {f.rank}. {f.title} ({f.layer_label})", "", what, ""]
+            out += [f"{h} {f.rank}. {f.title} ({f.layer_label})", "", what, ""]
             for ev in f.evidence:
                 out += [f"- {ev.what}: {_numbers(ev)}", "", "  ```sql", *("  " + line for line in ev.sql.splitlines()),
                         "  ```", f"  params: `{json.dumps(ev.params)}`", ""]
+            out += [f"- **{_try(a)}** — {a.rationale if isinstance(a, Action) else a['rationale']}" for a in f.actions]
             out += [f"- suggestion: {m}" for m in f.mitigations]
             ids = ", ".join(f"`{t}`" for t in f.example_trace_ids) or "none"
             out += [f"- examples: {ids}; window {f.window['start']} .. {f.window['end']}", ""]
     if report.capacity:
         out += [f"**Capacity:** {report.capacity.text}", ""]
     out += [f"> note: {n}" for n in report.notes]
-    return "\n".join(out).rstrip() + "\n"
+    out.append("")
+    return out

@@ -81,6 +81,7 @@ class Context:
     side_timeout_s: float = data.DEFAULT_SIDE_TIMEOUT_S
     replicas: list[str] = field(default_factory=list)
     replicas_why: str | None = None
+    runs: Any = None  # diagnose.runs.RunScope of the selection (None: a store without run ids)
 
     def side(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
         """Run a side panel's query function `fn(side_src, *args, **kwargs)` within the side budget.
@@ -314,7 +315,11 @@ def build_context() -> Context | None:
                    "The store has no `requests` table yet: it was not written by `tailtrace collect`, or "
                    "nothing has arrived.")
         return None
+    runs = _run_scope(src)
     start, end, window_label = _time_window(info, live)
+    if runs is not None and runs.run is not None and start is None and end is None:
+        start, end = _run_window(runs.run)  # steps and device samples by the run's own time
+        window_label = f"the run's time ({runs.run.start} .. {runs.run.end})"
     linked_model = st.query_params.get("model")
     models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models",
                             default=[linked_model] if linked_model in info["models"] else None)
@@ -340,12 +345,58 @@ def build_context() -> Context | None:
                           help="0 = no E2E objective.")
     slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
-                      priorities=tuple(prios), replicas=tuple(chosen))
+                      priorities=tuple(prios), replicas=tuple(chosen),
+                      run_where=runs.where if runs is not None else "",
+                      run_params=tuple(runs.params) if runs is not None else (),
+                      run_id=runs.run.run_id if runs is not None and runs.run is not None and runs.where else None,
+                      all_runs=runs is None or not runs.where)
     selected = data.count_requests(src, filters)
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
                    selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas,
-                   replicas_why=listed.why)
+                   replicas_why=listed.why, runs=runs)
+
+
+_LATEST, _ALL = "latest traffic run", "all runs"
+
+
+def _run_scope(src):
+    """The run selector (sidebar): the latest traffic run by default (never a capacity probe), one
+    run, or all runs; its RunScope (diagnose/runs.py, the scope explain takes), None when the store's
+    requests carry no run ids or the runs cannot be listed."""
+    from dashboard.queries.why import source_query
+    from diagnose.runs import list_runs, resolve_runs
+    from tailtrace.errors import UserError
+
+    query = source_query(src)
+    try:
+        runs = list_runs(query)
+    except (UserError, DataError):
+        return None
+    named = [r for r in reversed(runs) if r.run_id is not None]
+    if not named:
+        return None
+    labels = {r.run_id: f"{r.run_id} · {r.kind} · {r.requests:,} req · {r.start[:19] if r.start else '?'}"
+              for r in named}
+    choice = st.sidebar.selectbox("Run", [_LATEST, *labels, _ALL], index=0, key="tt_run",
+                                  format_func=lambda k: labels.get(k, k),
+                                  help="Every page shows this run's requests. The latest traffic run by default "
+                                       "(a capacity probe never is: it is a measurement, not traffic).")
+    try:
+        scope = resolve_runs(query, run_id=None if choice in (_LATEST, _ALL) else choice, all_runs=choice == _ALL)
+    except (UserError, DataError) as exc:
+        st.sidebar.warning(str(exc))
+        return None
+    st.sidebar.caption(f"Scope: {scope.label}")
+    return scope
+
+
+def _run_window(run) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """[first arrival, last completion + 1 ms) of `run` as naive UTC datetimes."""
+    if not run.start or not run.end:
+        return None, None
+    to_dt = lambda t: dt.datetime.fromisoformat(t.rstrip("Z"))
+    return to_dt(run.start), to_dt(run.end) + dt.timedelta(milliseconds=1)
 
 
 def context() -> Context | None:

@@ -110,6 +110,8 @@ def resolve_runs(query: Query, run_id: str | None = None, all_runs: bool = False
         return RunScope("", [], "all runs", None, runs,
                         "the store holds capacity probes only: they are the scope")
     latest = traffic[-1]
+    if len(runs) == 1:  # the store is this one group: no filter (rollups and indexes still answer)
+        return RunScope("", [], latest.describe(), latest, runs)
     note = None
     if len(runs) > 1:
         note = (f"scope: the latest traffic run, {latest.describe()}, of {len(runs)} in the store "

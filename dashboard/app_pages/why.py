@@ -17,12 +17,26 @@ if ctx.filters.has_request_attrs():
     st.caption("The diagnosis reads every request of the time range: the model, service, priority and replica "
                "filters do not apply (its load-imbalance finding compares the upstreams and names their replicas).")
 linked = why.metric_from_link(st.query_params)
-choices = list(why.METRICS)
-metric = st.segmented_control("Tail of", choices, default=linked or "e2e", format_func=why.METRICS.get,
-                              key="why_metric") or "e2e"
-report = why.diagnose(ctx.src, ctx.filters, metric)
+choices = [why.OBJECTIVES_FIRST, *why.METRICS]
+labels = {why.OBJECTIVES_FIRST: "Missed objectives first", **why.METRICS}
+metric = st.segmented_control("Tail of", choices, default=linked or why.OBJECTIVES_FIRST, format_func=labels.get,
+                              key="why_metric") or why.OBJECTIVES_FIRST
+report = why.diagnose(ctx.src, ctx.filters, metric, ctx.slo)
 if report is None:
     st.stop()
+if report.objectives:
+    st.subheader("Objectives")
+    st.dataframe(why.objectives_frame(report), hide_index=True,
+                 column_config={"value_ms": st.column_config.NumberColumn("value (ms)", format="%.1f"),
+                                "target_ms": st.column_config.NumberColumn("target (ms)", format="%.1f"),
+                                "ratio": st.column_config.NumberColumn(format="%.2fx")})
+    for other in report.also:
+        top = other.findings[0] if other.findings else None
+        if top is not None:
+            st.caption(f"Also missed: {other.tail.metric.upper()} {other.tail.label}: #{top.rank} {top.title} "
+                       f"({100 * top.share:.0f}% of its excess)" + (" — expected behaviour" if top.expected_behaviour
+                                                                      else ""))
+    st.subheader(f"The {report.tail.metric.upper() if report.tail else ''} tail")
 tail = report.tail
 if tail is None or tail.n_tail == 0:
     for note in report.notes:
@@ -47,6 +61,8 @@ for f in report.findings:
             f"({f.confidence} confidence){' · dominant' if f.dominant else ''}")
     with st.expander(head, expanded=f.rank == 1):
         st.markdown(f.summary)
+        for a in f.actions:
+            st.markdown(f"- **`{why.action_line(a)}`** — {a.rationale}")
         for m in f.mitigations:
             st.markdown(f"- *Suggestion:* {m}")
         for i, ev in enumerate(f.evidence):

@@ -54,7 +54,9 @@ class Filters:
     tailtrace selects requests; steps and samples by their own time. `replicas`: values of
     `request_replicas.replica` (the engine's service.instance.id, else its service name: the replicas
     of a fleet share one service name); a request selected by replica is one with an engine span
-    there. Empty tuples select everything."""
+    there. Empty tuples select everything. `run_where`/`run_params`: the run scope (diagnose/runs.py's
+    RunScope: the latest traffic run by default, never a probe), a condition on `requests` every query
+    of every page takes from here; `run_id`/`all_runs` the same scope as explain's Scope takes it."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -62,11 +64,18 @@ class Filters:
     services: tuple[str, ...] = ()
     priorities: tuple[str, ...] = ()
     replicas: tuple[str, ...] = ()
+    run_where: str = ""
+    run_params: tuple = ()
+    run_id: str | None = None
+    all_runs: bool = True
 
     def _request_terms(self, alias: str = "") -> tuple[list[str], list[Any]]:
         a = f"{alias}." if alias else ""
         terms: list[str] = []
         params: list[Any] = []
+        if self.run_where:
+            terms.append(f"({self.run_where.replace('run_id', a + 'run_id')})" if a else f"({self.run_where})")
+            params.extend(self.run_params)
         for col, values in (("model", self.models), ("service_name", self.services),
                             ("priority", self.priorities)):
             if values:
@@ -94,7 +103,7 @@ class Filters:
         requests' ids when a model/service/priority/replica filter is set)."""
         a = f"{table_alias}." if table_alias else ""
         terms, params = self._time_terms(f"{a}time")
-        if self.has_request_attrs():
+        if self.has_request_attrs() or self.run_where:
             t2, p2 = self._request_terms()
             terms.append(f"{a}request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
             params += p2

@@ -14,10 +14,24 @@ from dashboard.source import DataError, DataSource
 
 from .common import Filters
 
-__all__ = ["METRICS", "diagnose", "metric_from_link", "numbers_frame", "phase_frame", "runnable_sql",
-           "source_query", "window_params"]
+__all__ = [
+    "METRICS",
+    "OBJECTIVES_FIRST",
+    "action_line",
+    "diagnose",
+    "metric_from_link",
+    "numbers_frame",
+    "objectives_frame",
+    "phase_frame",
+    "runnable_sql",
+    "slo_spec",
+    "source_query",
+    "window_params",
+]
 
 METRICS = {"e2e": "E2E (outer)", "ttft": "TTFT (outer)", "tpot": "TPOT"}
+# the page's default: the missed objectives, worst first (explain with no metric)
+OBJECTIVES_FIRST = "objectives"
 # an alert's phase (grafana/generate.py) -> the metric whose tail explains it
 _ALERT_METRIC = {"e2e": "e2e", "ttft": "ttft", "tpot": "tpot", "itl": "tpot", "queue": "e2e", "gateway": "e2e",
                  "network": "e2e"}
@@ -62,19 +76,47 @@ def _iso(t: dt.datetime | None) -> str | None:
     return None if t is None else t.strftime("%Y-%m-%dT%H:%M:%S.%f")
 
 
-def diagnose(src: DataSource, f: Filters, metric: str):
+def slo_spec(slo) -> str | None:
+    """The sidebar's objectives (dashboard.data.Slo: per-request bounds in ms) as an SLO spec at P99
+    (semantics/slo.py), None when it sets none."""
+    from semantics.slo import Objective, format_slo
+
+    objs = [Objective(m, 0.99, v) for m, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms)) if v]
+    return format_slo(objs) if objs else None
+
+
+def diagnose(src: DataSource, f: Filters, metric: str, slo=None):
     """The diagnosis (diagnose.report.Report) of the requests that completed in the filters' time
-    range, by `metric` (a key of METRICS). The other sidebar filters (model, service, priority)
-    are not applied: the diagnosis reads the whole window. Raises DataError with the diagnosis'
-    own message (an empty window, a store without engine spans is a note, not an error)."""
+    range, of the filters' run scope, by `metric` (a key of METRICS; OBJECTIVES_FIRST: the missed
+    objectives of `slo`, a dashboard.data.Slo, worst first). The other sidebar filters (model,
+    service, priority) are not applied: the diagnosis reads the whole window. Raises DataError with
+    the diagnosis' own message (an empty window, a store without engine spans is a note, not an error)."""
     from diagnose.explain import explain
     from diagnose.source import Scope
     from tailtrace.errors import UserError
 
     try:
-        return explain(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end), metric=metric))
+        return explain(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end),
+                                                metric=None if metric == OBJECTIVES_FIRST else metric,
+                                                run_id=f.run_id, all_runs=f.all_runs and not f.run_id,
+                                                slo=slo_spec(slo) if slo is not None else None))
     except UserError as exc:
         raise DataError(str(exc)) from None
+
+
+def action_line(a) -> str:
+    """An action as explain's text shows it: `try: --max-num-batched-tokens 2048 → 512 (TPOT ↓, TTFT ↑)`."""
+    from diagnose.actions import render_action
+
+    return render_action(a)
+
+
+def objectives_frame(report) -> pd.DataFrame:
+    """One row per objective, worst ratio first: objective, value (ms; None: not measured), target
+    (ms), ratio, verdict ('met' | 'missed' | 'not measured (why)')."""
+    return pd.DataFrame([{"objective": f"{v.metric.upper()} {v.label}", "value_ms": v.value_ms, "target_ms": v.target_ms,
+                          "ratio": v.ratio, "verdict": "met" if v.met else "missed" if v.met is False
+                          else f"not measured ({v.why})"} for v in report.objectives])
 
 
 def phase_frame(report) -> pd.DataFrame:

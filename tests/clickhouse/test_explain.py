@@ -92,9 +92,13 @@ def test_explain_on_chdb_equals_explain_on_duckdb(tmp_path, chdb_store):
     duck = duckdb_store(tmp_path / "t.duckdb", req)
     insert_spans(client, encode_traces(req))
     client.close()   # chdb: one open handle per data directory
-    want = _explain(f"duckdb://{duck}")
-    got = _explain(store.text)
+    want = _explain(f"duckdb://{duck}", "--metric", "e2e")
+    got = _explain(store.text, "--metric", "e2e")
     assert len(want["findings"]) >= 4     # the span set gives explain something to find
     assert [f["cause"] for f in got["findings"]] == [f["cause"] for f in want["findings"]]
     assert_same_report(want, got, f"duckdb://{duck}", store.text)
+    # objectives first (the default): the same verdicts, the same explained tail, on both engines
+    want, got = _explain(f"duckdb://{duck}"), _explain(store.text)
+    assert want["objectives"] and got["objectives"] == want["objectives"]
+    assert [f["cause"] for f in got["findings"]] == [f["cause"] for f in want["findings"]]
 

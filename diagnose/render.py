@@ -145,11 +145,16 @@ def _render_one(report: Report, console) -> None:
         console.print(f"[yellow]note:[/] {escape(n)}")
 
 
-def render_brief(report: Report, console, limit: int = 3) -> None:
-    """The diagnosis in a few lines (`tailtrace demo`'s report): the objectives and their verdicts;
-    for each missed objective its top cause with its share and first action; then, for the first,
-    the tail's excess by layer and its first `limit` findings that explain at least 5% of it."""
+def render_brief(report: Report, console, limit: int = 3, head: bool = True, body: bool = True) -> None:
+    """The diagnosis in a few lines (`tailtrace demo`'s report): `head`, the objectives and their
+    verdicts and for each missed objective its top cause with its share and first action; `body`,
+    for the first, the tail's excess by layer and its first `limit` findings that explain at least
+    5% of it."""
     from rich.markup import escape
+
+    if not head:
+        _brief_one(report, console, limit)
+        return
 
     for line in objective_lines(report):
         console.print(escape(line), style="bold" if line.startswith("objectives") else None, soft_wrap=True)
@@ -163,9 +168,10 @@ def render_brief(report: Report, console, limit: int = 3) -> None:
         console.print(f"  [bold]{line}[/]", soft_wrap=True)
         if f.actions and not f.expected_behaviour:
             console.print(f"     {escape(_try(f.actions[0]))}", soft_wrap=True)
-    if report.objectives:
-        console.print()
-    _brief_one(report, console, limit)
+    if body:
+        if report.objectives:
+            console.print()
+        _brief_one(report, console, limit)
 
 
 def _brief_one(report: Report, console, limit: int) -> None:

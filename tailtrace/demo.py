@@ -66,6 +66,7 @@ class DemoConfig:
     decode_spans: str = "tail"
     progress: bool = True
     vllm_args: list[str] = field(default_factory=list)
+    slo: str | None = None  # the objectives (semantics/slo.py); None: the catalog's default
 
 
 def _stack_config(cfg: DemoConfig) -> StackConfig:
@@ -105,8 +106,16 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         report["capacity"] = None if capacity is None else capacity.to_dict()
         if capacity is not None:
             console.print(f"\n{capacity.text()}; offered {rate:.2f} req/s mean (--load {cfg.load:g})", soft_wrap=True)
+        diagnosis = _diagnosis(console, stack.api_url, result["run_id"], cfg.slo)
+        if diagnosis is not None:  # the objectives and each missed one's top cause and action first
+            console.print()
+            render_brief(diagnosis, console, head=True, body=False)
         _print_report(console, report, cfg, result)
-        _print_diagnosis(console, stack.api_url, result["run_id"], db)
+        if diagnosis is not None:
+            console.print()
+            render_brief(diagnosis, console, head=False)
+            console.print(f"the whole diagnosis:  .venv/bin/tailtrace explain --db {db} --run-id {result['run_id']}",
+                          soft_wrap=True)
         console.print(f"\nDuckDB store: [bold]{db}[/]")
         console.print(f"query it:  .venv/bin/tailtrace sql --db {db} \"SELECT trace_id, prompt_tokens, "
                       "output_tokens, queue_time_ms, service_time_ms, outer_e2e_ms FROM requests ORDER BY "
@@ -185,6 +194,7 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console, speed: 
                   f"through the gateway (run {run_id})")
     cmd = tailtrace_command("replay", cfg.trace, "--target", target, *pace, "--duration",
                      str(cfg.duration_s), "--start", str(cfg.start_s), "--otlp-endpoint", otlp, "--run-id", run_id,
+                     *(("--slo", cfg.slo) if cfg.slo else ()),
                      "--out", str(path), *(() if cfg.progress else ("--no-progress",)))
     proc = start_process(cmd)
     try:
@@ -273,19 +283,23 @@ def _print_report(console, report: dict, cfg: DemoConfig, result) -> None:
     console.print(t)
 
 
-def _print_diagnosis(console, api: str, run_id: str, db: Path) -> None:
-    """The four-layer diagnosis of the replay's tail (diagnose.explain over the live collector, the
-    code of `tailtrace explain`), in a few lines. A store it cannot read is one line, not a failure."""
+def _diagnosis(console, api: str, run_id: str, slo: str | None):
+    """The diagnosis of the replay's run, objectives first (diagnose.explain over the live collector,
+    the code of `tailtrace explain`), or None: a store it cannot read is one line, not a failure."""
     from diagnose import Scope, api_query, explain
-    from diagnose.render import render_brief
 
-    console.print()
     try:
-        render_brief(explain(api_query(api), Scope(run_id=run_id)), console)
+        return explain(api_query(api), Scope(run_id=run_id, metric=None, slo=slo))
     except UserError as exc:
         console.print(f"[yellow]note:[/] no diagnosis: {exc}")
-        return
-    console.print(f"the whole diagnosis:  .venv/bin/tailtrace explain --db {db} --run-id {run_id}", soft_wrap=True)
+        return None
+
+
+def render_brief(report, console, **kw) -> None:
+    """diagnose.render.render_brief (imported when used: the demo starts without DuckDB)."""
+    from diagnose.render import render_brief as brief
+
+    brief(report, console, **kw)
 
 
 def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
@@ -304,6 +318,8 @@ def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import math
 
+    from semantics.slo import format_slo, parse_slo
+
     if not args.duration > 0 or (args.speed is not None and not args.speed > 0):
         raise UserError("--duration and --speed must be positive")
     if args.speed is not None and args.load is not None:
@@ -316,7 +332,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                      out_dir=Path(args.out), host=args.host, vllm_port=args.vllm_port, gateway_port=args.gateway_port,
                      otlp_port=args.otlp_port, api_port=args.api_port, grpc_port=args.grpc_port,
                      dashboard_port=args.dashboard_port,
-                     dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress)
+                     dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress,
+                     slo=format_slo(parse_slo(args.slo)) if args.slo else None)
 
     def _on_term(signum, frame):
         # SIGTERM behaves as Ctrl-C: inside the replay's event loop SIGINT cancels the run cleanly
@@ -337,6 +354,8 @@ def register(sub) -> None:
     """Register `tailtrace demo`."""
     p = sub.add_parser("demo", help="the main job: serve, trace and replay a real trace, then explain the tail")
     p.add_argument("--trace", default="azure-conv", help="azure-conv (default), mooncake-conv or a CSV path")
+    p.add_argument("--slo", metavar="SPEC", help="the objectives the run is judged by, e.g. ttft_p99=2s,tpot_p99=100ms "
+                                                 "(default); recorded with the run")
     p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="seconds of schedule replayed (default 120)")
     p.add_argument("--load", type=float, default=None,
                    help=f"mean offered load as a share of the capacity the probe measures (default {DEFAULT_LOAD:g})")

@@ -78,8 +78,17 @@ def test_open_loop_spans_and_traceparent(stub, tmp_path):
     assert max(r.schedule_lag_ms for r in recs) < 250  # loose: bench/loadgen.py measures the real lag
     assert all(r.client_queue_ms == 0 for r in recs)
     # one client.request span per request, started at the send and ended at the last byte
-    spans = sorted(exp.get_finished_spans(), key=lambda s: s.attributes["tailtrace.client.request_index"])
+    finished = exp.get_finished_spans()
+    spans = sorted([s for s in finished if s.name == sc.SPAN_CLIENT],
+                   key=lambda s: s.attributes["tailtrace.client.request_index"])
     assert len(spans) == 20
+    # and one run span: its id, kind (from the id: a replay), the SLO spec it was judged by, and
+    # its time from the first scheduled send to the last response end
+    (run,) = [s for s in finished if s.name != sc.SPAN_CLIENT]
+    assert run.name == sc.SPAN_RUN and run.attributes[sc.PHASE] == sc.PHASE_RUN
+    assert (run.attributes[sc.RUN_ID], run.attributes[sc.RUN_KIND]) == ("run-open", "replay")
+    assert run.attributes[sc.RUN_SLO] == "ttft_p99=2s,tpot_p99=100ms" and run.attributes[sc.RUN_REQUESTS] == 20
+    assert run.start_time == recs[0].scheduled_unix_nano and run.end_time == max(r.end_unix_nano for r in recs)
     for s, r in zip(spans, recs):
         a = s.attributes
         assert s.name == sc.SPAN_CLIENT and a[sc.PHASE] == sc.PHASE_CLIENT and a[sc.RUN_ID] == "run-open"
@@ -120,7 +129,7 @@ def test_http_errors_are_counted_by_kind(stub, tmp_path):
                                   path="/v1/nope"))
     assert res.summary.errors == {"http_4xx": 3} and res.summary.completed == 0
     assert all(r.status == 404 and "not found" in r.error_message for r in res.records)
-    assert {s.attributes[sc.CLIENT_ERROR] for s in exp.get_finished_spans()} == {"http_4xx"}
+    assert {s.attributes[sc.CLIENT_ERROR] for s in exp.get_finished_spans() if s.name == sc.SPAN_CLIENT} == {"http_4xx"}
 
 
 def test_cli_without_collector_warns_once_and_writes(stub, tmp_path, capsys):

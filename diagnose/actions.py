@@ -44,6 +44,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("kv_cache_tokens", "vllm", "--gpu-memory-utilization (GPU) / VLLM_CPU_KVCACHE_SPACE (CPU)",
          "the KV cache's size in tokens"),
     Knob("enable_prefix_caching", "vllm", "--enable-prefix-caching", "reuse the KV cache of shared prompt prefixes"),
+    Knob("client_concurrency", "client", "--concurrency-cap (tailtrace replay) / the client's connection pool",
+         "the most requests the client has in flight; beyond it they wait in the client"),
     Knob("max_concurrency", "gateway", "--max-concurrency", "the gateway's admission limit (requests in flight)"),
     Knob("priority_classes", "gateway", "the client's priority class (x-priority header) with --queue-batch",
          "serve interactive requests before batch ones at admission"),

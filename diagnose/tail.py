@@ -45,6 +45,8 @@ class MetricPhase:
 
 
 _TTFT_PREFIX = ("gateway_ms", "gateway_queue_ms", "queue_ms", "prefill_ms")
+# the client's own wait comes first: before its request left it
+_TTFT_FIRST = ("client_queue_ms",)
 
 
 def metric_phases(metric: str) -> list[MetricPhase]:
@@ -54,8 +56,8 @@ def metric_phases(metric: str) -> list[MetricPhase]:
         return [MetricPhase(p.column, f"coalesce({p.column}, 0)", p.label, p.layer) for p in (*PHASES, UNATTRIBUTED)]
     if metric == "ttft":
         net = MetricPhase("network_in_ms", "coalesce(network_in_ms, 0)", "Network (way in)", LAYER_GATEWAY)
-        pre = [net] + [MetricPhase(c, f"coalesce({c}, 0)", phase_by_column(c).label, phase_by_column(c).layer)
-                       for c in _TTFT_PREFIX]
+        own = lambda c: MetricPhase(c, f"coalesce({c}, 0)", phase_by_column(c).label, phase_by_column(c).layer)
+        pre = [own(c) for c in _TTFT_FIRST] + [net] + [own(c) for c in _TTFT_PREFIX]
         rest = f"{col} - ({' + '.join(p.sql for p in pre)})"
         return pre + [MetricPhase("rest_of_ttft", rest, "Rest of TTFT (vLLM frontend, first token out, unattributed)",
                                   LAYER_NONE)]

@@ -82,6 +82,8 @@ class Phase:
 # processing in vLLM's API server) is the engine's own work outside its scheduler and model: it
 # grows with the engine's load, so it is engine scheduling, not the gateway.
 PHASES: tuple[Phase, ...] = (
+    # the client's own wait for a --concurrency-cap slot (client.request's tailtrace.client.queue_ms)
+    Phase(sc.PHASE_CLIENT_QUEUE, "client_queue_ms", "Client queue", LAYER_GATEWAY),
     Phase(sc.PHASE_NETWORK, "network_ms", "Network", LAYER_GATEWAY),
     Phase(sc.PHASE_GATEWAY, "gateway_ms", "Gateway", LAYER_GATEWAY),
     Phase(sc.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "Gateway queue", LAYER_GATEWAY),
@@ -147,17 +149,18 @@ class Derived:
 
 
 DERIVED: tuple[Derived, ...] = (
-    Derived("outer_e2e_ms", "E2E as the outermost traced layer saw it: client, else gateway (to its last "
+    Derived("outer_e2e_ms", "E2E as the outermost traced layer saw it: client (from when it meant to send: its "
+            "own queue for a --concurrency-cap slot, `client_queue_ms`, included), else gateway (to its last "
             "byte out, without its post-response work), else engine (the plugin's llm.request, else vLLM's own "
             "llm_request span: its E2E starts after tokenization, see `SOURCES`)",
-            "coalesce(c, g_crit, e)"),
-    Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client, else gateway (its "
-            "first byte out), else engine (vLLM's own span: from after tokenization)",
-            "coalesce(c_ttft, g_ttft, ttft_s * 1000)"),
+            "coalesce(c + cq, g_crit, e)"),
+    Derived("outer_ttft_ms", "TTFT as the outermost layer that measured it saw it: client (its own queue "
+            "included), else gateway (its first byte out), else engine (vLLM's own span: from after tokenization)",
+            "coalesce(c_ttft + cq, g_ttft, ttft_s * 1000)"),
     Derived("completion_time", "arrival_time + outer_e2e_ms: when the outermost layer saw the request end; "
             "every time window selects by it",
-            "make_timestamp((coalesce(c_start, g_start, e_start) + CAST(round(coalesce(c, g_crit, e) * 1e6) AS BIGINT))"
-            " // 1000)"),
+            "make_timestamp((coalesce(c_start - CAST(round(cq * 1e6) AS BIGINT), g_start, e_start) "
+            "+ CAST(round(coalesce(c + cq, g_crit, e) * 1e6) AS BIGINT)) // 1000)"),
     Derived("ok", "the request succeeded as the outermost traced layer saw it (status = 'ok')",
             f"coalesce(c_status, g_status, r_status) = '{STATUS_OK}'"),
 )

@@ -12,6 +12,7 @@ from __future__ import annotations
 PHASE = "tailtrace.phase"
 PHASE_CLIENT = "client"              # client.request (loadgen)
 PHASE_RUN = "run"                    # tailtrace.run: one load-generator run (its kind and SLO spec)
+PHASE_CLIENT_QUEUE = "client_queue"  # no span: the client's wait for a slot (client.request's queue_ms)
 PHASE_GATEWAY = "gateway"            # the gateway's HTTP server span of an LLM request
 PHASE_GATEWAY_OTHER = "gateway_other"  # its server span of anything else (GET /v1/models, probes, 404s)
 PHASE_GATEWAY_QUEUE = "gateway_queue"  # gateway.admission

@@ -93,15 +93,18 @@ def test_dashboard_stops_on_sigint_when_started_ignoring_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_model_dir, tmp_path):
+def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_model_dir, tmp_path, session_collector):
     """Two `tailtrace serve` at once (one vLLM start's wait, not two), both vLLM eager (one by a
     flag after `--`, one by TAILTRACE_VLLM_ARGS): one started ignoring SIGINT and sent SIGINT; the
     other, started as a service manager starts it, sent SIGTERM: it exits 0 within 90 s with its
-    API server, EngineCore and worker gone."""
+    API server, EngineCore and worker gone. The first, started with --max-num-seqs 7
+    --max-num-batched-tokens 300, records that configuration (checked before its SIGINT)."""
     port = free_port()
+    otlp = session_collector.otlp_url if session_collector else f"http://127.0.0.1:{free_port()}"
     cmd = _tailtrace("serve", "--model", str(tiny_model_dir), "--port", str(port),
-                     "--otlp-endpoint", f"http://127.0.0.1:{free_port()}", "--",
-                     "--served-model-name", "tiny", "--max-num-seqs", "8", "--enforce-eager")
+                     "--otlp-endpoint", otlp, "--",
+                     "--served-model-name", "tiny", "--max-num-seqs", "7", "--max-num-batched-tokens", "300",
+                     "--enforce-eager")
     ignoring, mark, log = _start(cmd, tmp_path)
     term_port = free_port()
     term_log = open(tmp_path / "serve-sigterm.log", "wb")  # noqa: SIM115 - the child writes to it
@@ -129,8 +132,54 @@ def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_mode
         assert time.monotonic() - started < 90
 
         wait_http(f"http://127.0.0.1:{port}/v1/models", 600, ignoring, what="serve")
+        if session_collector is not None:
+            _the_effective_configuration_is_recorded(f"http://127.0.0.1:{port}", session_collector.api_url)
         _interrupt_and_check(ignoring, mark, log)
     finally:
         if term.poll() is None:
             os.killpg(term.pid, signal.SIGKILL)
         _cleanup(ignoring, mark)
+
+
+def _the_effective_configuration_is_recorded(url: str, api: str) -> None:
+    """One request through the vLLM started with --max-num-seqs 7 --max-num-batched-tokens 300: its
+    engine span's resource carries what vLLM ran with (`tailtrace.vllm.config`), the KV blocks it
+    allocated as vLLM's own `vllm:cache_config_info` says; an action on either knob shows that value
+    as `current` (diagnose reads the configuration back from the store)."""
+    import json
+    import re
+    from types import SimpleNamespace
+
+    import httpx
+
+    from diagnose.deployment import read_deployment
+    from diagnose.detectors.scheduling import _preemption_actions
+    from diagnose.detectors.steps import _interference_actions
+    from diagnose.source import api_query
+    from tests.helpers import poll_sql
+
+    trace_id = uuid.uuid4().hex
+    body = {"model": "tiny", "prompt": [3 + i % 1990 for i in range(50)], "max_tokens": 4, "ignore_eos": True}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=120,
+                   headers={"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"})
+    assert r.status_code == 200, r.text
+    rows = poll_sql(api, "SELECT json_extract_string(resource, '$.\"tailtrace.vllm.config\"'), "
+                         "CAST(start_time AS VARCHAR) FROM spans WHERE phase = 'engine' AND trace_id = ?", [trace_id],
+                    until=lambda rows: len(rows) == 1, timeout_s=60)
+    assert len(rows) == 1 and rows[0][0], rows
+    cfg = json.loads(rows[0][0])
+    assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (7, 300), cfg
+    assert cfg["enable_chunked_prefill"] is True and cfg["version"] and cfg["block_size"]
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    blocks = re.search(r'^vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', metrics, re.MULTILINE)
+    assert blocks and cfg["kv_cache_blocks"] == int(blocks.group(1)) > 0
+    assert cfg["kv_cache_tokens"] == cfg["kv_cache_blocks"] * cfg["block_size"]
+    query = api_query(api)
+    dep = read_deployment(query, rows[0][1], "2100-01-01 00:00:00")
+    assert dep.vllm == cfg
+    ctx = SimpleNamespace(deployment=dep, query=query, since=rows[0][1], until="2100-01-01 00:00:00",
+                          targets={"tpot": 100.0})
+    budget = {a.knob: a for a in _interference_actions(ctx, 10.0, 5.0, 7.0)}
+    seqs = {a.knob: a for a in _preemption_actions(ctx, 0.5)}
+    assert budget["max_num_batched_tokens"].current == 300 and seqs["max_num_seqs"].current == 7
+    assert seqs["kv_cache_tokens"].current == cfg["kv_cache_tokens"]

@@ -185,6 +185,7 @@ _REQUEST_SPAN_SQL = {
     "first_byte_ns": _int(sc.FIRST_CHUNK_TIME),
     "queue_s": _native_s(sc.GEN_AI_LATENCY_QUEUE), "prefill_s": _native_s(sc.GEN_AI_LATENCY_PREFILL),
     "decode_s": _native_s(sc.GEN_AI_LATENCY_DECODE), "e2e_s": _native_s(sc.GEN_AI_LATENCY_E2E),
+    "client_queue_ms": _num(sc.CLIENT_QUEUE_MS),
 }
 assert tuple(_REQUEST_SPAN_SQL) == REQUEST_SPANS.names
 

@@ -50,6 +50,7 @@ __all__ = [
     "TraceBatchBuilder",
     "any_value",
     "arr_values",
+    "as_duration",
     "as_int",
     "as_num",
     "as_str",
@@ -153,6 +154,12 @@ def as_num(x):
         return None
 
 
+def as_duration(x):
+    """An attribute value as a duration (ms): a finite number >= 0, else None (never a negative wait)."""
+    n = as_num(x)
+    return n if n is not None and math.isfinite(n) and n >= 0 else None
+
+
 def as_int(x):
     """An attribute value as an int (truncated), or None (not a number, NaN, infinite)."""
     n = as_num(x)
@@ -192,7 +199,8 @@ S_FIRST = 30  # _request_spans.first_byte_ns (gateway.stream's first chunk out)
 # vLLM's own llm_request span: queue_s, prefill_s, decode_s, e2e_s (and the TTFT in S_TTFT)
 S_NQUEUE, S_NPREFILL, S_NDECODE, S_NE2E = range(31, 35)
 S_GEN_AI_RID = 35  # gen_ai.request.id: the request id of a span without tailtrace.request_id (vLLM's own)
-N_SLOTS = 36
+S_CQUEUE = 36  # _request_spans.client_queue_ms (the client's wait for a --concurrency-cap slot)
+N_SLOTS = 37
 _EMPTY_STATE = [None] * N_SLOTS
 _NO_NATIVE = (None, None, None, None)
 
@@ -213,6 +221,7 @@ _KEY_OPS: dict[str, tuple] = {
     sc.RUN_ID: (S_RUN, as_str),
     sc.SCHEDULE_LAG_MS: (S_LAG, as_num),
     sc.CLIENT_TTFT_MS: (S_CTTFT, as_num),
+    sc.CLIENT_QUEUE_MS: (S_CQUEUE, as_duration),
     sc.UPSTREAM: (S_UPSTREAM, as_str),
     sc.FIRST_CHUNK_TIME: (S_FIRST, as_int),
     sc.STEP_INDEX: (S_STEP, as_int),
@@ -378,7 +387,8 @@ class TraceBatchBuilder:
                             state[S_CACHED], state[S_PREEMPT], state[S_FINISH], state[S_TTFT], state[S_PRIO],
                             state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
                             state[S_FIRST], *((state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE],
-                                               state[S_NE2E]) if phase == _NATIVE else _NO_NATIVE), idx))
+                                               state[S_NE2E]) if phase == _NATIVE else _NO_NATIVE),
+                            state[S_CQUEUE], idx))
         if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                  or state[S_APF] is not None or state[S_ADC] is not None
                                  or state[S_AKV] is not None):

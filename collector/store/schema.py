@@ -130,6 +130,7 @@ PER_TRACE_AGGREGATES = f"""
         max(end_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS s_end,
         arg_max(client_ttft_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_ttft,
         arg_max(schedule_lag_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS lag,
+        arg_max(client_queue_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_queue,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_CLIENT)}) AS c_status,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g,
         min(start_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_start,
@@ -213,6 +214,8 @@ WITH {{offsets}}, x AS (
             CASE WHEN native THEN n_decode_s * 1000 ELSE decode_ms END AS decode_ms),
         CASE WHEN native THEN n_e2e_s * 1000 ELSE r END AS e,
         CASE WHEN native THEN n_start ELSE r_start END AS e_start,
+        -- the client's own wait before it sent (a --concurrency-cap slot): part of what its user felt
+        CASE WHEN c IS NOT NULL THEN greatest(coalesce(c_queue, 0), 0) END AS cq,
         CASE WHEN plugin_spans > 0 THEN '{SOURCE_PLUGIN.key}'
              WHEN native THEN '{SOURCE_VLLM_NATIVE.key}' END AS source
     FROM (SELECT *, plugin_spans = 0 AND n_start IS NOT NULL AS native FROM {{agg}})
@@ -264,7 +267,7 @@ WITH {{offsets}}, x AS (
 )
 SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
-    make_timestamp(coalesce(c_start, g_start, e_start) // 1000) AS arrival_time,
+    make_timestamp(coalesce(c_start - CAST(round(cq * 1e6) AS BIGINT), g_start, e_start) // 1000) AS arrival_time,
     -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did)
     coalesce(c_status, g_status, r_status) AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
@@ -272,18 +275,19 @@ SELECT
     -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
     CASE WHEN r IS NOT NULL THEN coalesce(b2.preempted_ms, 0) END AS preempted_ms,
     decode_ms,
-    coalesce(c, g_crit, e) - (coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
+    coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
         + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
     CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
     e AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
-    CASE WHEN a IS NULL AND queue_ms IS NULL AND b2.preempted_ms IS NULL THEN NULL
-         ELSE coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(b2.preempted_ms, 0) END AS queue_time_ms,
+    CASE WHEN cq IS NULL AND a IS NULL AND queue_ms IS NULL AND b2.preempted_ms IS NULL THEN NULL
+         ELSE coalesce(cq, 0) + coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(b2.preempted_ms, 0) END
+        AS queue_time_ms,
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
-    network_in_ms, network_out_ms, gateway_after_ms, upstream, source,
+    network_in_ms, network_out_ms, gateway_after_ms, upstream, source, cq AS client_queue_ms,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

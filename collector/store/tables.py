@@ -46,7 +46,7 @@ __all__ = [
 
 # The version of the layout below. A column declared with `since` > 1 is added (ALTER TABLE) to a
 # file written before it existed, and every `requests` row is then recomputed once.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # logical type -> pyarrow type factory (arguments)
 _ARROW = {"VARCHAR": ("string",), "JSON": ("string",), "BIGINT": ("int64",), "INTEGER": ("int32",),
@@ -132,6 +132,7 @@ _S, _J, _B, _I, _D, _T, _BOOL = "VARCHAR", "JSON", "BIGINT", "INTEGER", "DOUBLE"
 _V2 = 2  # added in schema version 2 (after stores had been written without it)
 _V3 = 3  # added in schema version 3 (clock offsets, the gateway's first byte)
 _V4 = 4  # added in schema version 4 (vLLM's own llm_request span: its latencies, requests.source)
+_V5 = 5  # added in schema version 5 (the client's own queue: --concurrency-cap)
 
 SPANS = _table("spans", [
     ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("kind", _S),
@@ -175,6 +176,8 @@ REQUEST_SPANS = _table("_request_spans", [
     # vLLM's own llm_request span (phase vllm_request): its gen_ai.latency.* values, seconds (NULL when
     # missing or not a finite, non-negative number)
     ("queue_s", _D, _V4), ("prefill_s", _D, _V4), ("decode_s", _D, _V4), ("e2e_s", _D, _V4),
+    # the client's wait for a --concurrency-cap slot before it sent (client.request's tailtrace.client.queue_ms)
+    ("client_queue_ms", _D, _V5),
 ], time="make_timestamp(start_ns // 1000)")
 
 # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
@@ -231,7 +234,7 @@ REQUESTS = _table("requests", [
     ("priority", _S), ("run_id", _S), ("schedule_lag_ms", _D),
     ("outer_e2e_ms", _D, _V2), ("outer_ttft_ms", _D, _V2), ("completion_time", _T, _V2), ("ok", _BOOL, _V2),
     ("network_in_ms", _D, _V2), ("network_out_ms", _D, _V2), ("gateway_after_ms", _D, _V2),
-    ("upstream", _S, _V2), ("source", _S, _V4),
+    ("upstream", _S, _V2), ("source", _S, _V4), ("client_queue_ms", _D, _V5),
 ], time="arrival_time")
 
 # Not stored: the per-token arrays `tailtrace.steps.*` of each llm.request span, one row per span

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from diagnose.detectors.context import MITIGATIONS, Context
 from diagnose.detectors.gateway import (
+    detect_client_queue,
     detect_errors,
     detect_gateway_queue,
     detect_network,
@@ -30,7 +31,7 @@ from diagnose.report import Finding
 
 __all__ = ["BURST_WINDOWS_S", "DETECTORS", "MITIGATIONS", "PRUNE_GAP_S", "Context", "run_detectors"]
 
-DETECTORS = (detect_gateway_queue, detect_network, detect_upstream_imbalance, detect_errors, detect_engine_queue,
+DETECTORS = (detect_client_queue, detect_gateway_queue, detect_network, detect_upstream_imbalance, detect_errors, detect_engine_queue,
              detect_preemption, detect_hol_long_prompt, detect_decode_steps, detect_request_shape)
 
 

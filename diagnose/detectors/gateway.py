@@ -17,6 +17,8 @@ from semantics import semconv as sc
 from semantics.catalog import LAYER_GATEWAY
 
 MITIGATIONS.update({
+    "client_queue": ["raise the client's concurrency cap (or its connection pool) to what the deployment serves",
+                     "the wait is the client's own: the deployment never saw these requests waiting"],
     "gateway_queue": ["raise the gateway's admission concurrency, or add replicas behind it",
                       "priority classes, so interactive requests do not wait behind batch ones"],
     "network": ["put the gateway next to its clients or the engine (fewer slow hops); check the links",
@@ -61,6 +63,29 @@ def _gateway_queue_actions(ctx: Context) -> list:
     out.append(action("gateway_queue", "priority_classes", None, "interactive before batch",
                       {"ttft": "down"}, "the interactive class is admitted first; batch requests wait instead"))
     return out
+
+
+def detect_client_queue(ctx: Context) -> list[Finding]:
+    """The client's own wait for a concurrency slot (`client_queue_ms`: the load generator's
+    --concurrency-cap, a client's connection pool): part of what its user felt, before any layer of
+    the deployment saw the request. Action: a cap that lets the tail's requests go when due, the
+    cap times the tail's wait over its time in flight, at most doubled."""
+    ex = ctx.phase_excess("client_queue_ms")
+    if ex <= 0 or ctx.ts.metric == "tpot":
+        return []
+    row, ev = _phase_evidence(ctx, "client_queue_ms", "Client queue")
+    share, holds = ctx.share(ex), _holds(ctx, "client_queue_ms")
+    peak = ctx.query(f"SELECT max(c) FROM (SELECT count(*) OVER (ORDER BY epoch_us(arrival_time) RANGE BETWEEN 1000000 "
+                     f"PRECEDING AND CURRENT ROW) AS c FROM requests WHERE {ctx.ts.where})", ctx.ts.params)[0][0]
+    return [ctx.finding(LAYER_GATEWAY, "client_queue", "the client's own queue (its concurrency cap)",
+                        f"the tail waited {_f(row['tail_mean_ms']):.1f} ms on average in the client before it sent "
+                        f"(the median's: {ctx.ref.get('client_queue_ms', 0):.1f} ms): no layer of the deployment "
+                        "saw that wait", ex, _confidence(share, holds), [ev], ctx.examples("client_queue_ms"),
+                        "client_queue_ms",
+                        actions=[action("client_queue", "client_concurrency", None, max(2, int(peak or 0) * 2),
+                                        {"ttft": "down", "e2e": "down"},
+                                        f"up to {int(peak or 0)} requests were due within one second: a cap of twice "
+                                        "that lets them go when due")])]
 
 
 def detect_network(ctx: Context) -> list[Finding]:

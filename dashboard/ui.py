@@ -315,9 +315,9 @@ def build_context() -> Context | None:
                    "The store has no `requests` table yet: it was not written by `tailtrace collect`, or "
                    "nothing has arrived.")
         return None
-    runs = _run_scope(src)
     start, end, window_label = _time_window(info, live)
-    if runs is not None and runs.run is not None and start is None and end is None:
+    runs = _run_scope(src, windowed=start is not None or end is not None)
+    if runs is not None and runs.where == "run_id = ?" and start is None and end is None:
         start, end = _run_window(runs.run)  # steps and device samples by the run's own time
         window_label = f"the run's time ({runs.run.start} .. {runs.run.end})"
     linked_model = st.query_params.get("model")
@@ -357,13 +357,14 @@ def build_context() -> Context | None:
                    replicas_why=listed.why, runs=runs)
 
 
-_LATEST, _ALL = "latest traffic run", "all runs"
+_LATEST, _WINDOW, _ALL = "latest traffic run", "every run in the time range but probes", "all runs"
 
 
-def _run_scope(src):
-    """The run selector (sidebar): the latest traffic run by default (never a capacity probe), one
-    run, or all runs; its RunScope (diagnose/runs.py, the scope explain takes), None when the store's
-    requests carry no run ids or the runs cannot be listed."""
+def _run_scope(src, windowed: bool):
+    """The run selector (sidebar): by default the latest traffic run, or with a time range
+    (`windowed`) every request in it but the capacity probes', as explain's scope; one run; or all
+    runs. Its RunScope (diagnose/runs.py), None when the store's requests carry no run ids or the
+    runs cannot be listed."""
     from dashboard.queries.why import source_query
     from diagnose.runs import list_runs, resolve_runs
     from tailtrace.errors import UserError
@@ -378,12 +379,15 @@ def _run_scope(src):
         return None
     labels = {r.run_id: f"{r.run_id} · {r.kind} · {r.requests:,} req · {r.start[:19] if r.start else '?'}"
               for r in named}
-    choice = st.sidebar.selectbox("Run", [_LATEST, *labels, _ALL], index=0, key="tt_run",
+    default = _WINDOW if windowed else _LATEST
+    choice = st.sidebar.selectbox("Run", [default, *labels, _ALL], index=0, key=f"tt_run_{default}",
                                   format_func=lambda k: labels.get(k, k),
-                                  help="Every page shows this run's requests. The latest traffic run by default "
-                                       "(a capacity probe never is: it is a measurement, not traffic).")
+                                  help="Every page shows this run's requests. By default the latest traffic run, or "
+                                       "with a time range every request in it: never a capacity probe's (a "
+                                       "measurement of the engine, not traffic).")
     try:
-        scope = resolve_runs(query, run_id=None if choice in (_LATEST, _ALL) else choice, all_runs=choice == _ALL)
+        scope = resolve_runs(query, run_id=None if choice in (_LATEST, _WINDOW, _ALL) else choice,
+                             all_runs=choice == _ALL, windowed=choice == _WINDOW)
     except (UserError, DataError) as exc:
         st.sidebar.warning(str(exc))
         return None

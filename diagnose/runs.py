@@ -3,10 +3,11 @@
 A run is the requests of one load-generator invocation (`requests.run_id`); its kind and the SLO
 spec it was judged by come from its run span (`tailtrace.run`, loadgen/replay.py), else from its id
 (semantics.slo.run_kind_of). The default scope of `explain`, the demo's report and the dashboard is
-the latest traffic run (never a capacity probe): of the runs of a traffic kind, and of the requests
-of no run (traffic no load generator sent, as a production collector sees it), the group whose last
-request completed last. `--run-id ID` takes one run; `--all-runs` every request; a time window
-(`--since`/`--until`) without either takes every request in it but the probes'.
+the latest traffic run, never a capacity probe: the run of a traffic kind whose last request
+completed last, with the requests of no run (traffic no load generator tagged: a production
+collector's live traffic, a user's own client beside a replay); an older run and a probe are left
+out. `--run-id ID` takes one run; `--all-runs` every request; a time window (`--since`/`--until`)
+without either takes every request in it but the probes'.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
 class Run:
     """One run of the store: `run_id` (None: the requests of no run), `kind` (semantics.slo.RUN_KINDS;
     None for no run), `requests`, `start`/`end` (ISO UTC: first arrival, last completion), `slo` (the
-    spec recorded on its run span, None when none was)."""
+    spec recorded on its run span, None when none was), `last_arrival_us` (its last arrival, epoch us)."""
 
     run_id: str | None
     kind: str | None
@@ -33,6 +34,8 @@ class Run:
     start: str | None
     end: str | None
     slo: str | None = None
+    last_arrival_us: int | None = None
+    end_us: int | None = None
 
     def describe(self) -> str:
         """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`."""
@@ -62,8 +65,8 @@ class RunScope:
 def list_runs(query: Query) -> list[Run]:
     """Every run of the store (one per `requests.run_id`, the requests of no run as one with id
     None), oldest last completion first, with the kind and SLO spec of its run span when it has one."""
-    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)) "
-                 "FROM requests GROUP BY run_id ORDER BY 4, 1", [])
+    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)), "
+                 "epoch_us(max(arrival_time)) FROM requests GROUP BY run_id ORDER BY 4, 1", [])
     recorded: dict[str, tuple[str | None, str | None]] = {}
     try:
         spans = query(f"""SELECT json_extract_string(attributes, '$."{sc.RUN_ID}"'),
@@ -75,9 +78,9 @@ FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
         if rid:
             recorded[rid] = (kind, slo)
     out = []
-    for rid, n, first, last in rows:
+    for rid, n, first, last, last_arrival in rows:
         kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
-        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
+        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo, last_arrival, last))
     return out
 
 
@@ -105,17 +108,21 @@ def resolve_runs(query: Query, run_id: str | None = None, all_runs: bool = False
         marks = ", ".join("?" for _ in probes)
         return RunScope(f"(run_id IS NULL OR run_id NOT IN ({marks}))", list(probes),
                         f"every request in the window but {len(probes)} capacity probe(s)", None, runs)
-    traffic = [r for r in runs if r.kind is None or r.kind in TRAFFIC_KINDS]
-    if not traffic:
-        return RunScope("", [], "all runs", None, runs,
-                        "the store holds capacity probes only: they are the scope")
-    latest = traffic[-1]
+    named = [r for r in runs if r.run_id is not None and r.kind in TRAFFIC_KINDS]
+    untagged = next((r for r in runs if r.run_id is None), None)
     if len(runs) == 1:  # the store is this one group: no filter (rollups and indexes still answer)
-        return RunScope("", [], latest.describe(), latest, runs)
-    note = None
-    if len(runs) > 1:
-        note = (f"scope: the latest traffic run, {latest.describe()}, of {len(runs)} in the store "
-                "(--run-id ID for another, --all-runs for every request)")
-    if latest.run_id is None:
-        return RunScope("run_id IS NULL", [], "the requests of no run (live traffic)", latest, runs, note)
-    return RunScope("run_id = ?", [latest.run_id], f"run {latest.run_id} ({latest.kind})", latest, runs, note)
+        return RunScope("", [], runs[0].describe(), runs[0], runs)
+    if not named and untagged is None:
+        return RunScope("", [], "all runs", None, runs, "the store holds capacity probes only: they are the scope")
+    if not named:  # traffic of no run beside probes
+        return RunScope("run_id IS NULL", [], "the requests of no run (live traffic)", untagged, runs,
+                        f"scope: the requests of no run, of {len(runs)} groups in the store (--run-id ID for a "
+                        "run, --all-runs for every request)")
+    latest = named[-1]
+    note = (f"scope: the latest traffic run, {latest.describe()}"
+            + (f", and {untagged.requests:,} requests of no run" if untagged is not None else "")
+            + f", of {len(runs)} groups in the store (--run-id ID for another, --all-runs for every request)")
+    if untagged is None:
+        return RunScope("run_id = ?", [latest.run_id], f"run {latest.run_id} ({latest.kind})", latest, runs, note)
+    return RunScope("(run_id = ? OR run_id IS NULL)", [latest.run_id],
+                    f"run {latest.run_id} ({latest.kind}) and the requests of no run", latest, runs, note)

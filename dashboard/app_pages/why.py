@@ -17,6 +17,8 @@ if ctx.filters.has_request_attrs():
     st.caption("The diagnosis reads every request of the time range: the model, service, priority and replica "
                "filters do not apply (its load-imbalance finding compares the upstreams and names their replicas).")
 linked = why.metric_from_link(st.query_params)
+if linked and st.session_state.get("why_linked") != linked:  # a link (an alert's) picks the metric, once
+    st.session_state["why_metric"], st.session_state["why_linked"] = linked, linked
 choices = [why.OBJECTIVES_FIRST, *why.METRICS]
 labels = {why.OBJECTIVES_FIRST: "Missed objectives first", **why.METRICS}
 metric = st.segmented_control("Tail of", choices, default=linked or why.OBJECTIVES_FIRST, format_func=labels.get,

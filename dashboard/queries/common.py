@@ -74,7 +74,8 @@ class Filters:
         terms: list[str] = []
         params: list[Any] = []
         if self.run_where:
-            terms.append(f"({self.run_where.replace('run_id', a + 'run_id')})" if a else f"({self.run_where})")
+            where = self.run_where.replace("run_id", a + "run_id").replace("arrival_time", a + "arrival_time")
+            terms.append(f"({where})")
             params.extend(self.run_params)
         for col, values in (("model", self.models), ("service_name", self.services),
                             ("priority", self.priorities)):

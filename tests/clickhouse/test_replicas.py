@@ -61,7 +61,7 @@ def test_per_replica_rows_equal_on_both_engines(slow_replica_stores):
 
 def test_explain_names_the_slow_replica_on_both_engines(slow_replica_stores):
     duck, ch = slow_replica_stores
-    want, got = _explain(duck), _explain(ch)
+    want, got = _explain(duck, "--metric", "e2e"), _explain(ch, "--metric", "e2e")
     found = {f["cause"]: f for f in got["findings"]}
     assert "upstream_imbalance" in found
     # the upstream as the gateway names it, the replica as the engine names itself (service.instance.id)

@@ -37,17 +37,21 @@ def test_wait_gap_waits_for_the_scheduler_and_gives_up_at_its_deadline():
 
 
 class _Recording:
-    """The exporter behind the pacing: the wall time each chunk's export began, and the spans."""
+    """The exporter behind the pacing: the wall time each chunk's export began, and the client spans
+    (the run's own span, `tailtrace.run`, counted apart in `runs`)."""
 
     def __init__(self):
         self.starts: list[int] = []
         self.spans = 0
+        self.runs = 0
 
     def export(self, spans):
         from opentelemetry.sdk.trace.export import SpanExportResult
 
         self.starts.append(time.time_ns())
-        self.spans += len(spans)
+        runs = sum(1 for s in spans if s.name == "tailtrace.run")
+        self.spans += len(spans) - runs
+        self.runs += runs
         time.sleep(0.001)  # about the CPU time a chunk of real client spans takes to encode
         return SpanExportResult.SUCCESS
 
@@ -95,6 +99,7 @@ def test_replay_exports_its_spans_between_trains_of_writes_not_within_them(stub,
     recs = sorted(res.records, key=lambda r: r.scheduled_unix_nano)
     assert len(recs) == trains * per and not any(r.error for r in recs)
     assert inner.spans == len(recs)                    # every client span exported, none lost to pacing
+    assert inner.runs == 1                             # and the run's own span
     assert exporter.unpaced == 0                       # 300 ms gaps: every chunk found one in time
     windows = [(recs[t * per].scheduled_unix_nano + step_ms * 1_000_000, recs[t * per + per - 1].scheduled_unix_nano)
                for t in range(trains)]

@@ -817,6 +817,21 @@ def with_overrides(settings: list[str], alerts: tuple[AlertSpec, ...] = ALERTS) 
     return tuple(out)
 
 
+def with_slo(spec: str, alerts: tuple[AlertSpec, ...] = ALERTS) -> tuple[AlertSpec, ...]:
+    """The alerts with the thresholds of an SLO spec (semantics/slo.py, the one parser of every
+    surface: `ttft_p99=2s,tpot_p99=100ms`): each objective sets the threshold of the alert on its
+    metric and quantile (`ttft_p99` -> the ttft P99 alert). Raises ValueError (one line) for a spec
+    that does not parse or an objective no alert watches."""
+    from semantics.slo import parse_slo
+    from tailtrace.errors import UserError
+
+    try:
+        objectives = parse_slo(spec)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+    return with_overrides([f"{o.metric}:{o.q!r}={o.limit_ms / 1000!r}" for o in objectives], alerts)
+
+
 class _BlockDumper(yaml.SafeDumper):
     """Safe YAML with multi-line strings (PromQL) as literal blocks, so the files read like hand-written ones."""
 
@@ -851,15 +866,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="output folder of the fleet's ClickHouse datasource and alerts (default: deploy/fleet/grafana/ "
                          "with the default --out, else OUT/fleet)")
     ap.add_argument("--check", action="store_true", help="compare with the files in --out; exit 1 on a difference")
+    ap.add_argument("--slo", metavar="SPEC", help="the objectives as alert thresholds, e.g. ttft_p99=1s,tpot_p999=150ms "
+                                                  "(semantics/slo.py; the defaults equal ttft_p99=2s,tpot_p99=100ms)")
     ap.add_argument("--set", action="append", default=[], metavar="PHASE:QUANTILE=SECONDS",
-                    help="override an alert threshold, e.g. --set ttft:0.99=1.5 (repeatable)")
+                    help="override an alert threshold, e.g. --set ttft:0.99=1.5 (repeatable; after --slo)")
     ap.add_argument("--datasource-uid", default=DATASOURCE_UID,
                     help=f"uid of the Prometheus datasource the rules query (default {DATASOURCE_UID})")
     ap.add_argument("--dashboard-url", default=DASHBOARD_URL,
                     help=f"the tailtrace dashboard's base URL in the notifications' links (default {DASHBOARD_URL})")
     args = ap.parse_args(argv)
     try:
-        alerts = with_overrides(args.set)
+        alerts = with_overrides(args.set, with_slo(args.slo) if args.slo else ALERTS)
         if not args.dashboard_url.startswith(("http://", "https://")):
             raise ValueError(f"--dashboard-url {args.dashboard_url!r}: give an http(s) URL, e.g. {DASHBOARD_URL}")
     except ValueError as exc:

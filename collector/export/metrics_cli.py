@@ -49,17 +49,23 @@ def store_query(url: str, timeout_s: float = 10.0):
     return query, close
 
 
-def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float = 10.0):
-    """Serve `/metrics` of the store at `url` on `host:port` (0: any free port) from a daemon thread.
+def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float = 10.0, slo: str | None = None):
+    """Serve `/metrics` of the store at `url` on `host:port` (0: any free port) from a daemon thread,
+    with the objectives of the SLO spec `slo` (None: the default) as `tailtrace_slo_objective_seconds`.
     Returns (port, stop): the bound port and a function that stops the server and closes the store.
-    Raises `UserError` as `store_query` does, or when the port cannot be bound."""
+    Raises `UserError` as `store_query` does, for a spec that does not parse, or when the port cannot
+    be bound."""
     from prometheus_client import start_http_server
 
     from collector.export.prometheus import make_registry
 
+    from semantics.slo import parse_slo
+
+    if slo is not None:
+        parse_slo(slo)  # before the store is opened
     query, close = store_query(url, timeout_s)
     try:
-        server, thread = start_http_server(port, addr=host, registry=make_registry(query))
+        server, thread = start_http_server(port, addr=host, registry=make_registry(query, slo=slo))
     except OSError as exc:
         close()
         raise UserError(f"cannot serve /metrics on {host}:{port}: {exc.strerror or exc}") from None
@@ -86,6 +92,8 @@ def register(sub) -> None:
     p.add_argument("--port", type=int, default=env_port_default("TAILTRACE_METRICS_PORT", 9465),
                    help="port of /metrics (env TAILTRACE_METRICS_PORT; default 9465)")
     p.add_argument("--query-timeout", type=float, default=10.0, help="per-query time budget, s (default 10)")
+    p.add_argument("--slo", metavar="SPEC", help="the objectives exported as tailtrace_slo_objective_seconds "
+                                                 "(default ttft_p99=2s,tpot_p99=100ms)")
     p.set_defaults(func=_metrics)
 
 
@@ -97,7 +105,7 @@ def _metrics(args) -> int:
     if not args.query_timeout > 0:
         raise UserError("--query-timeout must be a positive number of seconds")
     url = args.store or args.db
-    port, stop = serve(url, args.host, int(args.port), args.query_timeout)
+    port, stop = serve(url, args.host, int(args.port), args.query_timeout, args.slo)
     print(f"tailtrace metrics: /metrics of {url} on http://{args.host}:{port}/metrics", flush=True)
     try:
         while True:

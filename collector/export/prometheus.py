@@ -40,6 +40,9 @@ What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base
 - Compute and hardware, per device: the latest `device_samples` row younger than `stale_after_s`
   (`tailtrace_device_utilization_ratio`, `..._memory_used_bytes`, `..._sm_clock_hertz`,
   `..._power_watts`, `..._temperature_celsius`, `..._throttle_reasons`).
+- `tailtrace_slo_objective_seconds{phase, quantile}`: the objectives (an SLO spec, semantics/slo.py;
+  `tailtrace metrics --slo`, default ttft_p99=2s,tpot_p99=100ms), so a panel or a rule compares the
+  exact quantile gauge above with the bound from the same spec every other surface reads.
 - `tailtrace_exporter_query_errors{query}` (1 when that query failed on this scrape; its families are
   left out, the rest are still served) and `tailtrace_exporter_collect_duration_seconds`.
 
@@ -128,9 +131,11 @@ def make_registry(
     now: Callable[[], float] = time.time,
     idle_after_s: float = 60.0,
     stale_after_s: float = 120.0,
+    slo: str | None = None,
 ):
     """A fresh `prometheus_client.CollectorRegistry` (never the global one) holding a
-    `StoreMetricsCollector` over `query`.
+    `StoreMetricsCollector` over `query`, exporting the objectives of the SLO spec `slo` (None: the
+    default; semantics/slo.py; raises UserError for a spec that does not parse).
 
     `query(sql: str, params: list | None = None) -> list[tuple]` runs read-only SQL on the store.
     `now()` returns the wall-clock time in seconds since the epoch (injected in tests); the windows
@@ -139,7 +144,10 @@ def make_registry(
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StoreMetricsCollector(query, now=now, idle_after_s=idle_after_s, stale_after_s=stale_after_s))
+    from semantics.slo import DEFAULT_SLO, parse_slo
+
+    registry.register(StoreMetricsCollector(query, now=now, idle_after_s=idle_after_s, stale_after_s=stale_after_s,
+                                            objectives=parse_slo(slo or DEFAULT_SLO)))
     return registry
 
 
@@ -162,7 +170,8 @@ class StoreMetricsCollector:
     """
 
     def __init__(self, query: QueryFn, *, now: Callable[[], float] = time.time,
-                 idle_after_s: float = 60.0, stale_after_s: float = 120.0) -> None:
+                 idle_after_s: float = 60.0, stale_after_s: float = 120.0, objectives=()) -> None:
+        self._objectives = tuple(objectives)  # semantics.slo.Objective: exported as they are, no query
         self._query = query
         self._now = now
         self._idle_after_s = idle_after_s
@@ -178,6 +187,12 @@ class StoreMetricsCollector:
 
         started = time.perf_counter()
         now_s = float(self._now())
+        if self._objectives:
+            slo = GaugeMetricFamily("tailtrace_slo_objective_seconds", "the objective's bound on the phase's exact "
+                                    "quantile (an SLO spec: tailtrace metrics --slo)", labels=["phase", "quantile"])
+            for o in self._objectives:
+                slo.add_metric([o.metric, repr(float(o.q))], o.limit_ms / 1000.0)
+            yield slo
         errors: dict[str, int] = {}
         merged: dict[str, object] = {}  # one family per name, even when two queries feed it
         for name, build in (

@@ -233,3 +233,16 @@ def test_naming_conventions_and_no_global_state(store):
     store.insert("requests", [request_row(2, "m", NOW - 1, ttft_ms=2.0)])
     reg = exp.make_registry(store.query, now=lambda: NOW)
     assert "tailtrace_requests_total{model=\"m\",status=\"ok\"} 2.0" in generate_latest(reg).decode()
+
+
+def test_the_objectives_are_exported_from_one_slo_spec(store):
+    """`tailtrace_slo_objective_seconds{phase, quantile}`: the default spec's bounds, or the spec given
+    (the same parser as every surface); the quantile label as the quantile gauges write it."""
+    store.insert("requests", [request_row(1, "m", NOW - 1, ttft_ms=1.0)])
+    default = {(lab["phase"], lab["quantile"]): v for lab, v in scrape(store)["tailtrace_slo_objective_seconds"]}
+    assert default == {("ttft", "0.99"): 2.0, ("tpot", "0.99"): 0.1}
+    given = scrape(store, slo="ttft_p999=5s,e2e_p99=30s,tpot_p99=50ms")["tailtrace_slo_objective_seconds"]
+    assert {(lab["phase"], lab["quantile"]): v for lab, v in given} == {
+        ("ttft", "0.999"): 5.0, ("e2e", "0.99"): 30.0, ("tpot", "0.99"): 0.05}
+    quantiles = {lab["quantile"] for lab, _ in scrape(store)[exp.METRIC_LATENCY_QUANTILE]}
+    assert "0.99" in quantiles and "0.999" in quantiles

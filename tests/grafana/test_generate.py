@@ -155,3 +155,21 @@ def test_promtool_checks_rules_and_config(tmp_path):
     r = subprocess.run(["promtool", "check", "rules", str(tmp_path / "prometheus/rules.yml")],
                        check=False, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_slo_spec_sets_the_alert_thresholds(tmp_path, capsys):
+    """One SLO spec for every surface: the default spec is the default thresholds; a spec sets the
+    alerts on its metrics and quantiles; a spec that does not parse, or names an objective no alert
+    watches, is one line and exit 2."""
+    from semantics.slo import DEFAULT_SLO
+
+    assert gen.with_slo(DEFAULT_SLO) == gen.ALERTS
+    alerts = {(a.phase, a.quantile): a.threshold_s for a in gen.with_slo("ttft_p99=1s,tpot_p999=150ms,e2e_p99=30s")}
+    assert (alerts[("ttft", 0.99)], alerts[("tpot", 0.999)], alerts[("e2e", 0.99)]) == (1.0, 0.15, 30.0)
+    assert alerts[("tpot", 0.99)] == 0.1   # not in the spec: unchanged
+    assert gen.main(["--out", str(tmp_path), "--slo", "ttft_p99=1s"]) == 0
+    assert ") > 1\n" in (tmp_path / "prometheus/rules.yml").read_text()
+    for bad, says in (("ttft_p99=fast", "bad --slo item 'ttft_p99=fast'"), ("ttft_p50=1s", "no alert for ttft:0.5")):
+        assert gen.main(["--out", str(tmp_path), "--slo", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err

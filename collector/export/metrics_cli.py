@@ -58,7 +58,6 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
     from prometheus_client import start_http_server
 
     from collector.export.prometheus import make_registry
-
     from semantics.slo import parse_slo
 
     if slo is not None:

@@ -287,7 +287,9 @@ SELECT
     CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
-    network_in_ms, network_out_ms, gateway_after_ms, upstream, source, cq AS client_queue_ms,
+    network_in_ms, network_out_ms, gateway_after_ms, upstream, source,
+    -- as the client reported it: NULL when it did not (or sent an impossible value, refused at ingest)
+    CASE WHEN c IS NOT NULL THEN c_queue END AS client_queue_ms,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

@@ -763,3 +763,37 @@ def test_step_rollup_sums_every_decode_step_with_its_batch_prefill(tmp_path):
         assert s.read_query(ROLLUP) == want
     finally:
         s.stop()
+
+
+def test_the_clients_own_queue_is_a_phase_of_what_its_user_felt(store):
+    """A request that waited 250 ms in the client for a --concurrency-cap slot (client.request's
+    tailtrace.client.queue_ms) before its send at t0: it arrived 250 ms earlier, its outer E2E and
+    TTFT hold the wait, its queue time too, and the phases still tile its E2E (unattributed as
+    without the wait). A negative wait is refused at ingest: NULL (not reported), never entered."""
+    b = TraceBuilder()
+    plain, waited, negative = (os.urandom(16) for _ in range(3))
+    full_tree(b, plain)
+    full_tree(b, waited)
+    full_tree(b, negative)
+    for sp in (sp for rs in b.req.resource_spans for ss in rs.scope_spans for sp in ss.spans
+               if sp.name == sc.SPAN_CLIENT and sp.trace_id in (waited, negative)):
+        kv = sp.attributes.add()
+        kv.key = sc.CLIENT_QUEUE_MS
+        kv.value.double_value = 250.0 if sp.trace_id == waited else -40.0
+    put(store, b)
+    cols = ("client_queue_ms", "outer_e2e_ms", "outer_ttft_ms", "client_e2e_ms", "queue_time_ms", "unattributed_ms",
+            "epoch_us(arrival_time)", "epoch_us(completion_time)")
+
+    def get(tid):
+        r = store.read_query(f"SELECT {', '.join(cols)} FROM requests WHERE trace_id = ?", [tid.hex()])
+        return dict(zip(cols, r[0]))
+
+    p, w, n = get(plain), get(waited), get(negative)
+    assert p["client_queue_ms"] is None and w["client_queue_ms"] == 250.0 and n["client_queue_ms"] is None
+    assert w["outer_e2e_ms"] == p["outer_e2e_ms"] + 250 and w["outer_ttft_ms"] == p["outer_ttft_ms"] + 250
+    assert w["client_e2e_ms"] == p["client_e2e_ms"] == 1000.0   # the client's own figure, from its send
+    assert w["queue_time_ms"] == pytest.approx(p["queue_time_ms"] + 250)
+    assert w["unattributed_ms"] == pytest.approx(p["unattributed_ms"], abs=1e-9)
+    assert w["epoch_us(arrival_time)"] == p["epoch_us(arrival_time)"] - 250_000
+    assert w["epoch_us(completion_time)"] == p["epoch_us(completion_time)"]   # it ended when it ended
+    assert n == p

@@ -7,7 +7,10 @@ Plain data and pure functions (no I/O); `loadgen.report` renders them. Definitio
   per-request work (issue 21).
 - client queue = wait for a --concurrency-cap slot past the scheduled time (ms); 0 without a cap.
 - send = the moment the request's bytes began to go out (the `client.request` span's start).
-- TTFT = first streamed token chunk - send (ms); E2E = last byte - send (ms).
+- TTFT = first streamed token chunk - send (ms); E2E = last byte - send (ms): per request, as the
+  `client.request` span records them. The summary's TTFT and E2E (their percentiles, the SLO check
+  and goodput) add the client queue: what the user felt, as the store's outer TTFT and E2E do
+  (a run whose requests waited in the client cannot meet an SLO by not sending them).
 - TPOT = (E2E - TTFT) / (output tokens - 1) (ms), vLLM's and the OpenAI benchmarks' definition.
 - ITL = gaps between successive token chunks' arrivals (ms), pooled over requests. Per SSE
   chunk, not per token: vLLM may put several tokens in one chunk (then the gap spans them all and
@@ -161,6 +164,11 @@ class Summary:
         return asdict(self)
 
 
+def _felt(ms: float | None, r: RequestRecord) -> float | None:
+    """A latency from the send, plus the client's own queue before it: what the user felt (ms)."""
+    return None if ms is None else ms + r.client_queue_ms
+
+
 def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes=()) -> Summary:
     """Summarise `records` (any order). Failed requests count in `failed` and `errors`, and as
     misses (+inf) when checking SLOs, so a run cannot meet an SLO by failing its slow requests."""
@@ -180,10 +188,10 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
     else:
         duration, offered = 0.0, float("nan")
     values = {
-        "ttft": [r.ttft_ms for r in ok],
+        "ttft": [_felt(r.ttft_ms, r) for r in ok],
         "tpot": [r.tpot_ms for r in ok],
         "itl": [x for r in ok for x in r.itl_ms()],
-        "e2e": [r.e2e_ms for r in ok],
+        "e2e": [_felt(r.e2e_ms, r) for r in ok],
     }
     latency = {m: percentiles(values[m]) for m in METRICS}
     out_tokens = sum(r.output_tokens or 0 for r in ok)
@@ -200,7 +208,7 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
             slo_rows.append({"slo": s.label, "value_ms": got, "met": met})
         good = 0
         for r in ok:
-            per = {"ttft": r.ttft_ms, "tpot": r.tpot_ms, "e2e": r.e2e_ms,
+            per = {"ttft": _felt(r.ttft_ms, r), "tpot": r.tpot_ms, "e2e": _felt(r.e2e_ms, r),
                    "itl": max(r.itl_ms(), default=None)}
             if all(per[s.metric] is None or per[s.metric] <= s.limit_ms for s in slos):
                 good += 1

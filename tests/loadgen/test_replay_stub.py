@@ -116,6 +116,11 @@ def test_concurrency_cap_is_client_queue_time(stub, tmp_path):
     assert max(r.schedule_lag_ms for r in recs) < 250  # loose: bench/loadgen.py measures the real lag
     assert recs[-1].client_queue_ms > 100      # 12 x ~200 ms through 2 slots
     assert res.summary.client_queue_ms["p99"] > 100
+    # the summary's TTFT and E2E are what the user felt: the client's wait included (as in the store)
+    from loadgen.stats import percentiles
+
+    assert res.summary.latency["ttft"] == percentiles([r.ttft_ms + r.client_queue_ms for r in recs])
+    assert res.summary.latency["e2e"]["p99"] > max(r.e2e_ms for r in recs if r.client_queue_ms == 0)
     for r in recs:
         # sent once the slot was free (never before its time), then written; the lag leaves the wait out
         assert r.send_unix_nano >= r.scheduled_unix_nano + r.client_queue_ns - 1000

@@ -1,0 +1,46 @@
+"""The dashboard's run scope (one place: dashboard.queries.common.Filters, set by the sidebar's run
+selector): a store holding a capacity probe and a replay opens on the replay, never the probe, on
+every page; "all runs" and one named run select what they say."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.diagnose.store import baseline, write_store
+
+from .apptest_util import PAGES, goto, metrics, open_app
+
+PROBE, REPLAY = "capacity-probe-20261204T020000-ab12", "demo-20261204T020100-cd34"
+
+
+def _store(tmp_path):
+    rng = np.random.default_rng(41)
+    probe = baseline(rng, n=129)
+    for r in probe:  # the probe's burst: every request at once, long queues
+        r.at, r.queue_ms, r.run_id = r.at / 50, 4000.0, PROBE
+    replay = baseline(rng, n=300)
+    for r in replay:
+        r.at += 10
+        r.run_id = REPLAY
+    return write_store(tmp_path / "runs.duckdb", probe + replay)
+
+
+def _selected(at) -> str:
+    return next(c.value for c in at.sidebar.caption if "requests selected" in c.value)
+
+
+def test_the_dashboard_opens_on_the_replay_never_the_probe(tmp_path, monkeypatch):
+    db = _store(tmp_path)
+    at = open_app(monkeypatch, db=db)
+    assert not at.exception, [e.value for e in at.exception]
+    assert _selected(at).startswith("300 of 429 requests selected"), _selected(at)
+    assert any("Scope: run " + REPLAY in c.value for c in at.sidebar.caption)
+    for page in PAGES:  # every page renders on the scope
+        goto(at, page)
+    assert metrics(goto(at, "overview"))["Requests"] == "300"
+    # every run, or the probe alone, when asked
+    at.sidebar.selectbox(key="tt_run_latest traffic run").set_value("all runs").run()
+    assert _selected(at).startswith("429 of 429 requests selected"), _selected(at)
+    at.sidebar.selectbox(key="tt_run_latest traffic run").set_value(PROBE).run()
+    assert _selected(at).startswith("129 of 429 requests selected"), _selected(at)
+    assert metrics(goto(at, "overview"))["Requests"] == "129"

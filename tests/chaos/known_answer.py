@@ -75,7 +75,8 @@ def diagnose_window(sql, window: dict, dest: Path, metric: str = "e2e", slack_s:
     path = stripped_copy(sql, window["start_unix_ns"], window["end_unix_ns"], dest, slack_s)
     query, close = db_query(path)
     try:
-        return explain(query, Scope(metric=metric, quantile=quantile))
+        # the experiment's window is its scope, every run in it (its arms run side by side)
+        return explain(query, Scope(metric=metric, quantile=quantile, all_runs=True))
     finally:
         close()
 

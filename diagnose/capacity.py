@@ -20,11 +20,14 @@ _SWEEP_RUN = re.compile(r"^(sweep-.+)-r(\d+(?:\.\d+)?)$")
 _HOLDS = 0.99
 
 
-def capacity(query: Query, ts: TailSet, since: dt.datetime, until: dt.datetime) -> Capacity:
-    """The capacity line over requests completed in [since, until) (every run: a sweep is several)."""
+def capacity(query: Query, ts: TailSet, since: dt.datetime, until: dt.datetime,
+             sweep_window: tuple[dt.datetime, dt.datetime] | None = None) -> Capacity:
+    """The capacity line: a sweep's over the requests completed in `sweep_window` (default [since,
+    until); every run: a sweep is several), else the scope's own over [since, until)."""
     slo = SLO_DEFAULTS_MS["ttft"]
+    s0, s1 = sweep_window or (since, until)
     win = ["completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)",
-           [sql_time(since), sql_time(until)]]
+           [sql_time(s0), sql_time(s1)]]
     sql = f"""SELECT run_id, count(*), count(*) FILTER (WHERE ok AND outer_ttft_ms <= ?) / count(*),
        quantile_cont(outer_ttft_ms, 0.99) FILTER (WHERE ok), avg(prompt_tokens), avg(output_tokens)
 FROM requests WHERE {win[0]} AND run_id LIKE 'sweep-%-r%' GROUP BY run_id ORDER BY run_id"""
@@ -37,7 +40,7 @@ FROM requests WHERE {win[0]} AND run_id LIKE 'sweep-%-r%' GROUP BY run_id ORDER 
     best = max(sweeps.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
     if best and len(best[1]) >= 2:
         return _sweep_line(best[0], sorted(best[1]), slo, sql, params)
-    return _steady(query, ts, win)
+    return _steady(query, ts, [win[0], [sql_time(since), sql_time(until)]])
 
 
 def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) -> Capacity:

@@ -10,6 +10,7 @@ after the others; when every objective holds, the one nearest its bound is expla
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 
 from diagnose import capacity as capacity_mod
 from diagnose.deployment import read_deployment
@@ -36,7 +37,13 @@ def explain(query: Query, scope: Scope) -> Report:
     Raises UserError for an empty store or window, an unknown run id (listing the runs present) or
     trace id."""
     since, until, _ = resolve_window(query, scope)
+    store_window = (since, until)  # the capacity line reads a sweep's every step, whatever the run
     runs = resolve_runs(query, scope.run_id, scope.all_runs, windowed=bool(scope.since or scope.until))
+    if runs.where == "run_id = ?" and not (scope.since or scope.until) and runs.run.start and runs.run.end:
+        # one run: its own time, so that what is read by time (engine steps, decode steps, device
+        # samples) is the run's, not a probe's before it
+        since = dt.datetime.fromisoformat(runs.run.start.rstrip("Z"))
+        until = dt.datetime.fromisoformat(runs.run.end.rstrip("Z")) + dt.timedelta(milliseconds=1)
     spec = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO
     where = "completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
     params = [sql_time(since), sql_time(until)]
@@ -47,7 +54,7 @@ def explain(query: Query, scope: Scope) -> Report:
     targets: dict[str, float] = {}
     for v in verdicts:
         targets[v.metric] = min(v.target_ms, targets.get(v.metric, v.target_ms))
-    common = (since, until, runs, deployment, targets, spec)
+    common = (since, until, runs, deployment, targets, spec, store_window)
     if scope.metric is not None:
         report = _explain_metric(query, scope, *common)
         report.objectives = verdicts
@@ -86,7 +93,7 @@ def _slo_first(query: Query, scope: Scope, verdicts: list[Verdict], common: tupl
 
 
 def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, deployment, targets: dict,
-                    spec: str) -> Report:
+                    spec: str, store_window: tuple) -> Report:
     notes: list[str] = [runs.note] if runs.note else []
     ts = tail_set(query, scope, since, until, runs)
     scope_d = {"since": scope.since, "until": scope.until, "run_id": scope.run_id, "metric": scope.metric,
@@ -118,7 +125,7 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
                      f"holds {ts.n_tail}; a longer window (or --quantile 0.9) gives a firmer answer")
     if ts.n_tail == 0:
         notes.append(f"no request lies strictly above the {ts.label} (too few, or all equal): nothing to explain")
-        return Report(scope_d, ts, phases, _layers(phases), [], capacity_mod.capacity(query, ts, since, until),
+        return Report(scope_d, ts, phases, _layers(phases), [], capacity_mod.capacity(query, ts, since, until, store_window),
                       notes, trace, deployment=deployment.to_dict())
     ctx = Context(query, ts, {p.column: p for p in phases}, ref, sql_time(since), sql_time(until),
                   f" AND {runs.where}" if runs.where else "", list(runs.params),
@@ -144,7 +151,7 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
         notes.append("the engine's configuration is not recorded in the store (a plugin before it, or vLLM's own "
                      "spans): the actions' current values are unknown ('?')")
     return Report(scope_d, ts, phases, _layers(phases), findings,
-                  capacity_mod.capacity(query, ts, since, until), notes, trace, deployment=deployment.to_dict())
+                  capacity_mod.capacity(query, ts, since, until, store_window), notes, trace, deployment=deployment.to_dict())
 
 
 def _has_table(query: Query, name: str) -> bool:

@@ -15,6 +15,10 @@ from semantics.catalog import SLO_DEFAULTS_MS
 __all__ = ["capacity"]
 
 _SWEEP_RUN = re.compile(r"^(sweep-.+)-r(\d+(?:\.\d+)?)$")
+# A rate is not computed from fewer requests, or a shorter span of arrivals, than these (six requests
+# sent at once are not "160 req/s offered"): the line says so instead.
+MIN_RATE_REQUESTS = 30
+MIN_RATE_SPAN_S = 5.0
 # The P99 holds at a rate when at least 99 % of its requests were ok with TTFT within the SLO
 # (a failed request is a miss, as in loadgen's goodput).
 _HOLDS = 0.99
@@ -65,7 +69,7 @@ def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) 
 
 
 def _steady(query: Query, ts: TailSet, win: list) -> Capacity:
-    sql = f"""SELECT count(*), count(*) FILTER (WHERE ok),
+    sql = f"""SELECT count(*), count(*) FILTER (WHERE ok), epoch(max(arrival_time)) - epoch(min(arrival_time)),
        count(*) / greatest(epoch(max(arrival_time)) - epoch(min(arrival_time)), 1e-3),
        count(*) FILTER (WHERE ok) / greatest(epoch(max(completion_time)) - epoch(min(arrival_time)), 1e-3),
        (SELECT avg(CAST(waiting > 0 AS DOUBLE)) FROM engine_steps WHERE time >= CAST(? AS TIMESTAMP)
@@ -73,17 +77,25 @@ def _steady(query: Query, ts: TailSet, win: list) -> Capacity:
        avg(CAST(queue_ms > greatest(10, 0.1 * coalesce(service_time_ms, 0)) AS DOUBLE)), avg(prompt_tokens), avg(output_tokens)
 FROM requests WHERE {ts.where}"""
     params = [*win[1], *ts.params]
-    n, ok, offered, achieved, waiting, queued, mean_in, mean_out = query(sql, params)[0]
+    n, ok, span_s, offered, achieved, waiting, queued, mean_in, mean_out = query(sql, params)[0]
     offered, achieved = float(offered or 0), float(achieved or 0)
-    basis = (f"requests waited in {waiting:.0%} of engine steps" if waiting is not None else
-             f"{(queued or 0):.0%} of requests queued in the engine for over 10 ms and a tenth of their service time" if queued is not None else
-             "no engine measurements")
-    saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or (
-        offered > 0 and achieved < 0.9 * offered)
-    text = (f"no sweep in the store; this window: offered {offered:.2f} req/s, achieved {achieved:.2f} req/s "
-            f"({'the engine was saturated' if saturated else 'the engine kept up'}: {basis}); "
-            "`tailtrace sweep` measures the capacity")
-    return Capacity("steady", text, {"offered_rps": offered, "achieved_rps": achieved, "saturated": bool(saturated),
+    if (n or 0) < MIN_RATE_REQUESTS or float(span_s or 0) < MIN_RATE_SPAN_S:
+        text = (f"no sweep in the store; this window's {n or 0} requests arrived over {float(span_s or 0):.1f} s: "
+                f"too few (under {MIN_RATE_REQUESTS}) or too short a span (under {MIN_RATE_SPAN_S:g} s) to measure a "
+                "rate or say whether the engine kept up; `tailtrace sweep` measures the capacity")
+        offered = achieved = None
+        saturated = None
+    else:
+        basis = (f"requests waited in {waiting:.0%} of engine steps" if waiting is not None else
+                 f"{queued:.0%} of requests queued in the engine for over 10 ms and a tenth of their service time"
+                 if queued is not None else "the engine's queue not measured (no engine spans or steps)")
+        saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or (
+            offered > 0 and achieved < 0.9 * offered)
+        text = (f"no sweep in the store; this window: offered {offered:.2f} req/s, achieved {achieved:.2f} req/s "
+                f"({'the engine was saturated' if saturated else 'the engine kept up'}: {basis}); "
+                "`tailtrace sweep` measures the capacity")
+    return Capacity("steady", text, {"offered_rps": offered, "achieved_rps": achieved,
+                                     "saturated": None if saturated is None else bool(saturated),
                                      "waiting_step_share": waiting, "queued_request_share": queued,
                                      "mean_input_tokens": mean_in, "mean_output_tokens": mean_out},
                     [Evidence("arrivals and ok completions per second over the window, the share of engine steps "

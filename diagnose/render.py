@@ -120,9 +120,15 @@ def _render_one(report: Report, console) -> None:
     t = Table("phase", "layer", "median's", "tail mean", "share of excess", "holds most", title="excess by phase "
               "(adds up to 100 %)", title_justify="left")
     for p in report.phases:
-        t.add_row(p.label, p.layer, format_ms(p.median_ms), format_ms(p.tail_mean_ms), f"{p.share:.0%}",
-                  str(p.holds_most))
+        if p.measured:
+            t.add_row(p.label, p.layer, format_ms(p.median_ms), format_ms(p.tail_mean_ms), f"{p.share:.0%}",
+                      str(p.holds_most))
+        else:
+            t.add_row(p.label, p.layer, "not measured", "not measured", "—", "—")
     console.print(t)
+    for p in report.phases:
+        if not p.measured:
+            console.print(f"   [dim]{escape(p.label)}: not measured ({escape(p.why or '')})[/]")
     if not report.findings:
         console.print("no finding: no detector found a cause in this tail")
     for f in report.findings:
@@ -220,6 +226,7 @@ def _markdown_one(report: Report, level: int, head: bool) -> list[str]:
     if report.tail is not None:
         out += [_head(report), "", "| phase | layer | median's | tail mean | share of excess |", "|---|---|---|---|---|"]
         out += [f"| {p.label} | {p.layer} | {format_ms(p.median_ms)} | {format_ms(p.tail_mean_ms)} | {p.share:.0%} |"
+                if p.measured else f"| {p.label} | {p.layer} | not measured ({p.why}) | — | — |"
                 for p in report.phases]
         out.append("")
         for f in report.findings:

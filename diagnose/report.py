@@ -73,7 +73,8 @@ class PhaseShare:
     proportions of the requests between P40 and P60), `tail_mean_ms` its mean over the tail,
     `excess_ms` the tail's summed excess in it, `share` of the total (the shares add up to 1; a
     phase the tail spends less in than the median has a negative share), `holds_most` the number of
-    tail requests whose largest excess is this phase."""
+    tail requests whose largest excess is this phase; `measured` False when no request of the scope
+    measured it (its layer was not traced: shown "not measured (`why`)", never 0 ms)."""
 
     column: str
     label: str
@@ -83,6 +84,8 @@ class PhaseShare:
     excess_ms: float
     share: float
     holds_most: int
+    measured: bool = True
+    why: str | None = None
 
 
 @dataclass

@@ -30,18 +30,35 @@ from semantics.catalog import (
 )
 from tailtrace.errors import UserError
 
-__all__ = ["MetricPhase", "metric_phases", "phase_split", "resolve_window", "tail_set"]
+__all__ = ["MetricPhase", "metric_phases", "not_measured_why", "phase_split", "resolve_window", "tail_set"]
 
 
 @dataclass(frozen=True)
 class MetricPhase:
     """A phase of a metric's split: `column` (a `requests` column or a residual's name), `sql` (its
-    per-request value, ms), `label`, `layer` (a catalog Layer)."""
+    per-request value, ms), `label`, `layer` (a catalog Layer), `raw` (the `requests` column whose
+    NULL means its layer did not measure it; None for a residual, always there)."""
 
     column: str
     sql: str
     label: str
     layer: object
+    raw: str | None = None
+
+
+# why a phase can be missing from every request of a scope (never 0: NULL, "not measured")
+_NOT_MEASURED = {
+    "client_queue_ms": "no client span reported its queue (requests not sent by tailtrace's load generator)",
+    "network_ms": "no gateway or client spans to bound the hops", "network_in_ms": "no gateway or client spans "
+    "to bound the hops", "gateway_ms": "no gateway spans", "gateway_queue_ms": "no gateway spans",
+    "frontend_ms": "no plugin spans (vLLM's own spans do not split out its frontend)",
+    "preempted_ms": "no plugin spans (vLLM's own spans do not time preemptions)",
+}
+
+
+def not_measured_why(column: str) -> str:
+    """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures it)."""
+    return _NOT_MEASURED.get(column, "no engine spans (llm.request: the vLLM plugin, or vLLM's own tracing)")
 
 
 _TTFT_PREFIX = ("gateway_ms", "gateway_queue_ms", "queue_ms", "prefill_ms")
@@ -53,7 +70,9 @@ def metric_phases(metric: str) -> list[MetricPhase]:
     """The phases that tile `metric` (a key of source.METRICS) for one request, residual last."""
     col = METRICS[metric]
     if metric == "e2e":
-        return [MetricPhase(p.column, f"coalesce({p.column}, 0)", p.label, p.layer) for p in (*PHASES, UNATTRIBUTED)]
+        return [MetricPhase(p.column, f"coalesce({p.column}, 0)", p.label, p.layer, p.column) for p in PHASES] + [
+            MetricPhase(UNATTRIBUTED.column, f"coalesce({UNATTRIBUTED.column}, 0)", UNATTRIBUTED.label,
+                        UNATTRIBUTED.layer)]
     if metric == "ttft":
         net = MetricPhase("network_in_ms", "coalesce(network_in_ms, 0)", "Network (way in)", LAYER_GATEWAY)
         own = lambda c: MetricPhase(c, f"coalesce({c}, 0)", phase_by_column(c).label, phase_by_column(c).layer)
@@ -133,12 +152,15 @@ def phase_split(query: Query, ts: TailSet) -> tuple[list[PhaseShare], dict[str, 
     in_band = f"FILTER (WHERE {col} BETWEEN lo AND hi)"
     band = ", ".join(f"avg({p.sql}) {in_band}" for p in phases)
     tail_sums = ", ".join(f"sum({p.sql}) FILTER (WHERE {col} > ?)" for p in phases)
+    # how many requests measured each phase: a phase no request of the scope measured is "not
+    # measured" (its NULLs count 0 in the sums above, so the shares still add up), never "0 ms"
+    counts = ", ".join(f"count({p.raw or '*'})" for p in phases)
     sql = f"""WITH pop AS (SELECT * FROM requests WHERE {ts.where}),
 q AS (SELECT quantile_cont({col}, 0.4) AS lo, quantile_cont({col}, 0.6) AS hi FROM pop)
-SELECT avg({col}) {in_band}, [{band}], [{tail_sums}]
+SELECT avg({col}) {in_band}, [{band}], [{tail_sums}], [{counts}]
 FROM pop, q"""
     params = [*ts.params, *[ts.threshold_ms] * len(phases)]
-    band_m, band_c, tail_c = query(sql, params)[0]
+    band_m, band_c, tail_c, measured = query(sql, params)[0]
     band_m = float(band_m or 0.0)
     ref = {p.column: (ts.median_ms * float(b or 0.0) / band_m if band_m else 0.0) for p, b in zip(phases, band_c)}
     # per tail request, the phase holding its largest excess (index into phases, 1-based)
@@ -148,9 +170,10 @@ FROM pop, q"""
                  [*ref.values(), *ts.tail_params])
     holds = {int(i): int(k) for i, k in most if i is not None}
     out = []
-    for i, (p, s) in enumerate(zip(phases, tail_c), start=1):
+    for i, (p, s, m) in enumerate(zip(phases, tail_c, measured), start=1):
         ex = float(s or 0.0) - ts.n_tail * ref[p.column]
         out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
                               float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,
-                              ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0)))
+                              ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0), bool(m),
+                              None if m else not_measured_why(p.raw or p.column)))
     return out, ref, sql, params

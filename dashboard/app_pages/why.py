@@ -52,6 +52,8 @@ ui.metric_row([
     ("Tail excess", ui.fmt_ms(tail.excess_ms), f"sum over the {tail.n_tail} tail requests of their latency minus the median"),
 ])
 st.plotly_chart(charts.excess_by_phase(why.phase_frame(report)), key="why_phases")
+for line in why.not_measured(report):
+    st.caption(line)
 for note in report.notes:
     st.caption(f"Note: {note}")
 

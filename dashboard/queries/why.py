@@ -120,10 +120,16 @@ def objectives_frame(report) -> pd.DataFrame:
 
 
 def phase_frame(report) -> pd.DataFrame:
-    """One row per phase of the tail's excess: phase (label), column, layer, excess_ms, share, median_ms,
-    tail_mean_ms."""
+    """One row per measured phase of the tail's excess: phase (label), column, layer, excess_ms, share,
+    median_ms, tail_mean_ms (a phase no request measured is left out: `not_measured` says why)."""
     return pd.DataFrame([{"phase": p.label, "column": p.column, "layer": p.layer, "excess_ms": p.excess_ms, "share": p.share,
-                          "median_ms": p.median_ms, "tail_mean_ms": p.tail_mean_ms} for p in report.phases])
+                          "median_ms": p.median_ms, "tail_mean_ms": p.tail_mean_ms} for p in report.phases
+                         if p.measured])
+
+
+def not_measured(report) -> list[str]:
+    """The phases no request of the selection measured, as `label: not measured (why)` (never 0 ms)."""
+    return [f"{p.label}: not measured ({p.why})" for p in report.phases if not p.measured]
 
 
 def numbers_frame(numbers: dict) -> pd.DataFrame:

@@ -167,3 +167,25 @@ def test_the_slo_spec_round_trips():
     spec = "ttft_p99=2s,tpot_p999=150ms,e2e_p99=30s,itl_p50=20ms"
     assert format_slo(parse_slo(spec)) == spec
     assert re.fullmatch(r"[a-z_0-9=.,]+", format_slo(parse_slo("ttft_p99=0.5s")))
+
+
+def test_a_phase_no_layer_measured_is_not_measured_never_0(tmp_path, capsys):
+    """A store of client and gateway spans only: the engine's phases are "not measured (why)" in the
+    phase table, never 0 ms; the objective on TPOT (an engine figure) is not measured, not met; and a
+    handful of requests gives no rate."""
+    path = write_store(tmp_path / "s.duckdb", baseline(np.random.default_rng(36), n=200), engine=False)
+    doc = _explain_json(capsys, "--db", path, "--metric", "e2e")
+    phases = {p["column"]: p for p in doc["phases"]}
+    for col in ("frontend_ms", "queue_ms", "prefill_ms", "decode_ms", "preempted_ms"):
+        assert phases[col]["measured"] is False and phases[col]["why"], col
+        assert phases[col]["excess_ms"] == 0 and phases[col]["share"] == 0
+    assert phases["gateway_queue_ms"]["measured"] and phases["unattributed_ms"]["measured"]
+    assert abs(sum(p["share"] for p in doc["phases"]) - 1) < 1e-9   # apportioned over what was measured
+    tpot = next(o for o in doc["objectives"] if o["metric"] == "tpot")
+    assert (tpot["value_ms"], tpot["met"], tpot["n"]) == (None, None, 0) and "engine" in tpot["why"]
+    main(["explain", "--db", path, "--metric", "e2e"])
+    text = capsys.readouterr().out
+    assert "Engine queue: not measured (no engine spans" in text and "TPOT P99 not measured" in text
+    few = write_store(tmp_path / "few.duckdb", baseline(np.random.default_rng(37), n=6, rate=50.0))
+    cap = _explain_json(capsys, "--db", few, "--metric", "e2e", "--quantile", "0.9")["capacity"]
+    assert cap["numbers"]["offered_rps"] is None and "too few" in cap["text"]

@@ -169,6 +169,13 @@ def _saturated_actions(ctx: Context, cap: int | None, cause: str = "batch_satura
     out.append(action(cause, "replicas", n, n + 1, {"ttft": "down"},
                       "requests waited while the engine ran at its batch cap" if cause == "batch_saturated" else
                       "requests waited in the engine's queue"))
+    # with two priority classes in the traffic, the interactive one need not wait behind the batch one
+    classes = ctx.query(f"SELECT count(DISTINCT priority) FROM requests WHERE {ctx.ts.where}", ctx.ts.params)[0][0]
+    policy = ctx.deployment.get("vllm", "scheduling_policy")
+    if (classes or 0) > 1 and policy != "priority":
+        out.append(action(cause, "scheduling_policy", policy, "priority", {"ttft": "down"},
+                          f"{classes} priority classes share the queue first come, first served: vLLM's priority "
+                          "policy (the gateway's classes as the request's priority) serves the interactive one first"))
     return out
 
 

@@ -62,6 +62,10 @@ FROM pop, s WHERE {ts.column} > ?"""
         acts.append(action("request_shape", "max_output_tokens", None, int(_f(row["p90_output"])), {"e2e": "down"},
                            f"cap answers at the P90 output ({_f(row['p90_output']):.0f} tokens): {long_out:.0%} of "
                            "the tail is above it"))
+    if in_ms > 0 and ctx.deployment.get("vllm", "enable_prefix_caching") is False:
+        acts.append(action("request_shape", "enable_prefix_caching", False, True, {"ttft": "down"},
+                           "long prompts are prefilled whole every time: with prefix caching a conversation's "
+                           "turns reuse the KV cache of the turns before"))
     if in_ms > 0 or not acts:
         acts.append(action("request_shape", "max_input_tokens", ctx.deployment.get("gateway", "max_input_tokens"),
                            int(_f(row["p90_prompt"])), {"ttft": "down", "e2e": "down", "errors": "up"},

@@ -336,12 +336,13 @@ def build_context() -> Context | None:
                                  "per service, and the Why page reads the whole window: they ignore it."
                             ) if len(replicas) > 1 else []
     sb.subheader("SLOs")
-    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.ttft_ms or 0.0, step=100.0,
+    base = _recorded_slo(runs)
+    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=base.ttft_ms or 0.0, step=100.0,
                            key="tt_slo_ttft",
                            help="0 = no TTFT objective. Outer TTFT: the client's when it was traced, else the engine's.")
-    tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.tpot_ms or 0.0, step=5.0, key="tt_slo_tpot",
+    tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=base.tpot_ms or 0.0, step=5.0, key="tt_slo_tpot",
                            help="0 = no TPOT objective.")
-    e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=_DEFAULT_SLO.e2e_ms or 0.0, step=1000.0, key="tt_slo_e2e",
+    e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=base.e2e_ms or 0.0, step=1000.0, key="tt_slo_e2e",
                           help="0 = no E2E objective.")
     slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
@@ -355,6 +356,21 @@ def build_context() -> Context | None:
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
                    selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas,
                    replicas_why=listed.why, runs=runs)
+
+
+def _recorded_slo(runs) -> Slo:
+    """The sidebar's objectives to start from: the P99 bounds of the SLO spec the selected run was
+    judged by (recorded on its run span, semantics/slo.py), else the catalog's defaults."""
+    from semantics.slo import parse_slo
+
+    spec = runs.run.slo if runs is not None and runs.run is not None else None
+    if not spec:
+        return _DEFAULT_SLO
+    try:
+        p99 = {o.metric: o.limit_ms for o in parse_slo(spec) if o.q == 0.99}
+    except Exception:  # noqa: BLE001 (a spec a later version wrote: the defaults, not a broken page)
+        return _DEFAULT_SLO
+    return Slo(ttft_ms=p99.get("ttft"), tpot_ms=p99.get("tpot"), e2e_ms=p99.get("e2e"))
 
 
 _LATEST, _WINDOW, _ALL = "latest traffic run", "every run in the time range but probes", "all runs"

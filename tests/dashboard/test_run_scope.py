@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tests.diagnose.store import baseline, write_store
+from tests.diagnose.test_slo_first import _add_span
 
 from .apptest_util import PAGES, goto, metrics, open_app
 
@@ -22,7 +23,11 @@ def _store(tmp_path):
     for r in replay:
         r.at += 10
         r.run_id = REPLAY
-    return write_store(tmp_path / "runs.duckdb", probe + replay)
+    path = write_store(tmp_path / "runs.duckdb", probe + replay)
+    # the replay's run span: the SLO spec it was judged by
+    _add_span(path, "run", 10, attributes={"tailtrace.run_id": REPLAY, "tailtrace.run.kind": "replay",
+                                           "tailtrace.run.slo": "ttft_p99=3s,tpot_p99=50ms"})
+    return path
 
 
 def _selected(at) -> str:
@@ -38,6 +43,9 @@ def test_the_dashboard_opens_on_the_replay_never_the_probe(tmp_path, monkeypatch
     for page in PAGES:  # every page renders on the scope
         goto(at, page)
     assert metrics(goto(at, "overview"))["Requests"] == "300"
+    # the objectives the run was judged by are the sidebar's
+    assert (at.sidebar.number_input(key="tt_slo_ttft").value, at.sidebar.number_input(key="tt_slo_tpot").value) == (
+        3000.0, 50.0)
     # every run, or the probe alone, when asked
     at.sidebar.selectbox(key="tt_run_latest traffic run").set_value("all runs").run()
     assert _selected(at).startswith("429 of 429 requests selected"), _selected(at)

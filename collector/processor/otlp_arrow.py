@@ -50,7 +50,6 @@ __all__ = [
     "TraceBatchBuilder",
     "any_value",
     "arr_values",
-    "as_duration",
     "as_int",
     "as_num",
     "as_str",
@@ -83,6 +82,7 @@ FACT_PHASES = frozenset({
 ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_VLLM_REQUEST})
 
 _ENGINE, _ENGINE_STEP, _NATIVE = sc.PHASE_ENGINE, sc.PHASE_ENGINE_STEP, sc.PHASE_VLLM_REQUEST
+_CLIENT = sc.PHASE_CLIENT
 _TS = pa.timestamp("us")
 
 
@@ -93,7 +93,9 @@ class Batch:
     tables only). `keys[i]` = trace_id bytes + span_id bytes of span i (for de-duplication).
     `rejected` counts records refused, `errors` says why (the first few). `bad_native_spans` counts
     vLLM `llm_request` spans kept with a latency attribute missing or not a number (those columns
-    NULL), `warnings` says which (the first few)."""
+    NULL), `impossible_values` the durations refused on other spans (a client's negative or
+    non-finite TTFT or queue: stored NULL, never entered into a quantile), `warnings` says which
+    (the first few)."""
 
     tables: dict[str, pa.Table] = field(default_factory=dict)
     keys: list[bytes] = field(default_factory=list)
@@ -101,6 +103,7 @@ class Batch:
     errors: list[str] = field(default_factory=list)
     accepted: int = 0
     bad_native_spans: int = 0
+    impossible_values: int = 0
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -152,12 +155,6 @@ def as_num(x):
         return float(x)
     except (TypeError, ValueError):
         return None
-
-
-def as_duration(x):
-    """An attribute value as a duration (ms): a finite number >= 0, else None (never a negative wait)."""
-    n = as_num(x)
-    return n if n is not None and math.isfinite(n) and n >= 0 else None
 
 
 def as_int(x):
@@ -221,7 +218,7 @@ _KEY_OPS: dict[str, tuple] = {
     sc.RUN_ID: (S_RUN, as_str),
     sc.SCHEDULE_LAG_MS: (S_LAG, as_num),
     sc.CLIENT_TTFT_MS: (S_CTTFT, as_num),
-    sc.CLIENT_QUEUE_MS: (S_CQUEUE, as_duration),
+    sc.CLIENT_QUEUE_MS: (S_CQUEUE, as_num),
     sc.UPSTREAM: (S_UPSTREAM, as_str),
     sc.FIRST_CHUNK_TIME: (S_FIRST, as_int),
     sc.STEP_INDEX: (S_STEP, as_int),
@@ -243,6 +240,8 @@ _KEY_OPS: dict[str, tuple] = {
     sc.GEN_AI_USAGE_COMPLETION_TOKENS: (S_OUT, as_int),
 }
 # vLLM's own span: its latency keys, by slot (each must be a finite number >= 0, in seconds)
+# a client span's durations (ms) that feed `requests`: refused when they cannot be true
+_CLIENT_DURATIONS = ((S_CTTFT, sc.CLIENT_TTFT_MS), (S_CQUEUE, sc.CLIENT_QUEUE_MS))
 _NATIVE_LATENCY = ((S_NQUEUE, sc.GEN_AI_LATENCY_QUEUE), (S_NPREFILL, sc.GEN_AI_LATENCY_PREFILL),
                    (S_NDECODE, sc.GEN_AI_LATENCY_DECODE), (S_TTFT, sc.GEN_AI_LATENCY_TTFT),
                    (S_NE2E, sc.GEN_AI_LATENCY_E2E))
@@ -359,6 +358,8 @@ class TraceBatchBuilder:
         th = tid.hex()
         sh = sid.hex()
         phase = state[S_PHASE]
+        if phase == _CLIENT:
+            self._check_durations(sp, state, _CLIENT_DURATIONS)
         if phase is None and sp.name == sc.SPAN_VLLM_REQUEST:
             phase = _NATIVE
             self._check_native(sp, state)
@@ -395,6 +396,20 @@ class TraceBatchBuilder:
             self._arrays.append((th, state[S_RID], state[S_AT], state[S_ABS], state[S_APF], state[S_ADC],
                                  state[S_AKV], idx))
         return None
+
+    def _check_durations(self, sp, state: list, slots: tuple) -> None:
+        """Durations (ms) a span reports that cannot be true (negative, NaN, infinite) become None and
+        are counted (`impossible_values`) and named in `warnings` (the first five): stored NULL,
+        never averaged in. A missing one stays None uncounted."""
+        for slot, key in slots:
+            v = state[slot]
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                state[slot] = None
+                b = self.batch
+                b.impossible_values += 1
+                if len(b.warnings) < 5:
+                    b.warnings.append(f"span {sp.span_id.hex()} {sp.name!r}: {key}={v!r} is not a duration >= 0 "
+                                      "(stored NULL)")
 
     def _check_native(self, sp, state: list) -> None:
         """vLLM's own `llm_request` span: every latency in `state` that is missing or not a finite

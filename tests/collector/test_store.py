@@ -769,18 +769,27 @@ def test_the_clients_own_queue_is_a_phase_of_what_its_user_felt(store):
     """A request that waited 250 ms in the client for a --concurrency-cap slot (client.request's
     tailtrace.client.queue_ms) before its send at t0: it arrived 250 ms earlier, its outer E2E and
     TTFT hold the wait, its queue time too, and the phases still tile its E2E (unattributed as
-    without the wait). A negative wait is refused at ingest: NULL (not reported), never entered."""
+    without the wait). A negative wait is refused at ingest: NULL (not reported), never entered, and
+    counted (as the fast converter counts it too); so is a client's TTFT of -500 ms: the outer TTFT
+    is then the next layer's, never a negative one."""
+    from collector.processor.fastpath import fast_traces_to_batch
+
     b = TraceBuilder()
-    plain, waited, negative = (os.urandom(16) for _ in range(3))
-    full_tree(b, plain)
-    full_tree(b, waited)
-    full_tree(b, negative)
+    plain, waited, negative, bad_ttft = (os.urandom(16) for _ in range(4))
+    for tid in (plain, waited, negative, bad_ttft):
+        full_tree(b, tid)
     for sp in (sp for rs in b.req.resource_spans for ss in rs.scope_spans for sp in ss.spans
-               if sp.name == sc.SPAN_CLIENT and sp.trace_id in (waited, negative)):
+               if sp.name == sc.SPAN_CLIENT and sp.trace_id in (waited, negative, bad_ttft)):
+        if sp.trace_id == bad_ttft:
+            next(kv for kv in sp.attributes if kv.key == sc.CLIENT_TTFT_MS).value.double_value = -500.0
+            continue
         kv = sp.attributes.add()
         kv.key = sc.CLIENT_QUEUE_MS
         kv.value.double_value = 250.0 if sp.trace_id == waited else -40.0
-    put(store, b)
+    fast = fast_traces_to_batch(b.bytes())
+    batch = put(store, b)
+    assert batch.impossible_values == fast.impossible_values == 2 and fast.warnings == batch.warnings
+    assert "tailtrace.client.queue_ms=-40.0 is not a duration >= 0" in " ".join(batch.warnings)
     cols = ("client_queue_ms", "outer_e2e_ms", "outer_ttft_ms", "client_e2e_ms", "queue_time_ms", "unattributed_ms",
             "epoch_us(arrival_time)", "epoch_us(completion_time)")
 
@@ -797,3 +806,5 @@ def test_the_clients_own_queue_is_a_phase_of_what_its_user_felt(store):
     assert w["epoch_us(arrival_time)"] == p["epoch_us(arrival_time)"] - 250_000
     assert w["epoch_us(completion_time)"] == p["epoch_us(completion_time)"]   # it ended when it ended
     assert n == p
+    t = store.read_query("SELECT client_ttft_ms, outer_ttft_ms FROM requests WHERE trace_id = ?", [bad_ttft.hex()])[0]
+    assert t[0] is None and t[1] == 125.0   # the next layer's (the engine's TTFT here), never -500 ms

@@ -172,9 +172,13 @@ def _sink() -> SpanSink:
 
         extra = None
         if _State.engine_config is not None:
-            import vllm
+            try:
+                import vllm
 
-            extra = vllm_config(_State.engine_config, getattr(vllm, "__version__", None), _State.disable_log_stats)
+                extra = vllm_config(_State.engine_config, getattr(vllm, "__version__", None), _State.disable_log_stats)
+            except Exception:
+                log.warning("tailtrace could not record vLLM's configuration (explain's actions will show it "
+                            "unknown)", exc_info=True)
         _State.provider = make_tracer_provider("vllm", extra_resource=extra)
         _State.tracer = _State.provider.get_tracer("tailtrace.vllm")
         threshold = os.environ.get("TAILTRACE_TAIL_THRESHOLD_MS")

@@ -44,7 +44,14 @@ def explain(query: Query, scope: Scope) -> Report:
         # samples) is the run's, not a probe's before it
         since = dt.datetime.fromisoformat(runs.run.start.rstrip("Z"))
         until = dt.datetime.fromisoformat(runs.run.end.rstrip("Z")) + dt.timedelta(milliseconds=1)
-    spec = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO
+    spec, spec_note = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO, None
+    if not scope.slo and spec != DEFAULT_SLO:
+        try:
+            parse_slo(spec, "recorded")
+        except UserError as exc:  # a spec a run recorded that this version cannot read: say so, go on
+            spec_note = (f"the SLO spec recorded with run {runs.run.run_id} does not parse ({exc}): judged by the "
+                         f"default {DEFAULT_SLO} instead; give --slo to choose")
+            spec = DEFAULT_SLO
     where = "completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
     params = [sql_time(since), sql_time(until)]
     if runs.where:
@@ -58,8 +65,11 @@ def explain(query: Query, scope: Scope) -> Report:
     if scope.metric is not None:
         report = _explain_metric(query, scope, *common)
         report.objectives = verdicts
-        return report
-    return _slo_first(query, scope, verdicts, common)
+    else:
+        report = _slo_first(query, scope, verdicts, common)
+    if spec_note:
+        report.notes.insert(0, spec_note)
+    return report
 
 
 def _slo_first(query: Query, scope: Scope, verdicts: list[Verdict], common: tuple) -> Report:

@@ -28,6 +28,8 @@ METRICS: dict[str, str] = {m.name: m.column for m in METRIC_PHASES if m.name in 
 
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# times outside these are refused (a store's spans are refused outside [2000, 2100) at ingest)
+_EARLIEST, _LATEST = dt.datetime(1970, 1, 1), dt.datetime(2200, 1, 1)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Scope:
         for name in ("since", "until"):
             v = getattr(self, name)
             if v is not None:
-                parse_time(v, dt.datetime(2000, 1, 1), f"--{name}")  # checked now, resolved later
+                parse_time(v, dt.datetime(2199, 1, 1), f"--{name}")  # checked now, resolved later
 
 
 def parse_time(text: str, latest: dt.datetime, what: str = "time") -> dt.datetime:
@@ -76,15 +78,20 @@ def parse_time(text: str, latest: dt.datetime, what: str = "time") -> dt.datetim
     relative time `-<n>(s|m|h|d)` before `latest` (the store's latest completion). Raises UserError."""
     s = str(text).strip()
     m = _REL.match(s)
-    if m:
-        return latest - dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
     try:
-        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+        if m:
+            t = latest - dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+        else:
+            t = dt.datetime.fromisoformat(s.replace("Z", "+00:00").replace("z", "+00:00"))
+            if t.tzinfo is not None:
+                t = t.astimezone(dt.UTC).replace(tzinfo=None)
     except ValueError:
         raise UserError(f"{what} {text!r}: give ISO 8601 (2025-10-09T08:53:20Z) or a relative time "
                         f"like -15m, -2h, -30s, -1d (before the latest request in the store)") from None
-    if t.tzinfo is not None:
-        t = t.astimezone(dt.UTC).replace(tzinfo=None)
+    except OverflowError:
+        t = dt.datetime.min
+    if not _EARLIEST <= t <= _LATEST:  # no store holds requests there (and the SQL dates break)
+        raise UserError(f"{what} {text!r}: a time between {_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d}")
     return t
 
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -807,8 +808,8 @@ def with_overrides(settings: list[str], alerts: tuple[AlertSpec, ...] = ALERTS) 
             q_f, v_f = float(q), float(value)
         except ValueError:
             raise ValueError(f"--set {s!r}: expected PHASE:QUANTILE=SECONDS, e.g. ttft:0.99=1.5") from None
-        if v_f <= 0:
-            raise ValueError(f"--set {s!r}: the threshold must be > 0 seconds")
+        if not (math.isfinite(v_f) and v_f > 0):
+            raise ValueError(f"--set {s!r}: the threshold must be a finite number of seconds > 0")
         idx = [i for i, a in enumerate(out) if a.phase == phase and a.quantile == q_f]
         if not idx:
             known = ", ".join(sorted({f"{a.phase}:{a.quantile!r}" for a in out}))
@@ -822,14 +823,21 @@ def with_slo(spec: str, alerts: tuple[AlertSpec, ...] = ALERTS) -> tuple[AlertSp
     surface: `ttft_p99=2s,tpot_p99=100ms`): each objective sets the threshold of the alert on its
     metric and quantile (`ttft_p99` -> the ttft P99 alert). Raises ValueError (one line) for a spec
     that does not parse or an objective no alert watches."""
-    from semantics.slo import parse_slo
+    from semantics.slo import parse_slo, quantile_key
     from tailtrace.errors import UserError
 
     try:
         objectives = parse_slo(spec)
     except UserError as exc:
         raise ValueError(str(exc)) from None
-    return with_overrides([f"{o.metric}:{o.q!r}={o.limit_ms / 1000!r}" for o in objectives], alerts)
+    out = list(alerts)
+    for o in objectives:
+        idx = [i for i, a in enumerate(out) if a.phase == o.metric and a.quantile == o.q]
+        if not idx:
+            known = ", ".join(sorted({f"{a.phase}_{quantile_key(a.quantile)}" for a in out}))
+            raise ValueError(f"--slo item {o.spec!r}: no alert watches it; objectives with an alert: {known}")
+        out[idx[0]] = replace(out[idx[0]], threshold_s=o.limit_ms / 1000)
+    return tuple(out)
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -876,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"the tailtrace dashboard's base URL in the notifications' links (default {DASHBOARD_URL})")
     args = ap.parse_args(argv)
     try:
-        alerts = with_overrides(args.set, with_slo(args.slo) if args.slo else ALERTS)
+        alerts = with_overrides(args.set, with_slo(args.slo) if args.slo is not None else ALERTS)
         if not args.dashboard_url.startswith(("http://", "https://")):
             raise ValueError(f"--dashboard-url {args.dashboard_url!r}: give an http(s) URL, e.g. {DASHBOARD_URL}")
     except ValueError as exc:

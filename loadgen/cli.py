@@ -125,7 +125,7 @@ def _config(args, **over):
         trace=args.trace, target=args.target, model=args.model, duration_s=args.duration,
         start_s=args.start, max_requests=args.max_requests, max_input=args.max_input,
         concurrency_cap=args.concurrency_cap, arrival=args.arrival, burstiness=args.burstiness,
-        jitter=args.jitter, seed=args.seed, slo=args.slo or DEFAULT_SLO,
+        jitter=args.jitter, seed=args.seed, slo=DEFAULT_SLO if args.slo is None else args.slo,
         otlp_endpoint=args.otlp_endpoint, spans=not args.no_spans, priority=args.priority,
         timeout_s=args.timeout, progress=progress, **over,
     )

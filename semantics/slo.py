@@ -55,15 +55,30 @@ class Objective:
 
 
 def quantile_key(q: float) -> str:
-    """0.99 -> "p99", 0.999 -> "p999", 0.5 -> "p50": the key an SLO spec item and a summary use."""
-    return "p" + f"{q * 100:g}".replace(".", "")
+    """0.99 -> "p99", 0.999 -> "p999", 0.5 -> "p50", 0.055 -> "p055": the key an SLO spec item and a
+    summary use, as `parse_slo` reads it back (two digits of whole percent, then the decimals)."""
+    whole, _, frac = _plain(q * 100).partition(".")
+    return "p" + whole.zfill(2) + frac
+
+
+def _plain(x: float) -> str:
+    """`x` in positional notation (never an exponent: the spec has none), as short as round-trips."""
+    from decimal import Decimal
+
+    text = format(Decimal(repr(round(x, 9))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _fmt_ms(ms: float) -> str:
-    return f"{ms / 1000:g}s" if ms >= 1000 else f"{ms:g}ms"
+    if ms >= 1000 and float(_plain(ms / 1000)) * 1000 == ms:
+        return f"{_plain(ms / 1000)}s"
+    return f"{_plain(ms)}ms"
 
 
-_ITEM = re.compile(r"^(ttft|tpot|itl|e2e)(?:_p(\d+))?=([0-9]*\.?[0-9]+)\s*(ms|s)?$")
+# ASCII digits only (`\d` would take other scripts' digits too)
+_ITEM = re.compile(r"^(ttft|tpot|itl|e2e)(?:_p([0-9]+))?=([0-9]*\.?[0-9]+)\s*(ms|s)?$")
+# A bound outside these (ms) is no latency objective: refused, as infinity and 0 are
+MIN_BOUND_MS, MAX_BOUND_MS = 0.001, 1e9
 
 
 def parse_slo(text: str, what: str = "--slo") -> list[Objective]:
@@ -87,8 +102,11 @@ def parse_slo(text: str, what: str = "--slo") -> list[Objective]:
         if not 0 < q < 1:
             raise UserError(f"bad quantile in {what} item {part!r}")
         limit = float(value) * (1000.0 if unit == "s" else 1.0)
-        if not limit > 0:
-            raise UserError(f"bad value in {what} item {part!r}: a latency bound above 0")
+        if not MIN_BOUND_MS <= limit <= MAX_BOUND_MS:
+            raise UserError(f"bad value in {what} item {part!r}: a latency bound from 1 us to "
+                            f"{MAX_BOUND_MS / 86_400_000:.1f} days, e.g. 2s or 100ms")
+        if len(digits) > 8:
+            raise UserError(f"bad quantile in {what} item {part!r}: at most 8 digits (p99999999)")
         out[(metric, q)] = Objective(metric, q, limit)
     if not out:
         raise UserError(f"{what} is empty: give e.g. ttft_p99=2s,tpot_p99=100ms")

@@ -333,7 +333,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                      otlp_port=args.otlp_port, api_port=args.api_port, grpc_port=args.grpc_port,
                      dashboard_port=args.dashboard_port,
                      dashboard=args.dashboard, decode_spans=args.decode_spans, progress=not args.no_progress,
-                     slo=format_slo(parse_slo(args.slo)) if args.slo else None)
+                     slo=format_slo(parse_slo(args.slo)) if args.slo is not None else None)
 
     def _on_term(signum, frame):
         # SIGTERM behaves as Ctrl-C: inside the replay's event loop SIGINT cancels the run cleanly

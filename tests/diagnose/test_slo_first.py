@@ -147,6 +147,11 @@ def test_the_probe_is_outside_the_default_scope(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, says", [
     (["--slo", "ttft_p99=fast"], "bad --slo item 'ttft_p99=fast'"),
+    (["--slo", "ttft_p99=" + "9" * 400 + "s"], "a latency bound from 1 us"),   # inf once: a traceback
+    (["--slo", "tpot_p99=0.0000001ms"], "a latency bound from 1 us"),
+    (["--slo", "ttft_p\u0661\u0660=2s"], "bad --slo item"),                       # Arabic-Indic digits
+    (["--since", "0999-12-31"], "a time between 1970-01-01 and 2200-01-01"),
+    (["--since=-1000000d"], "a time between 1970-01-01 and 2200-01-01"),
     (["--slo", "ttft_p99=2s,latency=3s"], "bad --slo item 'latency=3s'"),
     (["--run-id", "nope"], "runs present, newest first: demo-1 (replay, 30 requests"),
 ])
@@ -167,6 +172,25 @@ def test_the_slo_spec_round_trips():
     spec = "ttft_p99=2s,tpot_p999=150ms,e2e_p99=30s,itl_p50=20ms"
     assert format_slo(parse_slo(spec)) == spec
     assert re.fullmatch(r"[a-z_0-9=.,]+", format_slo(parse_slo("ttft_p99=0.5s")))
+    # lossless: P5.5 stays P5.5 (not P55), P9.99 stays P9.99, no digit of a bound is lost
+    for odd in ("ttft_p055=1s", "ttft_p0999=1s", "e2e_p99=1234567ms", "ttft_p99=1.23456789s", "ttft_p99=999.9999ms",
+                "ttft_p99=0.001ms"):
+        once = parse_slo(odd)
+        assert parse_slo(format_slo(once)) == once, odd
+    assert format_slo(parse_slo("ttft_p055=1s")) == "ttft_p055=1s" and parse_slo("ttft_p055=1s")[0].q == 0.055
+
+
+def test_a_recorded_spec_that_does_not_parse_is_said_and_the_default_judges(tmp_path, capsys):
+    """A store whose run recorded a spec this version refuses (an older writer's) is still explained:
+    by the default spec, with a note naming the run; never a refusal of the whole store."""
+    reqs = baseline(np.random.default_rng(38), n=200)
+    for r in reqs:
+        r.run_id = "demo-old"
+    path = write_store(tmp_path / "s.duckdb", reqs)
+    _add_span(path, "run", 1, attributes={"tailtrace.run_id": "demo-old", "tailtrace.run.slo": "ttft_p99=1e-07ms"})
+    doc = _explain_json(capsys, "--db", path)
+    assert doc["scope"]["slo"] == "ttft_p99=2s,tpot_p99=100ms"
+    assert any("recorded with run demo-old does not parse" in n for n in doc["notes"]), doc["notes"]
 
 
 def test_a_phase_no_layer_measured_is_not_measured_never_0(tmp_path, capsys):

@@ -135,7 +135,8 @@ def test_threshold_overrides_and_bad_settings(tmp_path, capsys):
     assert next(a for a in alerts if a.phase == "ttft" and a.quantile == 0.99).threshold_s == 1.5
     assert gen.main(["--out", str(tmp_path), "--set", "ttft:0.99=1.5"]) == 0
     assert ") > 1.5\n" in (tmp_path / "prometheus/rules.yml").read_text()
-    for bad in ("ttft=1", "ttft:0.99=x", "nope:0.99=1", "ttft:0.99=-1"):
+    for bad in ("ttft=1", "ttft:0.99=x", "nope:0.99=1", "ttft:0.99=-1", "ttft:0.99=nan", "ttft:0.99=inf",
+                "ttft:0.99=1e400"):
         assert gen.main(["--out", str(tmp_path), "--set", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error" in err and "Traceback" not in err
@@ -169,7 +170,9 @@ def test_the_slo_spec_sets_the_alert_thresholds(tmp_path, capsys):
     assert alerts[("tpot", 0.99)] == 0.1   # not in the spec: unchanged
     assert gen.main(["--out", str(tmp_path), "--slo", "ttft_p99=1s"]) == 0
     assert ") > 1\n" in (tmp_path / "prometheus/rules.yml").read_text()
-    for bad, says in (("ttft_p99=fast", "bad --slo item 'ttft_p99=fast'"), ("ttft_p50=1s", "no alert for ttft:0.5")):
+    for bad, says in (("ttft_p99=fast", "bad --slo item 'ttft_p99=fast'"),
+                      ("ttft_p50=1s", "--slo item 'ttft_p50=1s': no alert watches it"),
+                      ("ttft_p99=" + "9" * 400 + "s", "a latency bound from 1 us")):
         assert gen.main(["--out", str(tmp_path), "--slo", bad]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err

@@ -317,8 +317,8 @@ def build_context() -> Context | None:
         return None
     start, end, window_label = _time_window(info, live)
     runs = _run_scope(src, windowed=start is not None or end is not None)
-    if runs is not None and runs.where == "run_id = ?" and start is None and end is None:
-        start, end = _run_window(runs.run)  # steps and device samples by the run's own time
+    if runs is not None and runs.where == "run_id = ?" and start is None and end is None and runs.run.window():
+        start, end = runs.run.window()  # steps and device samples by the run's own time
         window_label = f"the run's time ({runs.run.start} .. {runs.run.end})"
     linked_model = st.query_params.get("model")
     models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models",
@@ -409,14 +409,6 @@ def _run_scope(src, windowed: bool):
         return None
     st.sidebar.caption(f"Scope: {scope.label}")
     return scope
-
-
-def _run_window(run) -> tuple[dt.datetime | None, dt.datetime | None]:
-    """[first arrival, last completion + 1 ms) of `run` as naive UTC datetimes."""
-    if not run.start or not run.end:
-        return None, None
-    to_dt = lambda t: dt.datetime.fromisoformat(t.rstrip("Z"))
-    return to_dt(run.start), to_dt(run.end) + dt.timedelta(milliseconds=1)
 
 
 def context() -> Context | None:

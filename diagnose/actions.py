@@ -97,7 +97,7 @@ def _value(v) -> str:
     if isinstance(v, bool):
         return "on" if v else "off"
     if isinstance(v, int):
-        return f"{v:,}".replace(",", "") if v < 100_000 else f"{v:,}"
+        return str(v) if v < 100_000 else f"{v:,}"
     return str(v)
 
 

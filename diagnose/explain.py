@@ -10,7 +10,6 @@ after the others; when every objective holds, the one nearest its bound is expla
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 
 from diagnose import capacity as capacity_mod
 from diagnose.deployment import read_deployment
@@ -39,24 +38,22 @@ def explain(query: Query, scope: Scope) -> Report:
     since, until, _ = resolve_window(query, scope)
     store_window = (since, until)  # the capacity line reads a sweep's every step, whatever the run
     runs = resolve_runs(query, scope.run_id, scope.all_runs, windowed=bool(scope.since or scope.until))
-    if runs.where == "run_id = ?" and not (scope.since or scope.until) and runs.run.start and runs.run.end:
+    if runs.where == "run_id = ?" and not (scope.since or scope.until) and runs.run.window():
         # one run: its own time, so that what is read by time (engine steps, decode steps, device
         # samples) is the run's, not a probe's before it
-        since = dt.datetime.fromisoformat(runs.run.start.rstrip("Z"))
-        until = dt.datetime.fromisoformat(runs.run.end.rstrip("Z")) + dt.timedelta(milliseconds=1)
+        since, until = runs.run.window()
     spec, spec_note = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO, None
-    if not scope.slo and spec != DEFAULT_SLO:
-        try:
-            parse_slo(spec, "recorded")
-        except UserError as exc:  # a spec a run recorded that this version cannot read: say so, go on
-            spec_note = (f"the SLO spec recorded with run {runs.run.run_id} does not parse ({exc}): judged by the "
-                         f"default {DEFAULT_SLO} instead; give --slo to choose")
-            spec = DEFAULT_SLO
+    try:
+        objectives = parse_slo(spec)
+    except UserError as exc:  # a spec a run recorded that this version cannot read (--slo was checked): go on
+        spec_note = (f"the SLO spec recorded with run {runs.run.run_id} does not parse ({exc}): judged by the "
+                     f"default {DEFAULT_SLO} instead; give --slo to choose")
+        spec, objectives = DEFAULT_SLO, parse_slo(DEFAULT_SLO)
     where = "completion_time >= CAST(? AS TIMESTAMP) AND completion_time < CAST(? AS TIMESTAMP)"
     params = [sql_time(since), sql_time(until)]
     if runs.where:
         where, params = f"{where} AND {runs.where}", [*params, *runs.params]
-    verdicts = evaluate(query, parse_slo(spec), where, params)
+    verdicts = evaluate(query, objectives, where, params)
     deployment = read_deployment(query, sql_time(since), sql_time(until))
     targets: dict[str, float] = {}
     for v in verdicts:

@@ -12,6 +12,7 @@ without either takes every request in it but the probes'.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 
 from diagnose.source import Query, iso
@@ -26,7 +27,7 @@ __all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
 class Run:
     """One run of the store: `run_id` (None: the requests of no run), `kind` (semantics.slo.RUN_KINDS;
     None for no run), `requests`, `start`/`end` (ISO UTC: first arrival, last completion), `slo` (the
-    spec recorded on its run span, None when none was), `last_arrival_us` (its last arrival, epoch us)."""
+    spec recorded on its run span, None when none was)."""
 
     run_id: str | None
     kind: str | None
@@ -34,8 +35,13 @@ class Run:
     start: str | None
     end: str | None
     slo: str | None = None
-    last_arrival_us: int | None = None
-    end_us: int | None = None
+
+    def window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """[first arrival, last completion + 1 ms) as naive UTC datetimes; None without times."""
+        if not self.start or not self.end:
+            return None
+        at = lambda t: dt.datetime.fromisoformat(t.rstrip("Z"))
+        return at(self.start), at(self.end) + dt.timedelta(milliseconds=1)
 
     def describe(self) -> str:
         """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`."""
@@ -65,8 +71,8 @@ class RunScope:
 def list_runs(query: Query) -> list[Run]:
     """Every run of the store (one per `requests.run_id`, the requests of no run as one with id
     None), oldest last completion first, with the kind and SLO spec of its run span when it has one."""
-    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)), "
-                 "epoch_us(max(arrival_time)) FROM requests GROUP BY run_id ORDER BY 4, 1", [])
+    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)) "
+                 "FROM requests GROUP BY run_id ORDER BY 4, 1", [])
     recorded: dict[str, tuple[str | None, str | None]] = {}
     try:
         spans = query(f"""SELECT json_extract_string(attributes, '$."{sc.RUN_ID}"'),
@@ -78,9 +84,9 @@ FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
         if rid:
             recorded[rid] = (kind, slo)
     out = []
-    for rid, n, first, last, last_arrival in rows:
+    for rid, n, first, last in rows:
         kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
-        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo, last_arrival, last))
+        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
     return out
 
 

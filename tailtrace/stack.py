@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from collector.query.reader import sql_api
 from tailtrace.errors import UserError
 from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
 
@@ -166,25 +167,6 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
         stack.stop()
         raise
     return stack
-
-
-def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
-    """Rows (lists) of one read-only query through the collector's `/api/sql` at `api` (base URL;
-    the bearer token of `TAILTRACE_API_TOKEN` is sent when set). Raises `UserError` when the API
-    cannot be reached or answers anything but 200 (its message quoted)."""
-    import httpx
-
-    from collector.query.auth import bearer_headers
-
-    try:
-        r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, headers=bearer_headers(),
-                       timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise UserError(f"cannot reach the collector's SQL API at {api} ({type(exc).__name__}: {exc or 'no answer'})") \
-            from None
-    if r.status_code != 200:
-        raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
-    return r.json()["rows"]
 
 
 def wait_for_store(api: str, run_id: str, expected: int, timeout_s: float = 30.0,

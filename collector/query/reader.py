@@ -1,0 +1,109 @@
+"""One way to read a store: `query(sql, params) -> rows` over a DuckDB file, a ClickHouse store or a
+live collector's `/api/sql`, every one answering with the same JSON values (times as ISO strings,
+non-finite floats as None, as `/api/sql` serves them: `collector.query.api.to_json_value`), so every
+reader above (explain, compare, `replay store:`) runs one code path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+
+from tailtrace.errors import UserError
+
+__all__ = ["Query", "api_query", "db_query", "iso", "sql_api", "store_query"]
+
+Query = Callable[[str, Sequence | None], list]
+
+
+def iso(epoch_us: float | None) -> str | None:
+    """Microseconds since the epoch as ISO 8601 UTC with a `Z` (None stays None)."""
+    if epoch_us is None:
+        return None
+    t = dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=int(epoch_us))
+    return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
+    """Rows (lists) of one read-only query through the collector's `/api/sql` at `api` (base URL;
+    the bearer token of `TAILTRACE_API_TOKEN` is sent when set). Raises `UserError` when the API
+    cannot be reached or answers anything but 200 (its message quoted)."""
+    import httpx
+
+    from collector.query.auth import bearer_headers
+
+    try:
+        r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, headers=bearer_headers(),
+                       timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach the collector's SQL API at {api} ({type(exc).__name__}: {exc or 'no answer'})") \
+            from None
+    if r.status_code != 200:
+        raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
+    return r.json()["rows"]
+
+
+def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
+    """(query, close) over a store file opened read-only as the collector's `--db` readers open it
+    (`collector.store.duckdb_store.open_readonly`), each statement run by the SQL API's own guard
+    (`collector.query.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`).
+    Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (missing file, held by a
+    running collector, a failed statement)."""
+    import duckdb
+
+    from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
+    from collector.query.api import to_json_value
+    from collector.query.readonly import run_guarded
+    from collector.store.duckdb_store import open_readonly
+
+    con = open_readonly(path)
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        try:
+            res = run_guarded(con.cursor, sql, list(params or []), timeout_s=timeout_s, max_rows=None)
+        except (QueryInvalid, QueryRefused, QueryTimeout) as exc:
+            raise UserError(f"store query failed: {exc}") from None
+        except duckdb.Error as exc:
+            raise UserError(f"store query failed: {' '.join(str(exc).split())[:300]}") from None
+        return [[to_json_value(v) for v in r] for r in res.rows]
+
+    return query, con.close
+
+
+def api_query(url: str, *, timeout_s: float = 60.0) -> Query:
+    """query over a live collector's `/api/sql` at base URL `url` (`sql_api`).
+    Raises UserError when the URL is not http(s) or the API cannot be reached or refuses."""
+    from tailtrace.urls import check_http_url
+
+    base = check_http_url(url, "--api", "http://127.0.0.1:9464").rstrip("/")
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        return sql_api(base, sql, list(params or []), timeout_s=timeout_s)
+
+    return query
+
+
+def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
+    """(query, close) over a store URL (`duckdb:///path` as `db_query`; `chdb:///dir` or
+    `clickhouse://host:8123/db`: each statement translated from DuckDB's dialect by
+    collector/clickhouse/dialect.py, its `?` bound as literals, run under readonly=1 and the
+    timeout). Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (a bad URL, an
+    unreachable store, a database without the schema, a failed statement)."""
+    from collector.clickhouse.store_url import parse_store_url
+
+    store = parse_store_url(url)
+    if store.kind == "duckdb":
+        return db_query(store.path, timeout_s=timeout_s)
+    from collector.clickhouse.query import open_query
+    from collector.query.api import to_json_value
+
+    run, close = open_query(store, timeout_s=timeout_s)
+
+    def query(sql: str, params: Sequence | None = None) -> list:
+        try:
+            rows = run(sql, params)
+        except UserError as exc:
+            raise UserError(f"store query failed on {store.text}: {exc}") from None
+        return [[to_json_value(v) for v in r] for r in rows]
+
+    return query, close

@@ -1,0 +1,66 @@
+"""The runs a store holds: one per `requests.run_id` (the requests of no run as one with id None),
+with the kind and the SLO spec of its run span (`tailtrace.run`, loadgen/replay.py) where it has one,
+else the kind read from its id (semantics.slo.run_kind_of). Which of them an answer speaks of is
+diagnose/runs.py's; which traffic `replay store:` sends is loadgen/store_traffic.py's.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from collector.query.reader import Query, iso
+from semantics import semconv as sc
+from semantics.slo import run_kind_of
+from tailtrace.errors import UserError
+
+__all__ = ["Run", "list_runs"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the store: `run_id` (None: the requests of no run), `kind` (semantics.slo.RUN_KINDS;
+    None for no run), `requests`, `start`/`end` (ISO UTC: first arrival, last completion), `slo` (the
+    spec recorded on its run span, None when none was)."""
+
+    run_id: str | None
+    kind: str | None
+    requests: int
+    start: str | None
+    end: str | None
+    slo: str | None = None
+
+    def window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """[first arrival, last completion + 1 ms) as naive UTC datetimes; None without times."""
+        if not self.start or not self.end:
+            return None
+        at = lambda t: dt.datetime.fromisoformat(t.rstrip("Z"))
+        return at(self.start), at(self.end) + dt.timedelta(milliseconds=1)
+
+    def describe(self) -> str:
+        """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`."""
+        name = self.run_id if self.run_id is not None else "(no run: traffic no load generator sent)"
+        return f"{name} ({self.kind or 'traffic'}, {self.requests:,} requests, from {self.start})"
+
+
+
+def list_runs(query: Query) -> list[Run]:
+    """Every run of the store (one per `requests.run_id`, the requests of no run as one with id
+    None), oldest last completion first, with the kind and SLO spec of its run span when it has one."""
+    rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)) "
+                 "FROM requests GROUP BY run_id ORDER BY 4, 1", [])
+    recorded: dict[str, tuple[str | None, str | None]] = {}
+    try:
+        spans = query(f"""SELECT json_extract_string(attributes, '$."{sc.RUN_ID}"'),
+       json_extract_string(attributes, '$."{sc.RUN_KIND}"'), json_extract_string(attributes, '$."{sc.RUN_SLO}"')
+FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
+    except UserError:  # a store without spans (a requests-only extract): kinds from the ids
+        spans = []
+    for rid, kind, slo in spans:
+        if rid:
+            recorded[rid] = (kind, slo)
+    out = []
+    for rid, n, first, last in rows:
+        kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
+        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
+    return out

@@ -47,10 +47,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("client_concurrency", "client", "--concurrency-cap (tailtrace replay) / the client's connection pool",
          "the most requests the client has in flight; beyond it they wait in the client"),
     Knob("max_concurrency", "gateway", "--max-concurrency", "the gateway's admission limit (requests in flight)"),
-    Knob("priority_classes", "gateway", "the client's priority class (x-priority header) with --queue-batch",
-         "serve interactive requests before batch ones at admission"),
+    Knob("priority_classes", "gateway", "--priority-classes",
+         "serve interactive requests before batch ones at admission (the client's x-priority header)"),
     Knob("max_input_tokens", "gateway", "--max-input-tokens", "refuse (or --truncate) prompts longer than this"),
-    Knob("max_output_tokens", "client", "max_tokens", "cap the output length the clients ask for"),
+    Knob("max_output_tokens", "gateway", "--max-output-tokens", "cap the output length the clients ask for"),
     Knob("replicas", "deployment", "more vLLM replicas behind the gateway (--upstream URL ...)",
          "engines serving the traffic"),
     Knob("drain_upstream", "gateway", "remove the upstream from --upstream (or fix it)",
@@ -104,5 +104,5 @@ def _value(v) -> str:
 def render_action(a: Action) -> str:
     """`try: --max-num-batched-tokens 2048 → 512 (TPOT P99 ↓, TTFT P99 ↑)` (`?` for a value not recorded)."""
     moves = ", ".join(f"{m.upper()} {_ARROW[d]}" for m, d in a.expected.items())
-    flag = a.flag if a.flag.startswith("-") or a.flag == "max_tokens" else a.knob
+    flag = a.flag if a.flag.startswith("-") else a.knob
     return f"try: {flag} {_value(a.current)} → {_value(a.proposed)} ({moves})"

@@ -36,7 +36,8 @@ VLLM_KEYS: dict[str, tuple[str, str]] = {
     "data_parallel_size": ("parallel_config", "data_parallel_size"),
 }
 
-GATEWAY_KEYS = ("max_concurrency", "queue_interactive", "queue_batch", "max_input_tokens", "truncate")
+GATEWAY_KEYS = ("max_concurrency", "queue_interactive", "queue_batch", "priority_classes", "max_input_tokens",
+                "max_output_tokens", "truncate")
 
 
 def _plain(v):

@@ -145,6 +145,7 @@ LAST_CHUNK_TIME = "tailtrace.gateway.last_chunk_time_unix_nano"
 STREAM_BYTES = "tailtrace.gateway.bytes"
 STREAM_CHUNKS = "tailtrace.gateway.chunks"
 TRUNCATED_TOKENS = "tailtrace.gateway.truncated_tokens"
+OUTPUT_TOKENS_CAP = "tailtrace.gateway.output_tokens_cap"  # --max-output-tokens, when it lowered max_tokens
 
 # ---------------------------------------------------------------- device metrics (OTLP metrics)
 # Gauges exported by the device sampler; data point attributes: host, device_index, device_uuid,

@@ -60,8 +60,10 @@ def _gateway_queue_actions(ctx: Context) -> list:
     if prop:
         out.append(action("gateway_queue", "max_concurrency", cur, prop, {"ttft": "down", "e2e": "down"},
                           f"raise the admission limit to {prop}: {why}"))
-    out.append(action("gateway_queue", "priority_classes", None, "interactive before batch",
-                      {"ttft": "down"}, "the interactive class is admitted first; batch requests wait instead"))
+    classes = ctx.deployment.get("gateway", "priority_classes")
+    if classes != "on":  # on already (the gateway's default): the clients must mark batch work as batch
+        out.append(action("gateway_queue", "priority_classes", classes, "on", {"ttft": "down"},
+                          "the interactive class is admitted first; batch requests wait instead"))
     return out
 
 

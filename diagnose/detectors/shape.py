@@ -59,7 +59,8 @@ FROM pop, s WHERE {ts.column} > ?"""
     conf = _confidence(share, max(long_out, long_in), strong=max(long_out, long_in) >= 0.5)
     acts = []
     if out_ms > 0:
-        acts.append(action("request_shape", "max_output_tokens", None, int(_f(row["p90_output"])), {"e2e": "down"},
+        acts.append(action("request_shape", "max_output_tokens", ctx.deployment.get("gateway", "max_output_tokens"),
+                           int(_f(row["p90_output"])), {"e2e": "down"},
                            f"cap answers at the P90 output ({_f(row['p90_output']):.0f} tokens): {long_out:.0%} of "
                            "the tail is above it"))
     if in_ms > 0 and ctx.deployment.get("vllm", "enable_prefix_caching") is False:

@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
-from instrument.gateway.limits import LimitError, TokenCounter, check_input
+from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
 from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["create_app", "error_body"]
@@ -257,13 +257,14 @@ class ProxyResponse(Response):
         ctx = trace.set_span_in_context(sspan)
         adm = gw.admission
         t0 = time.time_ns()
+        queue = gw.config.queue_class(self.priority)
         aspan = tracer.start_span(sc.SPAN_GATEWAY_ADMISSION, context=ctx, start_time=t0, attributes={
             sc.PHASE: sc.PHASE_GATEWAY_QUEUE, sc.PRIORITY: self.priority,
-            sc.QUEUE_DEPTH_AT_ENTRY: adm.depth(self.priority)})
+            sc.QUEUE_DEPTH_AT_ENTRY: adm.depth(queue)})
         try:
-            up = adm.try_acquire(self.priority)
+            up = adm.try_acquire(queue)
             if up is None:
-                up = await adm.acquire(self.priority)
+                up = await adm.acquire(queue)
         except QueueFull as exc:
             _end_error(aspan, "queue full")
             sspan.set_attribute(sc.STATUS, _STATUS_ERROR)
@@ -513,7 +514,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
             if not isinstance(parsed, dict):
                 raise LimitError(400, "the request body must be a JSON object", "invalid_json")
             check = check_input(parsed, kind, gw.counter, config.max_input_tokens, config.truncate)
-            if check.changed:
+            capped = cap_output(parsed, config.max_output_tokens)
+            if check.changed or capped:
                 body = json.dumps(parsed).encode()
             if span.is_recording():
                 model = parsed.get("model")
@@ -521,6 +523,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     span.set_attribute(sc.GEN_AI_REQUEST_MODEL, model)
                 if check.truncated_tokens:
                     span.set_attribute(sc.TRUNCATED_TOKENS, check.truncated_tokens)
+                if capped:
+                    span.set_attribute(sc.OUTPUT_TOKENS_CAP, config.max_output_tokens)
         if span.is_recording():
             span.set_attribute(sc.PRIORITY, priority)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k not in _DROP_REQUEST]

@@ -53,6 +53,12 @@ SETTINGS: tuple[Setting, ...] = (
             "admission queue bound for x-priority: interactive; a full queue answers 429"),
     Setting("queue_batch", "--queue-batch", "TAILTRACE_GATEWAY_QUEUE_BATCH", int, 1024,
             "admission queue bound for x-priority: batch; a full queue answers 429"),
+    Setting("priority_classes", "--priority-classes", "TAILTRACE_GATEWAY_PRIORITY_CLASSES", str, "on",
+            "'on': a freed slot goes to a waiting interactive request before a batch one; 'off': one FIFO "
+            "order for every class (the class is still recorded)", choices=("on", "off")),
+    Setting("max_output_tokens", "--max-output-tokens", "TAILTRACE_GATEWAY_MAX_OUTPUT_TOKENS", int, None,
+            "cap every request's max_tokens (and max_completion_tokens) at N, setting it where a request "
+            "gives none (default: no cap)"),
     Setting("max_body_bytes", "--max-body-bytes", "TAILTRACE_GATEWAY_MAX_BODY_BYTES", int, 8 * 1024 * 1024,
             "largest request body accepted; larger gets 413"),
     Setting("max_input_tokens", "--max-input-tokens", "TAILTRACE_GATEWAY_MAX_INPUT_TOKENS", int, 131072,
@@ -97,6 +103,8 @@ class GatewayConfig:
     max_concurrency: int = 256
     queue_interactive: int = 1024
     queue_batch: int = 1024
+    priority_classes: str = "on"
+    max_output_tokens: int | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     max_input_tokens: int = 131072
     truncate: str = "off"
@@ -157,6 +165,10 @@ class GatewayConfig:
                            ("health_interval_s", "--health-interval"), ("dns_interval_s", "--dns-interval")):
             if not getattr(self, name) > 0:
                 raise UserError(f"{flag} must be more than 0 seconds")
+        if self.priority_classes not in ("on", "off"):
+            raise UserError(f"--priority-classes must be 'on' or 'off', not {self.priority_classes!r}")
+        if self.max_output_tokens is not None and self.max_output_tokens < 1:
+            raise UserError("--max-output-tokens must be at least 1")
         if self.truncate not in ("off", "middle"):
             raise UserError(f"--truncate must be 'off' or 'middle', not {self.truncate!r}")
         if self.max_input_tokens < 2 and self.truncate == "middle":
@@ -173,6 +185,11 @@ class GatewayConfig:
     def tracing_enabled(self) -> bool:
         """False when `otlp_endpoint` is 'none' (no spans are made at all)."""
         return (self.otlp_endpoint or "").lower() != "none"
+
+    def queue_class(self, priority: str) -> str:
+        """The admission queue a request of class `priority` waits in: its own with
+        --priority-classes on, the interactive queue (one FIFO order) with off."""
+        return priority if self.priority_classes == "on" else INTERACTIVE
 
     def queue_limit(self, priority: str) -> int:
         """The admission queue bound for a priority class."""

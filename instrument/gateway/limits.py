@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tailtrace.errors import UserError
 
-__all__ = ["LimitError", "TokenCounter", "check_input"]
+__all__ = ["LimitError", "TokenCounter", "cap_output", "check_input"]
 
 
 class LimitError(ValueError):
@@ -197,3 +197,25 @@ def check_input(body: dict, kind: str, counter: TokenCounter, max_tokens: int, t
         excess -= counts[i] - n2
         removed += counts[i] - n2
     return InputCheck(total - removed, True, removed)
+
+
+_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens")
+
+
+def cap_output(body: dict, cap: int | None) -> bool:
+    """Lower the parsed request body's `max_tokens` / `max_completion_tokens` to `cap` tokens (the
+    gateway's --max-output-tokens), setting `max_tokens` where the body gives neither. Returns True
+    when the body changed. A value that is not an integer is left for the engine to refuse (400)."""
+    if cap is None:
+        return False
+    changed = False
+    present = [k for k in _OUTPUT_KEYS if k in body and body[k] is not None]
+    for k in present:
+        v = body[k]
+        if isinstance(v, int) and not isinstance(v, bool) and v > cap:
+            body[k] = cap
+            changed = True
+    if not present:
+        body["max_tokens"] = cap
+        changed = True
+    return changed

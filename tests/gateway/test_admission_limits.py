@@ -177,3 +177,50 @@ def test_cli_bad_flags_exit_2(capsys):
     assert main(["gateway", "--upstream", "ftp://x"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--upstream" in err
+
+
+def test_output_cap_lowers_or_sets_max_tokens_and_leaves_smaller_ones():
+    from instrument.gateway.limits import cap_output
+
+    body = {"prompt": "x", "max_tokens": 500}
+    assert cap_output(body, 64) and body["max_tokens"] == 64
+    body = {"prompt": "x", "max_tokens": 10}
+    assert not cap_output(body, 64) and body["max_tokens"] == 10
+    body = {"messages": [], "max_completion_tokens": 900}
+    assert cap_output(body, 64) and body == {"messages": [], "max_completion_tokens": 64}
+    body = {"prompt": "x"}  # no limit asked: the engine would run to the model's length
+    assert cap_output(body, 64) and body["max_tokens"] == 64
+    body = {"prompt": "x", "max_tokens": "lots"}  # not ours to judge: vLLM answers 400
+    assert not cap_output(body, 64) and body["max_tokens"] == "lots"
+    assert not cap_output({"prompt": "x", "max_tokens": 500}, None)
+    with pytest.raises(UserError, match="--max-output-tokens"):
+        GatewayConfig(upstreams=("http://a",), max_output_tokens=0).validate()
+
+
+def test_priority_classes_off_is_one_fifo_order():
+    on = GatewayConfig(upstreams=("http://a",)).validate()
+    off = GatewayConfig(upstreams=("http://a",), priority_classes="off").validate()
+    assert on.queue_class(BATCH) == BATCH and off.queue_class(BATCH) == INTERACTIVE
+    with pytest.raises(UserError, match="--priority-classes"):
+        GatewayConfig(upstreams=("http://a",), priority_classes="maybe").validate()
+
+    async def main(cfg):
+        pool, adm = _controller(conc=1)
+        first = await adm.acquire(cfg.queue_class(BATCH))
+        order = []
+
+        async def req(name, prio):
+            up = await adm.acquire(cfg.queue_class(prio))
+            order.append(name)
+            adm.release(up, 0.01)
+
+        tasks = [asyncio.create_task(req("b1", BATCH)), asyncio.create_task(req("b2", BATCH))]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(req("i1", INTERACTIVE)))
+        await asyncio.sleep(0)
+        adm.release(first, 0.5)
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main(on)) == ["i1", "b1", "b2"]
+    assert asyncio.run(main(off)) == ["b1", "b2", "i1"]

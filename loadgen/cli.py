@@ -9,7 +9,9 @@ import os
 
 __all__ = ["register"]
 
-_TRACE_HELP = "azure-conv, mooncake-conv, or a CSV path in either trace's format"
+_TRACE_HELP = ("azure-conv, mooncake-conv, a CSV path in either trace's format, or store:STORE[#RUN_ID]: "
+               "a traced run of a store (a path, duckdb:///…, chdb:///…, clickhouse://…, or a collector's "
+               "http://127.0.0.1:9464), replayed with its arrivals, lengths and priority classes")
 
 
 def _positive_float(text: str) -> float:
@@ -83,7 +85,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "default http://127.0.0.1:4318]")
     p.add_argument("--no-spans", action="store_true", help="export no client spans (traceparent is still sent)")
     p.add_argument("--priority", choices=("interactive", "batch"), default="interactive",
-                   help="priority class recorded on client spans (default interactive)")
+                   help="priority class (x-priority) of the requests the trace gives none (default interactive)")
+    p.add_argument("--max-output-tokens", type=_positive_int, metavar="N",
+                   help="ask for at most N output tokens per request (a client-side cap; default the trace's)")
+    p.add_argument("--api", metavar="URL", help="with store: or store:#RUN_ID, read the run through this "
+                   "collector's SQL API (e.g. http://127.0.0.1:9464)")
     p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
                    help="per-request timeout (default 600 s)")
     p.add_argument("--no-progress", action="store_true",
@@ -104,6 +110,9 @@ def register(sub) -> None:
     p.add_argument("--out", metavar="FILE", help="write per-request results: .json (with summary) or .csv")
     p.add_argument("--run-id", metavar="ID", help="tag the run's client spans (tailtrace.run.id) with ID "
                    "instead of a generated one")
+    p.add_argument("--export-trace", metavar="FILE.csv",
+                   help="write the schedule (after --start/--duration/--speed/--rate/--max-requests) as an Azure "
+                        "trace CSV (with a priority column when classes differ) and exit without sending")
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("sweep", help="replay at several rates and report the capacity that meets an SLO",
@@ -127,7 +136,8 @@ def _config(args, **over):
         concurrency_cap=args.concurrency_cap, arrival=args.arrival, burstiness=args.burstiness,
         jitter=args.jitter, seed=args.seed, slo=DEFAULT_SLO if args.slo is None else args.slo,
         otlp_endpoint=args.otlp_endpoint, spans=not args.no_spans, priority=args.priority,
-        timeout_s=args.timeout, progress=progress, **over,
+        timeout_s=args.timeout, progress=progress, max_output_tokens=args.max_output_tokens,
+        store_api=args.api, **over,
     )
 
 
@@ -146,6 +156,17 @@ def _replay(args) -> int:
     if args.burstiness != 1.0 and args.arrival != "gamma":
         from tailtrace.errors import UserError
         raise UserError("--burstiness shapes gamma arrivals only: add --arrival gamma --rate R")
+    if args.api and not args.trace.startswith("store:"):
+        from tailtrace.errors import UserError
+        raise UserError("--api reads a traced run: give TRACE as store: or store:#RUN_ID")
+    if args.export_trace:
+        from loadgen.replay import export_plan
+
+        path, n, notes = export_plan(_config(args, speed=args.speed, rate=args.rate), args.export_trace)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"{n} requests written to {path} (Azure trace format); nothing sent")
+        return 0
     if args.out:
         check_writable(args.out)  # before the run, not after it: a bad --out must not lose the results
     res = run_replay(_config(args, speed=args.speed, rate=args.rate, run_id=args.run_id))

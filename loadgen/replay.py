@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import gc
 import json
 import logging
@@ -62,7 +63,11 @@ ERROR_KINDS = ("connect", "timeout", "http_429", "http_503", "http_4xx", "http_5
 class ReplayConfig:
     """What to replay, against what, and how.
 
-    trace: `azure-conv`, `mooncake-conv` or a CSV path. target: the server's base URL.
+    trace: `azure-conv`, `mooncake-conv`, a CSV path or `store:STORE[#RUN_ID]` (a traced run;
+    `store_api`: read it through that collector's SQL API). target: the server's base URL.
+    priority: the class of requests the trace gives none (`x-priority`). max_output_tokens: the
+    client asks for at most this many output tokens (a client-side cap; None: the trace's).
+    prompt_seed: the prompt content's seed (None: `seed` mixed with the run id: `prompt_seed()`).
     model: the `model` field (default: the first model of the target's /v1/models).
     speed / rate: play the trace X times faster, or rescaled to a mean of R req/s (default real
     time). With `arrival` ("poisson" | "gamma") the arrivals are synthetic at `rate` req/s with
@@ -115,6 +120,9 @@ class ReplayConfig:
     span_pace: object | None = None
     slo: str | list[Slo] | None = DEFAULT_SLO
     priority: str = "interactive"
+    max_output_tokens: int | None = None
+    prompt_seed: int | None = None
+    store_api: str | None = None
     run_id: str | None = None
     run_kind: str | None = None
     timeout_s: float = 600.0
@@ -274,13 +282,30 @@ class _Planned:
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...]
+    priority: str
 
 
 def build_plan(config: ReplayConfig) -> tuple[list[_Planned], list[str]]:
-    """The schedule: (index, offset in wall s, lengths, hash ids) per request, and notes."""
+    """The schedule: (index, offset in wall s, lengths, hash ids, priority) per request, and notes."""
+    plan, notes, _ = _plan(config)
+    return plan, notes
+
+
+def export_plan(config: ReplayConfig, path: str | Path) -> tuple[Path, int, list[str]]:
+    """Write the schedule `config` would send (its window, rate, caps) as an Azure trace CSV
+    (`loadgen.traces.export_azure_csv`), sending nothing. Returns (path, requests, notes).
+    Raises UserError for bad input or an unwritable path."""
+    from loadgen.traces import TraceRequest, export_azure_csv
+
+    plan, notes, start = _plan(config)
+    reqs = [TraceRequest(p.offset_s, p.input_tokens, p.output_tokens, p.hash_ids, p.priority) for p in plan]
+    return export_azure_csv(reqs, path, start_unix_s=start), len(reqs), notes
+
+
+def _plan(config: ReplayConfig) -> tuple[list[_Planned], list[str], float]:
     from loadgen.traces import load_trace, select_window, synthetic_trace
 
-    trace = load_trace(config.trace, jitter=config.jitter, seed=config.seed)
+    trace = load_trace(config.trace, jitter=config.jitter, seed=config.seed, api=config.store_api)
     notes = list(trace.notes)
     if config.arrival:
         if config.speed is not None:
@@ -291,19 +316,37 @@ def build_plan(config: ReplayConfig) -> tuple[list[_Planned], list[str]]:
         k = 1.0 if config.arrival == "poisson" else config.burstiness
         notes = [(f"synthetic {config.arrival} arrivals (Gamma shape {k:g}) at {config.rate:g} req/s, "
                  f"lengths drawn from {trace.name} (seed {config.seed})")]
+        start = 0.0
     else:
         reqs, speed = select_window(trace, start_s=config.start_s, duration_s=config.duration_s,
                                     speed=config.speed, rate=config.rate)
         if speed != 1.0:
             notes.append(f"{trace.name} played {speed:.3g}x real time")
+        first = next((r.offset_s for r in trace.requests if r.offset_s >= config.start_s), 0.0)
+        start = trace.start_unix_s + first if trace.start_unix_s else 0.0
     if config.max_requests is not None:
         if config.max_requests < 1:
             raise UserError("--max-requests must be >= 1")
         reqs = reqs[: config.max_requests]
     if config.concurrency_cap is not None and config.concurrency_cap < 1:
         raise UserError("--concurrency-cap must be >= 1")
-    plan = [_Planned(i, r.offset_s, r.input_tokens, r.output_tokens, r.hash_ids) for i, r in enumerate(reqs)]
-    return plan, notes
+    if config.max_output_tokens is not None:
+        reqs = [dataclasses.replace(r, output_tokens=min(r.output_tokens, config.max_output_tokens)) for r in reqs]
+    plan = [_Planned(i, r.offset_s, r.input_tokens, r.output_tokens, r.hash_ids, r.priority or config.priority)
+            for i, r in enumerate(reqs)]
+    return plan, notes, start
+
+
+def prompt_seed(config: ReplayConfig, run_id: str) -> int:
+    """The prompt content's seed: `config.prompt_seed` when given, else `config.seed` mixed with
+    the run id (CRC-32), so that two runs (a rerun, a probe before a replay, the blocks of an
+    experiment) never find each other's prompts in vLLM's prefix cache, while the requests that
+    share a prefix block within a run (Mooncake hash ids) still do."""
+    if config.prompt_seed is not None:
+        return config.prompt_seed
+    import zlib
+
+    return (config.seed ^ zlib.crc32(run_id.encode())) & 0xFFFFFFFF
 
 
 def run_replay(config: ReplayConfig) -> ReplayResult:
@@ -333,7 +376,8 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
     model, mml = await loop.run_in_executor(None, discover_target, target, config.model)
     from loadgen.prompts import PromptBuilder
 
-    builder = PromptBuilder(model, seed=config.seed, token_range=config.token_range,
+    run_id = config.run_id or new_run_id()
+    builder = PromptBuilder(model, seed=prompt_seed(config, run_id), token_range=config.token_range,
                             max_input=config.max_input, max_model_len=mml, extra_body=config.extra_body)
     clipped = 0
     shapes = []
@@ -344,7 +388,6 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
     if clipped:
         cap = config.max_input if config.max_input is not None else f"max_model_len {mml} - output"
         notes.append(f"{clipped} of {len(plan)} prompts clipped to fit the model ({cap})")
-    run_id = config.run_id or new_run_id()
     warned: list[str] = []
 
     def warn(msg: str) -> None:
@@ -794,7 +837,7 @@ class _Runner:
                             body = self.builder.body(p.index, shape, p.hash_ids)
                         t = start_perf + p.offset_s
                         rec = RequestRecord(index=p.index, scheduled_unix_nano=self.clock.to_wall_ns(int(t * 1e9)),
-                                            input_tokens=shape.input_tokens,
+                                            priority=p.priority, input_tokens=shape.input_tokens,
                                             trace_input_tokens=shape.trace_input_tokens,
                                             clipped=shape.clipped, max_tokens=shape.output_tokens)
                         self.records.append(rec)
@@ -878,7 +921,7 @@ class _Runner:
             ids = self.ids.reserve()
             rec.trace_id = f"{ids[0]:032x}"
             headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-                       "x-priority": self.config.priority,
+                       "x-priority": rec.priority,
                        "traceparent": f"00-{ids[0]:032x}-{ids[1]:016x}-{self.flags}"}
             await self._exchange(rec, payload, headers)
         except asyncio.CancelledError:
@@ -1001,7 +1044,7 @@ class _Runner:
 
         try:
             attrs = {
-                sc.PHASE: sc.PHASE_CLIENT, sc.RUN_ID: self.run_id, sc.PRIORITY: self.config.priority,
+                sc.PHASE: sc.PHASE_CLIENT, sc.RUN_ID: self.run_id, sc.PRIORITY: rec.priority,
                 sc.SCHEDULED_TIME: rec.scheduled_unix_nano, sc.SEND_TIME: rec.send_unix_nano,
                 sc.CLIENT_QUEUE_MS: rec.client_queue_ms,
                 sc.GEN_AI_REQUEST_MODEL: self.model, sc.GEN_AI_REQUEST_MAX_TOKENS: rec.max_tokens,

@@ -59,6 +59,7 @@ class RequestRecord:
     send_unix_nano: int = 0          # the request's bytes began to go out
     written_unix_nano: int = 0       # its last byte was handed to the kernel (0: never written)
     client_queue_ns: int = 0         # wait for a --concurrency-cap slot past the scheduled time
+    priority: str = "interactive"    # the class it was sent as (x-priority)
     first_token_unix_nano: int | None = None
     end_unix_nano: int | None = None
     input_tokens: int = 0            # prompt tokens sent (after clipping)

@@ -15,9 +15,10 @@ time). Two formats are recognised from the CSV header:
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +28,11 @@ from tailtrace.errors import UserError
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
     "MOONCAKE_SLOT_S",
+    "PRIORITIES",
     "SHIPPED_TRACES",
     "Trace",
     "TraceRequest",
+    "export_azure_csv",
     "load_trace",
     "select_window",
     "synthetic_trace",
@@ -45,6 +48,7 @@ SHIPPED_TRACES = {
 }
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+PRIORITIES = ("interactive", "batch")  # the optional `priority` column's values (the gateway's classes)
 _MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length")  # hash_ids optional
 
 
@@ -56,25 +60,30 @@ class TraceRequest:
     file's own `timestamp` / 1000 (plus jitter) for Mooncake. Replay starts at the window's first.
     input_tokens / output_tokens: prompt and generated lengths from the trace (tokens).
     hash_ids: Mooncake prefix-block ids (one per 512 tokens), empty for Azure (no sharing).
+    priority: the request's class (`interactive` | `batch`, sent as `x-priority`) when the trace
+    gives one (an optional `priority` column; a store run's recorded class); None: the replay's
+    --priority.
     """
 
     offset_s: float
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] = ()
+    priority: str | None = None
 
 
 @dataclass(slots=True)
 class Trace:
     """A loaded trace: `requests` sorted by offset_s, plus how it was obtained.
 
-    `fmt` is "azure" or "mooncake"; `notes` are lines the summary prints (jitter choice, ...).
+    `fmt` is "azure", "mooncake" or "store"; `notes` are lines the summary prints (jitter choice, ...).
     """
 
     name: str
     fmt: str
     requests: list[TraceRequest]
     notes: list[str] = field(default_factory=list)
+    start_unix_s: float = 0.0  # the first request's wall-clock time where the trace records one (else 0)
 
     @property
     def duration_s(self) -> float:
@@ -86,12 +95,14 @@ def _parse_azure_time(text: str) -> float:
     """`YYYY-MM-DD HH:MM:SS.fffffff` (100 ns ticks, no zone) -> POSIX seconds, treated as UTC."""
     text = text.strip()
     main, _, frac = text.partition(".")
-    base = datetime.strptime(main, "%Y-%m-%d %H:%M:%S").timestamp()
+    base = datetime.strptime(main, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
     return base + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
 
-def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> Trace:
-    """Load `spec`: a shipped name (`azure-conv`, `mooncake-conv`) or a CSV path in either format.
+def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0, api: str | None = None) -> Trace:
+    """Load `spec`: a shipped name (`azure-conv`, `mooncake-conv`), a CSV path in either format
+    (either may add a `priority` column: interactive | batch), or `store:STORE[#RUN_ID]`, a traced
+    run of a store (loadgen/store_traffic.py; `api`: read it through that collector's SQL API).
 
     jitter: for Mooncake's 3 s-quantised timestamps, "uniform" spreads each slot's requests
     uniformly over [t, t + 3 s) (seeded by `seed`); "none" keeps them as given (bursts of ~10).
@@ -99,6 +110,10 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
     bad row (naming its line).
     """
     spec_s = str(spec)
+    if spec_s.startswith("store:"):
+        from loadgen.store_traffic import load_store_trace
+
+        return load_store_trace(spec_s, api=api)
     path = SHIPPED_TRACES.get(spec_s, Path(spec_s).expanduser())
     name = spec_s if spec_s in SHIPPED_TRACES else path.name
     if path.is_dir():
@@ -122,6 +137,7 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
         except (csv.Error, UnicodeDecodeError) as exc:
             raise UserError(f"trace {path} is not a CSV file: {exc}") from None
         cols = {h: i for i, h in enumerate(header)}
+        ip = cols.get("priority")
         if all(c in cols for c in _AZURE_COLUMNS):
             fmt = "azure"
         elif all(c in cols for c in _MOONCAKE_COLUMNS):
@@ -132,10 +148,10 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
                 f"({','.join(_AZURE_COLUMNS)}) or Mooncake ({','.join(_MOONCAKE_COLUMNS)}[,hash_ids])"
             )
         requests: list[TraceRequest] = []
+        t0 = None
         try:
             if fmt == "azure":
                 it, ic, io = (cols[c] for c in _AZURE_COLUMNS)
-                t0 = None
                 for line, row in enumerate(reader, start=2):
                     if not row:
                         continue
@@ -145,7 +161,7 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
                     except (ValueError, IndexError):
                         raise UserError(f"trace {path}, line {line}: bad row {','.join(row)[:80]!r}") from None
                     t0 = t if t0 is None else t0
-                    requests.append(_checked(path, line, t - t0, n_in, n_out, ()))
+                    requests.append(_checked(path, line, t - t0, n_in, n_out, (), _priority(path, line, row, ip)))
             else:
                 it, ii, io = (cols[c] for c in _MOONCAKE_COLUMNS)
                 ih = cols.get("hash_ids")
@@ -162,7 +178,8 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
                         raise UserError(f"trace {path}, line {line}: hash_ids must be >= 0")
                     if t_ms < 0:
                         raise UserError(f"trace {path}, line {line}: timestamp must be >= 0 (ms from the trace's start)")
-                    requests.append(_checked(path, line, t_ms / 1000.0, n_in, n_out, hashes))
+                    requests.append(_checked(path, line, t_ms / 1000.0, n_in, n_out, hashes,
+                                             _priority(path, line, row, ip)))
         except (csv.Error, UnicodeDecodeError) as exc:
             raise UserError(f"trace {path} is not a valid CSV file: {exc}") from None
     if not requests:
@@ -174,10 +191,7 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
         if quantised and jitter == "uniform":
             rng = np.random.default_rng(seed)
             u = rng.uniform(0.0, MOONCAKE_SLOT_S, len(requests))
-            requests = [
-                TraceRequest(r.offset_s + float(d), r.input_tokens, r.output_tokens, r.hash_ids)
-                for r, d in zip(requests, u)
-            ]
+            requests = [dataclasses.replace(r, offset_s=r.offset_s + float(d)) for r, d in zip(requests, u)]
             notes.append(
                 f"{name}: timestamps are quantised to {MOONCAKE_SLOT_S:.0f} s slots; arrivals jittered "
                 f"uniformly within each slot (seed {seed}, --jitter none to send each slot at once)"
@@ -186,15 +200,27 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0) -> T
             notes.append(f"{name}: timestamps are quantised to {MOONCAKE_SLOT_S:.0f} s slots; "
                          "each slot sent at once (--jitter none)")
     requests.sort(key=lambda r: r.offset_s)
-    return Trace(name=name, fmt=fmt, requests=requests, notes=notes)
+    start = t0 if fmt == "azure" and t0 is not None else 0.0
+    return Trace(name=name, fmt=fmt, requests=requests, notes=notes, start_unix_s=start)
 
 
-def _checked(path, line, offset, n_in, n_out, hashes) -> TraceRequest:
+def _priority(path, line, row, col) -> str | None:
+    if col is None:
+        return None
+    value = row[col].strip().lower() if col < len(row) else ""
+    if value == "":
+        return None
+    if value not in PRIORITIES:
+        raise UserError(f"trace {path}, line {line}: priority must be {' or '.join(PRIORITIES)}, not {value[:20]!r}")
+    return value
+
+
+def _checked(path, line, offset, n_in, n_out, hashes, priority=None) -> TraceRequest:
     if n_in < 1 or n_out < 1:
         raise UserError(f"trace {path}, line {line}: input and output lengths must be >= 1")
     if not math.isfinite(offset):
         raise UserError(f"trace {path}, line {line}: bad timestamp")
-    return TraceRequest(offset, n_in, n_out, hashes)
+    return TraceRequest(offset, n_in, n_out, hashes, priority)
 
 
 def select_window(
@@ -235,7 +261,7 @@ def select_window(
         t = (r.offset_s - base) / speed
         if duration_s is not None and t >= duration_s:
             break
-        out.append(TraceRequest(t, r.input_tokens, r.output_tokens, r.hash_ids))
+        out.append(dataclasses.replace(r, offset_s=t))
     return out, speed
 
 
@@ -271,6 +297,33 @@ def synthetic_trace(
             if duration_s is not None and t >= duration_s or len(out) >= n_cap:
                 return out
             r = rows[int(p)]
-            out.append(TraceRequest(t, r.input_tokens, r.output_tokens, r.hash_ids))
+            out.append(dataclasses.replace(r, offset_s=t))
             t += float(g)
     return out
+
+
+def export_azure_csv(requests: list[TraceRequest], path: str | Path, *, start_unix_s: float = 0.0) -> Path:
+    """Write `requests` (offsets in seconds) as an Azure LLM inference trace CSV (`TIMESTAMP,
+    ContextTokens,GeneratedTokens`, TIMESTAMP = `start_unix_s` + offset as UTC with 7 fractional
+    digits, the format of data/traces/azure2023_conv.csv), adding a `priority` column when any
+    request is of a class other than interactive (the default), so that any tool that reads Azure traces replays it and `load_trace`
+    reads it back exactly (offsets to 100 ns). Raises UserError when `path` cannot be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"--export-trace {str(path)!r} is a directory: give a file name (.csv)")
+    with_priority = any(r.priority not in (None, "interactive") for r in requests)
+    base_ticks = round(start_unix_s * 10**7)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(list(_AZURE_COLUMNS) + (["priority"] if with_priority else []))
+            for r in requests:
+                ticks = base_ticks + round(r.offset_s * 10**7)
+                sec, frac = divmod(ticks, 10**7)
+                stamp = datetime.fromtimestamp(sec, tz=UTC).strftime("%Y-%m-%d %H:%M:%S") + f".{frac:07d}"
+                row = [stamp, r.input_tokens, r.output_tokens]
+                w.writerow(row + ([r.priority or ""] if with_priority else []))
+    except OSError as exc:
+        raise UserError(f"--export-trace {str(path)!r} cannot be written: {exc.strerror or exc}") from None
+    return path

@@ -1,0 +1,87 @@
+"""A Comparison as text (rich) or JSON (docs/compare.schema.json). Reads only the Comparison (or its
+dict, as `try --format json` wrote it)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from semantics.catalog import format_ms
+
+__all__ = ["comparison_lines", "render_json", "render_text"]
+
+
+def render_json(doc: dict) -> str:
+    """The comparison's JSON document (`Comparison.to_dict()`, or `try`'s with its blocks)."""
+    return json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def _pct(r: float | None) -> str:
+    return "—" if r is None else f"{(r - 1) * 100:+.1f}%"
+
+
+def _signed(ms: float | None) -> str:
+    if ms is None:
+        return "n/a"
+    return ("+" if ms >= 0 else "−") + format_ms(abs(ms))
+
+
+def comparison_lines(doc: dict) -> list[str]:
+    """The headline lines: per objective the verdict of B against A with its interval, the shift of
+    each phase in that tail (largest first), goodput, and the smallest change the blocks could see."""
+    a, b = doc["arms"]["A"], doc["arms"]["B"]
+    out = [f"B against A over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
+           f"{doc['blocks']['requests_min']} requests each); objectives {doc['slo']}"]
+    rows = {(m["metric"], m["quantile"]): m for m in doc["metrics"]}
+    for o in doc["objectives"]:
+        m = rows.get((o["metric"], o["quantile"]))
+        if m is None:
+            out.append(f"  {o['objective']}: {o.get('why') or 'not compared'}")
+            continue
+        head = f"  {m['metric'].upper()} {m['label']} {format_ms(m['a_ms'])} → {format_ms(m['b_ms'])}"
+        if m["ratio_low"] is None:
+            out.append(f"{head}: {m['verdict']} ({m['why']})")
+            continue
+        out.append(f"{head} ({_signed(m['diff_ms'])}; 95% interval {_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])}): "
+                   f"{m['verdict'].upper() if m['verdict'] in ('better', 'worse') else m['verdict']}")
+    for t in doc["tail_phases"]:
+        moved = sorted((p for p in t["phases"] if p["shift_ms"] is not None), key=lambda p: -abs(p["shift_ms"]))[:4]
+        absent = [p["phase"] for p in t["phases"] if p["shift_ms"] is None]
+        text = ", ".join(f"{p['phase'].lower()} {_signed(p['shift_ms'])}" for p in moved) or "no phase measured"
+        out.append(f"  in the {t['metric'].upper()} {t['label']} tail: {text}"
+                   + (f" (not measured: {', '.join(absent)})" if absent else ""))
+    gp = [(x["goodput_rps"], x["goodput_share"]) for x in (a, b)]
+    if all(g is not None for g, _ in gp):
+        out.append(f"  goodput at the SLO: A {gp[0][0]:.2f} req/s ({gp[0][1]:.0%} of requests), "
+                   f"B {gp[1][0]:.2f} req/s ({gp[1][1]:.0%})")
+    fails = f"failed: A {a['failed']} of {a['requests']}, B {b['failed']} of {b['requests']}"
+    mdes = [m["mde"] for m in doc["metrics"] if m["mde"] is not None and m["quantile"] >= 0.99]
+    if mdes:
+        x = min(mdes)
+        out.append(f"  {fails}; the smallest change these blocks could detect at P99 and above: "
+                   f"{math.exp(-x) - 1:+.0%} or {math.exp(x) - 1:+.0%}")
+    else:
+        out.append(f"  {fails}")
+    return out
+
+
+def render_text(doc: dict, console) -> None:
+    """The headline, then the table of every metric and quantile: A, B, B−A, the 95% interval of the
+    difference (ms and relative), pairs, verdict; then the notes."""
+    from rich.table import Table
+
+    for line in comparison_lines(doc):
+        console.print(line, highlight=False)
+    table = Table(title=None, show_lines=False)
+    for col in ("metric", "A", "B", "B−A", "95% interval of B−A", "pairs", "verdict"):
+        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    for m in doc["metrics"]:
+        if m["ratio_low"] is not None:
+            ci = f"{_signed(m['diff_low_ms'])} .. {_signed(m['diff_high_ms'])} ({_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])})"
+        else:
+            ci = m["why"] or "—"
+        table.add_row(f"{m['metric'].upper()} {m['label']}", format_ms(m["a_ms"]), format_ms(m["b_ms"]),
+                      _signed(m["diff_ms"]), ci, str(m["pairs"]), m["verdict"])
+    console.print(table)
+    for note in doc.get("notes") or []:
+        console.print(f"note: {note}", highlight=False)

@@ -1,0 +1,99 @@
+"""`compare` on hand-built stores (tests/diagnose/store.py) whose arms differ by a known amount, and
+the block interval's own properties (its t quantiles, its coverage under a null change)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from collector.query.reader import db_query
+from experiment.compare import compare
+from experiment.render import comparison_lines
+from experiment.stats import paired_log_ratio, t_quantile
+from tailtrace.errors import UserError
+from tests.diagnose.store import Req, write_store
+
+
+def test_t_quantiles_match_the_tables_and_the_expansion():
+    assert t_quantile(0.975, 1) == 12.706 and t_quantile(0.975, 3) == 3.182
+    assert t_quantile(0.975, 40) == pytest.approx(2.021, abs=1e-3)   # NIST table, df 40
+    assert t_quantile(0.975, 100) == pytest.approx(1.984, abs=1e-3)
+    assert t_quantile(0.80, 60) == pytest.approx(0.848, abs=1e-3)
+    with pytest.raises(ValueError):
+        t_quantile(0.9, 5)
+
+
+def test_interval_covers_a_null_change_about_95_percent_and_finds_a_real_one():
+    rng = np.random.default_rng(3)
+    covered, found = 0, 0
+    for _ in range(400):
+        # per block a P99 that drifts with the machine (shared by both arms of a pair) and varies
+        # by block (lognormal 30%): what consecutive blocks of a loaded box give
+        drift = rng.lognormal(0, 0.2, 4)
+        a = drift * rng.lognormal(0, 0.3, 4) * 1000
+        b = drift * rng.lognormal(0, 0.3, 4) * 1000
+        covered += paired_log_ratio(list(a), list(b)).verdict == "no significant change"
+        found += paired_log_ratio(list(a), list(b * 0.4)).verdict == "better"
+    assert 0.91 <= covered / 400 <= 0.99
+    assert found / 400 >= 0.75  # 4 pairs: a 60% cut is near the smallest this design detects (80% power)
+    pr = paired_log_ratio([1.0, 2.0, 1.5, 1.2], [0.5, 1.1, 0.7, 0.6])
+    assert pr.mde == pytest.approx((t_quantile(0.975, 3) + t_quantile(0.80, 3))
+                                   * np.std(np.log([0.5, 0.55, 0.7 / 1.5, 0.5]), ddof=1) / 2)
+    assert paired_log_ratio([1.0], [2.0]).verdict == "not enough blocks"
+    assert paired_log_ratio([None, 1.0, 0.0], [1.0, None, 1.0]).pairs == 0
+
+
+def _arm(rng, run_prefix, blocks, queue_scale, n=200):
+    reqs = []
+    for blk in range(blocks):
+        for i in range(n):
+            reqs.append(Req(at=blk * 100 + i * 0.2, queue_ms=float(queue_scale * rng.lognormal(3, 1.0)),
+                            prefill_ms=float(20 * rng.lognormal(0, 0.05)),
+                            steps=[(10.0, 4, 0)] * 8, run_id=f"{run_prefix}-b{blk}"))
+    return reqs
+
+
+def test_compare_finds_the_queue_it_removed_and_shows_the_phase_shift(tmp_path):
+    rng = np.random.default_rng(5)
+    reqs = _arm(rng, "try-x-a", 4, 1.0) + _arm(rng, "try-x-b", 4, 0.25)
+    reqs += _arm(rng, "try-x-n", 4, 1.0)  # a null candidate: same distribution, other draws
+    for r in reqs:
+        r.at += {"a": 0, "b": 1000, "n": 2000}[r.run_id.split("-")[2]]
+    db = write_store(tmp_path / "s.duckdb", reqs)
+    query, close = db_query(db)
+    try:
+        a = [f"try-x-a-b{i}" for i in range(4)]
+        cmp = compare(query, a, [f"try-x-b-b{i}" for i in range(4)], slo="ttft_p99=200ms,tpot_p99=100ms")
+        ttft = cmp.row("ttft", 0.99)
+        assert ttft.verdict == "better" and ttft.ratio_high < 1 and ttft.pairs == 4
+        assert ttft.b_ms < ttft.a_ms and ttft.diff_low_ms < ttft.diff_ms < ttft.diff_high_ms < 0
+        assert cmp.row("tpot", 0.99).verdict == "no significant change"
+        assert cmp.row("ttft", 0.999).verdict == "not enough requests"  # 200 per block: P999 needs 500
+        tail = next(t for t in cmp.tail_phases if t["metric"] == "ttft")
+        shifts = {p["column"]: p["shift_ms"] for p in tail["phases"]}
+        assert shifts["queue_ms"] < -100 and abs(shifts["prefill_ms"]) < 5
+        # no client layer in this store: its queue is not measured, never a shift of 0
+        assert shifts["client_queue_ms"] is None
+        doc = cmp.to_dict()
+        assert doc["schema"] == "tailtrace.compare/1" and doc["arms"]["A"]["runs"] == a
+        assert doc["arms"]["B"]["goodput_share"] > doc["arms"]["A"]["goodput_share"]
+        lines = "\n".join(comparison_lines(doc))
+        assert "TTFT P99" in lines and "BETTER" in lines and "engine queue −" in lines
+        null = compare(query, a, [f"try-x-n-b{i}" for i in range(4)])
+        assert null.row("ttft", 0.99).verdict == "no significant change"
+        assert null.row("ttft", 0.99).ratio_low < 1 < null.row("ttft", 0.99).ratio_high
+        # one run per arm: stretches of arrival time, said so
+        one = compare(query, ["try-x-a-b0"], ["try-x-b-b0"])
+        assert one.unit == "slice" and one.pairs == 4 and one.row("ttft", 0.5).pairs == 4
+        assert any("stretches" in n for n in one.notes)
+        with pytest.raises(UserError, match="no request of run 'nope'"):
+            compare(query, ["nope"], ["try-x-b-b0"])
+        with pytest.raises(UserError, match="in both arms"):
+            compare(query, ["try-x-a-b0"], ["try-x-a-b0"])
+        with pytest.raises(UserError, match="pair in order"):
+            compare(query, a, ["try-x-b-b0"])
+    finally:
+        close()
+    assert math.isfinite(ttft.mde) and ttft.mde > 0

@@ -10,12 +10,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
+
+from collector.query.reader import DEFAULT_API, add_store_flags, open_store
 
 __all__ = ["register"]
-
-DEFAULT_API = "http://127.0.0.1:9464"
 
 
 def register(sub) -> None:
@@ -28,10 +26,7 @@ def register(sub) -> None:
                                    "now, the value to try). The scope is the latest traffic run unless --run-id, "
                                    "--all-runs or a window says otherwise. Reads --db PATH or --api URL (default "
                                    f"{DEFAULT_API}, TAILTRACE_API_URL). docs/explain.md.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--store", help="store URL: duckdb:///path | chdb:///dir | clickhouse://host:8123/db")
-    src.add_argument("--db", type=Path, help="a DuckDB store file (read-only; the short form of --store duckdb:///path)")
-    src.add_argument("--api", help="base URL of a collector's query API")
+    add_store_flags(p)
     p.add_argument("--since", help="start of the window (completion time): ISO 8601, or -15m, -2h, -30s, -1d before "
                                    "the latest request in the store")
     p.add_argument("--until", help="end of the window (exclusive), as --since")
@@ -61,25 +56,18 @@ def _run(args: argparse.Namespace) -> int:
 
     from diagnose.explain import explain
     from diagnose.render import render_json, render_markdown, render_text
-    from diagnose.source import Scope, api_query, db_query, evidence_for_store, store_query
+    from diagnose.source import Scope, evidence_for_store
 
     metric = args.metric
     if metric is None and (args.trace_id or args.quantile is not None):
         metric = "e2e"  # one request's waterfall tiles its E2E; a quantile asks for one metric's tail
     scope = Scope(since=args.since, until=args.until, run_id=args.run_id, metric=metric, trace_id=args.trace_id,
                   quantile=0.99 if args.quantile is None else args.quantile, all_runs=args.all_runs, slo=args.slo)
-    close = None
-    if args.store:
-        query, close = store_query(args.store)
-    elif args.db:
-        query, close = db_query(args.db)
-    else:
-        query = api_query(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API)
+    query, close = open_store(args)
     try:
         report = explain(query, scope)
     finally:
-        if close:
-            close()
+        close()
     evidence_for_store(report, args.store)   # re-runnable by `tailtrace sql --store` as shown
     if args.format == "json":
         sys.stdout.write(render_json(report) + "\n")

@@ -11,9 +11,12 @@ from collections.abc import Callable, Sequence
 
 from tailtrace.errors import UserError
 
-__all__ = ["Query", "api_query", "db_query", "iso", "sql_api", "store_query"]
+__all__ = ["DEFAULT_API", "Query", "add_store_flags", "api_query", "db_query", "iso", "open_store", "sql_api",
+           "store_query"]
 
 Query = Callable[[str, Sequence | None], list]
+
+DEFAULT_API = "http://127.0.0.1:9464"  # the collector's query API (DESIGN.md "Ports and processes")
 
 
 def iso(epoch_us: float | None) -> str | None:
@@ -107,3 +110,26 @@ def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[
         return [[to_json_value(v) for v in r] for r in rows]
 
     return query, close
+
+
+def add_store_flags(parser) -> None:
+    """Add the store a command reads, as every reader takes it: `--store URL` | `--db PATH` | `--api
+    URL` (one of them; none: $TAILTRACE_API_URL, else DEFAULT_API). `open_store(args)` opens it."""
+    from pathlib import Path
+
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--store", help="store URL: duckdb:///path | chdb:///dir | clickhouse://host:8123/db")
+    src.add_argument("--db", type=Path, help="a DuckDB store file (read-only; the short form of --store duckdb:///path)")
+    src.add_argument("--api", help=f"base URL of a collector's query API (default $TAILTRACE_API_URL, else {DEFAULT_API})")
+
+
+def open_store(args) -> tuple[Query, Callable[[], None]]:
+    """(query, close) for the flags `add_store_flags` added. Raises UserError (see store_query,
+    db_query, api_query)."""
+    import os
+
+    if getattr(args, "store", None):
+        return store_query(args.store)
+    if getattr(args, "db", None):
+        return db_query(args.db)
+    return api_query(getattr(args, "api", None) or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API), (lambda: None)

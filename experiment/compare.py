@@ -132,7 +132,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     if not a_runs or not b_runs:
         raise UserError("compare needs at least one run per arm")
     if set(a_runs) & set(b_runs):
-        raise UserError(f"run {sorted(set(a_runs) & set(b_runs))[0]!r} is in both arms")
+        raise UserError(f"run {min(set(a_runs) & set(b_runs))!r} is in both arms")
     if len(a_runs) != len(b_runs):
         raise UserError(f"{len(a_runs)} runs in A against {len(b_runs)} in B: the blocks pair in order, give as many")
     runs = a_runs + b_runs
@@ -184,8 +184,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
         counts = [int(r[ci] or 0) for r in blk_a + blk_b]
         label = quantile_label(q)
         if not counts or min(counts) < need:
-            why = (f"a block has {min(counts) if counts else 0} requests with a {m.upper()}; its {label} needs "
-                   f"{need:.0f}+ per block")
+            why = f"{label} needs {need:.0f}+ per block (has {min(counts) if counts else 0})"
             if q not in quantiles and not any(o.q == q and o.metric == m for o in bounds):
                 continue
             metrics.append(MetricRow(m, q, label, a_ms, b_ms, _diff(a_ms, b_ms), None, None, None, None, None, None,

@@ -17,7 +17,7 @@ def render_json(doc: dict) -> str:
 
 
 def _pct(r: float | None) -> str:
-    return "—" if r is None else f"{(r - 1) * 100:+.1f}%"
+    return "—" if r is None else f"{(r - 1) * 100:+.1f}%".replace("-", "−")
 
 
 def _signed(ms: float | None) -> str:
@@ -30,8 +30,8 @@ def comparison_lines(doc: dict) -> list[str]:
     """The headline lines: per objective the verdict of B against A with its interval, the shift of
     each phase in that tail (largest first), goodput, and the smallest change the blocks could see."""
     a, b = doc["arms"]["A"], doc["arms"]["B"]
-    out = [f"B against A over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
-           f"{doc['blocks']['requests_min']} requests each); objectives {doc['slo']}"]
+    out = [(f"B against A over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
+           f"{doc['blocks']['requests_min']} requests each); objectives {doc['slo']}")]
     rows = {(m["metric"], m["quantile"]): m for m in doc["metrics"]}
     for o in doc["objectives"]:
         m = rows.get((o["metric"], o["quantile"]))
@@ -59,7 +59,7 @@ def comparison_lines(doc: dict) -> list[str]:
     if mdes:
         x = min(mdes)
         out.append(f"  {fails}; the smallest change these blocks could detect at P99 and above: "
-                   f"{math.exp(-x) - 1:+.0%} or {math.exp(x) - 1:+.0%}")
+                   f"{_pct(math.exp(-x))} or {_pct(math.exp(x))}")
     else:
         out.append(f"  {fails}")
     return out
@@ -73,15 +73,16 @@ def render_text(doc: dict, console) -> None:
     for line in comparison_lines(doc):
         console.print(line, highlight=False)
     table = Table(title=None, show_lines=False)
-    for col in ("metric", "A", "B", "B−A", "95% interval of B−A", "pairs", "verdict"):
-        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right")
+    for col in ("metric", "A", "B", "B−A", "95% interval", "verdict"):
+        table.add_column(col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict")
     for m in doc["metrics"]:
         if m["ratio_low"] is not None:
-            ci = f"{_signed(m['diff_low_ms'])} .. {_signed(m['diff_high_ms'])} ({_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])})"
+            ci = f"{_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])}"
         else:
-            ci = m["why"] or "—"
+            ci = "—"
+        verdict = m["verdict"] if m["ratio_low"] is not None or not m["why"] else m["why"]
         table.add_row(f"{m['metric'].upper()} {m['label']}", format_ms(m["a_ms"]), format_ms(m["b_ms"]),
-                      _signed(m["diff_ms"]), ci, str(m["pairs"]), m["verdict"])
+                      _signed(m["diff_ms"]), ci, verdict)
     console.print(table)
     for note in doc.get("notes") or []:
         console.print(f"note: {note}", highlight=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from semantics.catalog import SLO_DEFAULTS_MS
 from tailtrace.errors import UserError
 
-__all__ = ["DEFAULT_SLO", "OBJECTIVE_METRICS", "RUN_KINDS", "RUN_KIND_PROBE", "TRAFFIC_KINDS", "Objective",
+__all__ = ["DEFAULT_SLO", "OBJECTIVE_METRICS", "RUN_KINDS", "RUN_KIND_ARM", "RUN_KIND_PROBE", "TRAFFIC_KINDS", "Objective",
            "format_slo", "parse_slo", "quantile_key", "run_kind_of"]
 
 # the metrics an objective may bound (the `requests` column or decode-step value each reads is
@@ -123,12 +123,13 @@ DEFAULT_SLO = format_slo([Objective(m, 0.99, v) for m, v in SLO_DEFAULTS_MS.item
 
 # ------------------------------------------------------------------------- runs
 RUN_KIND_PROBE = "capacity-probe"
+RUN_KIND_ARM = "experiment-arm"  # a block of `tailtrace try`
 # (kind, run id prefix); the first match wins; anything else is a replay
 RUN_KINDS: tuple[tuple[str, str], ...] = (
     (RUN_KIND_PROBE, "capacity-probe"),
     ("sweep-step", "sweep-"),
     ("chaos", "chaos-"),
-    ("experiment-arm", "try-"),
+    (RUN_KIND_ARM, "try-"),
     ("simulation", "sim-"),
     ("replay", ""),
 )

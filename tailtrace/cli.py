@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "tailtrace.demo",       # demo
     "chaos.cli",            # chaos
     "diagnose.cli",         # explain
+    "experiment.cli",       # try, compare
 )
 
 

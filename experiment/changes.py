@@ -1,0 +1,132 @@
+"""What `tailtrace try` changes: `--change WHERE:FLAG[=VALUE]` items (or an action of explain's JSON),
+split by where they apply. vLLM arguments need a restart of the engine; gateway arguments a gateway
+of their own (the arms' gateways run side by side, in front of one engine); client arguments are the
+load generator's own caps. semantics/knobs.py's TRY_FLAGS is the list `try` knows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from semantics.knobs import KNOBS, TRY_FLAGS
+from tailtrace.errors import UserError
+
+__all__ = ["Arm", "Change", "action_change", "known_changes", "parse_change"]
+
+_BARE = {"--enable-prefix-caching", "--no-enable-prefix-caching"}  # flags that take no value
+
+
+@dataclass(frozen=True)
+class Change:
+    """One flag of one layer: `where` ('vllm' | 'gateway' | 'client'), `flag` ('--max-num-seqs'),
+    `value` (text; None for a flag without one)."""
+
+    where: str
+    flag: str
+    value: str | None
+
+    def argv(self) -> list[str]:
+        """As a command line gives it: ['--max-num-seqs', '8'] or ['--enable-prefix-caching']."""
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+    def text(self) -> str:
+        """`vllm:--max-num-seqs=8`, as --change takes it."""
+        return f"{self.where}:{self.flag}" + ("" if self.value is None else f"={self.value}")
+
+
+def known_changes() -> str:
+    """The flags `try` knows, one line: `vllm: --max-num-seqs, ...; gateway: ...; client: ...`."""
+    parts = []
+    for where in ("vllm", "gateway", "client"):
+        parts.append(f"{where}: " + ", ".join(sorted(f for w, f in TRY_FLAGS if w == where)))
+    return "; ".join(parts)
+
+
+def parse_change(text: str, what: str = "--change") -> Change:
+    """`WHERE:FLAG[=VALUE]` (`vllm:--max-num-batched-tokens=512`, `gateway:--priority-classes=on`,
+    `client:--concurrency-cap=8`) -> Change. Raises UserError naming the knobs `try` knows."""
+    where, sep, rest = str(text).strip().partition(":")
+    flag, eq, value = rest.partition("=")
+    flag, value = flag.strip(), value.strip()
+    if not sep or (where, flag) not in TRY_FLAGS:
+        raise UserError(f"{what} {text!r}: give WHERE:FLAG=VALUE with a knob try knows ({known_changes()})")
+    if flag in _BARE:
+        if eq:
+            raise UserError(f"{what} {text!r}: {flag} takes no value")
+        return Change(where, flag, None)
+    if not eq or not value:
+        raise UserError(f"{what} {text!r}: give a value, e.g. {where}:{flag}=N")
+    if any(c.isspace() for c in value):
+        raise UserError(f"{what} {text!r}: a value without spaces")
+    if where == "client" and not (value.isascii() and value.isdigit() and int(value) >= 1):
+        raise UserError(f"{what} {text!r}: {flag} takes a whole number >= 1")
+    return Change(where, flag, value)
+
+
+def action_change(action_id: str, explain_json: str | Path) -> Change:
+    """The change that action `action_id` of explain's JSON report (`tailtrace explain --format json`,
+    schema tailtrace.explain/2) proposes: its knob's flag set to its `proposed` value. Raises
+    UserError when the file cannot be read, holds no such action, or the action is not a flag `try`
+    can set (a deployment change such as more replicas)."""
+    try:
+        doc = json.loads(Path(explain_json).read_text())
+    except OSError as exc:
+        raise UserError(f"--explain {explain_json}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise UserError(f"--explain {explain_json} is not JSON (write it with tailtrace explain --format json)") \
+            from None
+    reports = [doc, *(doc.get("also") or [])] if isinstance(doc, dict) else []
+    actions = [a for r in reports for f in (r.get("findings") or []) for a in (f.get("actions") or [])]
+    found = next((a for a in actions if isinstance(a, dict) and a.get("id") == action_id), None)
+    if found is None:
+        ids = ", ".join(sorted({a.get("id") for a in actions if isinstance(a, dict) and a.get("id")})) or "none"
+        raise UserError(f"--action {action_id!r} is not in {explain_json}; its actions: {ids}")
+    knob = KNOBS.get(found.get("knob"))
+    proposed = found.get("proposed")
+    flag = knob.flag if knob else None
+    if knob is None or (knob.where, flag) not in TRY_FLAGS or proposed is None:
+        raise UserError(f"--action {action_id}: {found.get('knob')} ({knob.flag if knob else '?'}) is not a flag try "
+                        f"can set; change it by hand and compare the runs with tailtrace compare")
+    if isinstance(proposed, bool):
+        return Change(knob.where, flag if proposed else "--no-" + flag.removeprefix("--"), None)
+    return parse_change(f"{knob.where}:{flag}={proposed}", "--action")
+
+
+@dataclass
+class Arm:
+    """One arm's configuration: extra vLLM args, gateway args, and client settings (ReplayConfig
+    fields: concurrency_cap, max_output_tokens)."""
+
+    vllm: list[str] = field(default_factory=list)
+    gateway: list[str] = field(default_factory=list)
+    client: dict = field(default_factory=dict)
+
+    def with_changes(self, changes: list[Change]) -> Arm:
+        """A copy with `changes` applied (a flag given again replaces the earlier one)."""
+        out = Arm(list(self.vllm), list(self.gateway), dict(self.client))
+        for c in changes:
+            if c.where == "client":
+                key = {"--concurrency-cap": "concurrency_cap", "--max-output-tokens": "max_output_tokens"}[c.flag]
+                out.client[key] = int(c.value)
+                continue
+            args = out.vllm if c.where == "vllm" else out.gateway
+            args[:] = _without(args, c.flag) + c.argv()
+        return out
+
+
+def _without(args: list[str], flag: str) -> list[str]:
+    """`args` without `flag` (and its value, or its --no- twin)."""
+    twins = {flag, "--no-" + flag.removeprefix("--"), "--" + flag.removeprefix("--no-")}
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in twins:
+            skip = "=" not in a and name not in _BARE and i + 1 < len(args) and not args[i + 1].startswith("--")
+            continue
+        out.append(a)
+    return out

@@ -68,6 +68,10 @@ def register(sub) -> None:
     p.add_argument("--otlp-endpoint", metavar="URL", help="URL mode: that collector's OTLP/HTTP URL")
     p.add_argument("--out", default=os.environ.get("TAILTRACE_TRY_DIR", ".tailtrace/try"), metavar="DIR",
                    help="traffic, logs and (embedded) the store (default .tailtrace/try)")
+    p.add_argument("--priority", choices=("interactive", "batch"),
+                   help="compare only the requests of this class (default: every request)")
+    p.add_argument("--confidence", type=float, default=0.95, choices=(0.95, 0.99, 0.999),
+                   help="the intervals' confidence level (default 0.95)")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON (docs/compare.schema.json)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
     p.set_defaults(func=_try)
@@ -81,6 +85,10 @@ def register(sub) -> None:
     p.add_argument("run_b", metavar="RUN_B")
     add_store_flags(p)
     p.add_argument("--slo", metavar="SPEC", help="the objectives (default ttft_p99=2s,tpot_p99=100ms)")
+    p.add_argument("--priority", choices=("interactive", "batch"),
+                   help="compare only the requests of this class (default: every request)")
+    p.add_argument("--confidence", type=float, default=0.95, choices=(0.95, 0.99, 0.999),
+                   help="the intervals' confidence level (default 0.95)")
     p.add_argument("--split", type=_positive("--split", int), default=4, metavar="K",
                    help="one run per arm: stretches per run (default 4)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
@@ -133,7 +141,7 @@ def _compare(args) -> int:
     try:
         present = [r.run_id for r in list_runs(query) if r.run_id]
         doc = compare(query, _runs(args.run_a, present), _runs(args.run_b, present), slo=args.slo,
-                      split=args.split).to_dict()
+                      split=args.split, priority=args.priority, level=args.confidence).to_dict()
     finally:
         close()
     _emit(doc, args)
@@ -163,7 +171,7 @@ def _try(args) -> int:
                       start_s=args.start, speed=args.speed, rate=args.rate, max_requests=args.max_requests,
                       pairs=args.blocks, slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,
                       candidate_url=args.candidate, api=args.api or os.environ.get("TAILTRACE_API_URL"),
-                      otlp_endpoint=args.otlp_endpoint,
+                      otlp_endpoint=args.otlp_endpoint, priority=args.priority, level=args.confidence,
                       store_api=args.api if args.traffic.startswith("store:") else None)
     from rich.console import Console
 

@@ -85,13 +85,16 @@ class Comparison:
     objectives: list[dict]
     tail_phases: list[dict]
     notes: list[str] = field(default_factory=list)
+    priority: str | None = None
+    level: float = 0.95
     mode: str = "store"
     method: str = ("per block pair the log ratio of the two blocks' exact quantiles; the geometric mean ratio with a "
                    "Student t 95% interval over pairs (Kalibera & Jones, ISMM 2013); experiment/stats.py")
 
     def to_dict(self) -> dict:
         """The JSON document (schema `tailtrace.compare/1`)."""
-        return {"schema": SCHEMA, "mode": self.mode, "method": self.method,
+        return {"schema": SCHEMA, "mode": self.mode, "method": self.method, "confidence": self.level,
+                "priority": self.priority,
                 "arms": {k: asdict(v) for k, v in self.arms.items()},
                 "blocks": {"unit": self.unit, "pairs": self.pairs, "requests_min": self.block_requests_min},
                 "slo": self.slo, "metrics": [asdict(m) for m in self.metrics], "objectives": self.objectives,
@@ -120,13 +123,23 @@ def _aggregates(quantiles: list[tuple[str, float]], bounds: list[Objective]) -> 
 
 
 def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | None = None, split: int = 4,
-            quantiles: tuple[float, ...] = QUANTILES, labels: tuple[str, str] = ("A", "B")) -> Comparison:
+            quantiles: tuple[float, ...] = QUANTILES, labels: tuple[str, str] = ("A", "B"),
+            priority: str | None = None, level: float = 0.95) -> Comparison:
     """Compare arm B (`b_runs`, run ids) with arm A (`a_runs`) in the store `query` reads.
 
     Several runs per arm: pairs in order (equal counts needed); one run each: `split` stretches of
     arrival time. `slo`: the objectives (semantics/slo.py; default the catalog's), whose quantiles
-    are compared beside `quantiles` and whose bounds make the goodput. Raises UserError for an
-    unknown run id, a run in both arms, unequal block counts or a run with no request."""
+    are compared beside `quantiles` and whose bounds make the goodput. `priority`: only the
+    requests of that class (interactive | batch). `level`: the intervals' confidence (0.95, 0.99,
+    0.999). Raises UserError for an unknown run id, a run in both arms, unequal block counts, a
+    run with no request, an unknown class or level."""
+    from experiment.stats import LEVELS
+
+    if level not in LEVELS:
+        raise UserError(f"--confidence {level}: one of {', '.join(map(str, LEVELS))}")
+    if priority not in (None, "interactive", "batch"):
+        raise UserError(f"--priority {priority!r}: interactive or batch")
+    cls = "" if priority is None else f" AND priority = '{priority}'"
     objectives = parse_slo(slo or DEFAULT_SLO)
     slo_text = format_slo(objectives)
     if not a_runs or not b_runs:
@@ -150,8 +163,8 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     notes: list[str] = []
     if len(a_runs) >= 2:
         unit, k = "run", len(a_runs)
-        rows = query(f"SELECT run_id, 0, {select} FROM requests WHERE run_id IN ({_marks(len(runs))}) GROUP BY run_id",
-                     runs)
+        rows = query(f"SELECT run_id, 0, {select} FROM requests WHERE run_id IN ({_marks(len(runs))}){cls} "
+                     "GROUP BY run_id", runs)
         key = {(r[0], 0): r[2:] for r in rows}
         blocks_a, blocks_b = [(r, 0) for r in a_runs], [(r, 0) for r in b_runs]
     else:
@@ -160,7 +173,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
         width_case = " ".join(f"WHEN run_id = ? THEN {max(1, int(spans[r][1] - spans[r][0]) + 1)}" for r in runs)
         blk = (f"least({k - 1}, CAST(floor((epoch_us(arrival_time) - (CASE {start_case} END)) * {k} / "
                f"(CASE {width_case} END)) AS BIGINT))")
-        rows = query(f"SELECT run_id, {blk} AS blk, {select} FROM requests WHERE run_id IN ({_marks(len(runs))}) "
+        rows = query(f"SELECT run_id, {blk} AS blk, {select} FROM requests WHERE run_id IN ({_marks(len(runs))}){cls} "
                      "GROUP BY run_id, blk", runs + runs + runs)
         key = {(r[0], int(r[1])): r[2:] for r in rows}
         blocks_a, blocks_b = [(a_runs[0], i) for i in range(k)], [(b_runs[0], i) for i in range(k)]
@@ -169,7 +182,8 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
                      "(tailtrace try runs independent blocks)")
     pooled = {}
     for label, arm_runs in zip(labels, (a_runs, b_runs)):
-        pooled[label] = query(f"SELECT {select} FROM requests WHERE run_id IN ({_marks(len(arm_runs))})", arm_runs)[0]
+        pooled[label] = query(f"SELECT {select} FROM requests WHERE run_id IN ({_marks(len(arm_runs))}){cls}",
+                              arm_runs)[0]
     empty = [None] * (2 + 2 * len(mq) + 1)
     blk_a = [key.get(b, empty) for b in blocks_a]
     blk_b = [key.get(b, empty) for b in blocks_b]
@@ -190,7 +204,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
             metrics.append(MetricRow(m, q, label, a_ms, b_ms, _diff(a_ms, b_ms), None, None, None, None, None, None,
                                      0, "not enough requests", why))
             continue
-        pr = paired_log_ratio([_f(r[vi]) for r in blk_a], [_f(r[vi]) for r in blk_b])
+        pr = paired_log_ratio([_f(r[vi]) for r in blk_a], [_f(r[vi]) for r in blk_b], level)
         lo = a_ms * (pr.low - 1) if a_ms is not None and pr.low is not None else None
         hi = a_ms * (pr.high - 1) if a_ms is not None and pr.high is not None else None
         metrics.append(MetricRow(m, q, label, a_ms, b_ms, _diff(a_ms, b_ms), pr.ratio, pr.low, pr.high, lo, hi,
@@ -215,11 +229,14 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
                                "a_ms": r.a_ms, "b_ms": r.b_ms,
                                "a_met": None if r.a_ms is None else r.a_ms <= o.limit_ms,
                                "b_met": None if r.b_ms is None else r.b_ms <= o.limit_ms, "change": r.verdict, "why": r.why})
-    tails = _tail_phases(query, metrics, labels, (a_runs, b_runs), objectives)
-    return Comparison(arms, unit, k, n_min, slo_text, metrics, objective_rows, tails, notes)
+    tails = _tail_phases(query, metrics, labels, (a_runs, b_runs), objectives, cls)
+    if priority is not None:
+        notes.append(f"only the {priority} requests of each block")
+    return Comparison(arms, unit, k, n_min, slo_text, metrics, objective_rows, tails, notes, priority=priority,
+                      level=level)
 
 
-def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objectives) -> list[dict]:
+def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objectives, cls: str) -> list[dict]:
     """Per objective metric (its quantile): each phase's mean over each arm's own tail, and B - A."""
     out = []
     cols = ", ".join(f"avg({p.column})" for p in _TAIL_PHASES)
@@ -231,7 +248,7 @@ def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objec
         means = {}
         for label, runs, threshold in zip(labels, arm_runs, (r.a_ms, r.b_ms)):
             row = query(f"SELECT count(*), {cols} FROM requests WHERE {LATENCY_POPULATION} AND "
-                        f"run_id IN ({_marks(len(runs))}) AND {c} >= ?", [*runs, threshold])[0]
+                        f"run_id IN ({_marks(len(runs))}){cls} AND {c} >= ?", [*runs, threshold])[0]
             means[label] = (int(row[0] or 0), [_f(v) for v in row[1:]])
         phases = []
         for j, p in enumerate(_TAIL_PHASES):

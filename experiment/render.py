@@ -20,6 +20,10 @@ def _pct(r: float | None) -> str:
     return "—" if r is None else f"{(r - 1) * 100:+.1f}%".replace("-", "−")
 
 
+def _level(doc: dict) -> str:
+    return f"{doc.get('confidence', 0.95) * 100:g}%"
+
+
 def _signed(ms: float | None) -> str:
     if ms is None:
         return "n/a"
@@ -30,8 +34,9 @@ def comparison_lines(doc: dict) -> list[str]:
     """The headline lines: per objective the verdict of B against A with its interval, the shift of
     each phase in that tail (largest first), goodput, and the smallest change the blocks could see."""
     a, b = doc["arms"]["A"], doc["arms"]["B"]
+    only = f", {doc['priority']} requests only" if doc.get("priority") else ""
     out = [(f"B against A over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
-           f"{doc['blocks']['requests_min']} requests each); objectives {doc['slo']}")]
+           f"{doc['blocks']['requests_min']} requests each{only}); objectives {doc['slo']}")]
     rows = {(m["metric"], m["quantile"]): m for m in doc["metrics"]}
     for o in doc["objectives"]:
         m = rows.get((o["metric"], o["quantile"]))
@@ -42,7 +47,8 @@ def comparison_lines(doc: dict) -> list[str]:
         if m["ratio_low"] is None:
             out.append(f"{head}: {m['verdict']} ({m['why']})")
             continue
-        out.append(f"{head} ({_signed(m['diff_ms'])}; 95% interval {_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])}): "
+        out.append(f"{head} ({_signed(m['diff_ms'])}; {_level(doc)} interval {_pct(m['ratio_low'])} .. "
+                   f"{_pct(m['ratio_high'])}): "
                    f"{m['verdict'].upper() if m['verdict'] in ('better', 'worse') else m['verdict']}")
     for t in doc["tail_phases"]:
         moved = sorted((p for p in t["phases"] if p["shift_ms"] is not None), key=lambda p: -abs(p["shift_ms"]))[:4]
@@ -73,7 +79,7 @@ def render_text(doc: dict, console) -> None:
     for line in comparison_lines(doc):
         console.print(line, highlight=False)
     table = Table(title=None, show_lines=False)
-    for col in ("metric", "A", "B", "B−A", "95% interval", "verdict"):
+    for col in ("metric", "A", "B", "B−A", f"{_level(doc)} interval", "verdict"):
         table.add_column(col, justify="left" if col in ("metric", "verdict") else "right", no_wrap=col != "verdict")
     for m in doc["metrics"]:
         if m["ratio_low"] is not None:

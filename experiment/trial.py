@@ -39,8 +39,11 @@ class TrialConfig:
     """One `try`. `changes`: what B changes (empty: a null change, A = B); `base`: the baseline's own
     arguments; `traffic`: a trace spec (loadgen.traces.load_trace; `store:…`), cut to `block_s`
     seconds from `start_s` (rescaled by `speed` or `rate`, at most `max_requests`); `pairs` block
-    pairs (2 x pairs blocks); `slo`: the objectives; `baseline_url`/`candidate_url`: URL mode, with
-    `api` the collector's SQL API and `otlp_endpoint` its OTLP/HTTP; `out_dir`: traffic, logs, store."""
+    pairs (2 x pairs blocks); `slo`: the objectives; `priority`/`level`: compare one class only, at
+    this confidence; `warmup`: requests of the traffic sent (at 4x its speed, not compared) before the
+    first block and after each restart of vLLM, so that no block pays a cold engine;
+    `baseline_url`/`candidate_url`: URL mode, with `api` the collector's SQL API and `otlp_endpoint`
+    its OTLP/HTTP; `out_dir`: traffic, logs, store."""
 
     out_dir: Path
     changes: list[Change] = field(default_factory=list)
@@ -60,6 +63,9 @@ class TrialConfig:
     api: str | None = None
     otlp_endpoint: str | None = None
     store_api: str | None = None
+    priority: str | None = None
+    level: float = 0.95
+    warmup: int = 8
     settle_s: float = 1.0
     timeout_s: float = 600.0
 
@@ -102,6 +108,7 @@ class _Embedded:
         self.vllm_args: list[str] | None = None if stack is None else list(arms["A"].vllm)
         self.extra_gateways: list = []
         self.targets: dict[str, str] = {}
+        self.restarts = 0
 
     def start(self, first: str) -> None:
         from tailtrace.procs import free_port
@@ -168,6 +175,7 @@ class _Embedded:
                 from None
         st.procs[i] = ("vllm", proc)
         self.vllm_args = list(args)
+        self.restarts += 1
         self._wait_gateways()
         self.console.print(f"  vLLM restarted with {' '.join(args) or 'its defaults'} in {time.monotonic() - t0:.0f} s",
                            highlight=False)
@@ -247,8 +255,15 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
             env.start(first)
             api, otlp, targets = env.stack.api_url, env.stack.otlp_url, None
         counts = {"A": 0, "B": 0}
+        warm: set[tuple] = set()
         for j, arm in enumerate(order):
             target = env.use(arm) if env is not None else targets[arm]
+            state = (target, tuple(env.vllm_args) if env is not None else (), env.restarts if env is not None else 0)
+            if cfg.warmup and state not in warm:  # a cold engine (first block, a restart) is warmed, not compared
+                warm.add(state)
+                run_replay(ReplayConfig(trace=str(traffic), target=target, run_id=f"{exp}-warmup{len(warm)}",
+                                        run_kind=RUN_KIND_ARM, max_requests=cfg.warmup, speed=4.0, seed=cfg.seed,
+                                        otlp_endpoint=otlp, timeout_s=cfg.timeout_s, progress=False))
             run_id = f"{exp}-{arm}{counts[arm]}"
             counts[arm] += 1
             res = run_replay(ReplayConfig(trace=str(traffic), target=target,
@@ -267,7 +282,8 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         for b in blocks:
             wait_for_store(api, b["run_id"], b["requests"], timeout_s=60, where="TRUE")
         doc = compare(api_query(api), [b["run_id"] for b in blocks if b["arm"] == "A"],
-                      [b["run_id"] for b in blocks if b["arm"] == "B"], slo=cfg.slo).to_dict()
+                      [b["run_id"] for b in blocks if b["arm"] == "B"], slo=cfg.slo, priority=cfg.priority,
+                      level=cfg.level).to_dict()
     finally:
         if env is not None:
             env.stop()

@@ -128,11 +128,13 @@ class _Embedded:
                     raise UserError(f"vLLM refused {' '.join(arm.vllm) or 'its arguments'}: {line}") from None
                 raise
             self.vllm_args = list(arm.vllm)
-        self.targets["A"] = self.stack.gateway_url
-        if self.arms["B"].gateway != self.arms["A"].gateway:
-            self.targets["B"] = self._gateway(self.arms["B"].gateway, "gateway-B")
-        else:
-            self.targets["B"] = self.stack.gateway_url
+        # one gateway per distinct configuration: the stack's own serves the one it was started with
+        by_args = {tuple(self.stack.cfg.gateway_args): self.stack.gateway_url}
+        for name in ("A", "B"):
+            args = tuple(self.arms[name].gateway)
+            if args not in by_args:
+                by_args[args] = self._gateway(list(args), f"gateway-{name}")
+            self.targets[name] = by_args[args]
 
     def _gateway(self, args: list[str], name: str) -> str:
         from tailtrace.procs import free_port, start_process, wait_http
@@ -160,9 +162,10 @@ class _Embedded:
         from tailtrace.serve import ServeConfig, start_vllm
 
         st = self.stack
-        i = next(k for k, (name, _) in enumerate(st.procs) if name == "vllm")
         t0 = time.monotonic()
-        stop_process(st.procs[i][1], 60, interrupt_first=True)
+        i = next((k for k, (name, _) in enumerate(st.procs) if name == "vllm"), None)
+        if i is not None:
+            stop_process(st.procs.pop(i)[1], 60, interrupt_first=True)
         log = st.logs / f"vllm-{tag}-{int(time.time())}.log"
         self.vllm_args = None
         try:
@@ -170,10 +173,9 @@ class _Embedded:
                                           otlp_endpoint=st.otlp_url, decode_spans=st.cfg.decode_spans,
                                           extra_args=list(args)), log_path=log)
         except UserError:
-            st.procs.pop(i)
             raise UserError(f"vLLM refused {' '.join(args) or 'its arguments'}: {_vllm_error(log) or 'see ' + str(log)}") \
                 from None
-        st.procs[i] = ("vllm", proc)
+        st.procs.insert(i if i is not None else len(st.procs), ("vllm", proc))
         self.vllm_args = list(args)
         self.restarts += 1
         self._wait_gateways()
@@ -205,7 +207,7 @@ class _Embedded:
             return
         if self.owned:
             self.stack.stop()
-        elif self.vllm_args != self.arms["A"].vllm and any(n == "vllm" for n, _ in self.stack.procs):
+        elif self.vllm_args != self.arms["A"].vllm:
             self._restart(self.arms["A"].vllm, "baseline")  # a stack handed in keeps its baseline
 
 

@@ -22,6 +22,7 @@ PAGES = [
     st.Page("app_pages/explorer.py", title="Request explorer", icon=":material/search:"),
     st.Page("app_pages/engine.py", title="Engine and device", icon=":material/memory:"),
     st.Page("app_pages/replicas.py", title="Replicas", icon=":material/dns:", url_path="replicas"),
+    st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
     st.Page("app_pages/sql.py", title="SQL", icon=":material/terminal:"),
 ]
 

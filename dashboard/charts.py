@@ -278,3 +278,18 @@ def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go
     fig.update_layout(height=190 * len(rows), title="Engine and device on the latency time axis (UTC)",
                       margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=True)
     return fig
+
+
+def phase_shifts(shifts: pd.DataFrame) -> go.Figure:
+    """B − A of each phase's mean ms in each arm's own tail, one group of bars per objective's tail
+    (phases not measured are left out, never drawn as 0)."""
+    fig = _fig("What moved in the tail: B − A of each phase's mean (ms per tail request)", barmode="group",
+               xaxis_title="B − A (ms)")
+    measured = shifts.dropna(subset=["shift_ms"])
+    for tail, g in measured.groupby("tail", sort=False):
+        fig.add_trace(go.Bar(y=g["phase"], x=g["shift_ms"], name=f"{tail} tail", orientation="h",
+                             customdata=g[["A_ms", "B_ms"]].to_numpy(),
+                             hovertemplate="%{y}: %{x:+,.1f} ms (A %{customdata[0]:,.1f}, B %{customdata[1]:,.1f})"
+                                           "<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    return fig

@@ -35,7 +35,8 @@ def comparison_lines(doc: dict) -> list[str]:
     each phase in that tail (largest first), goodput, and the smallest change the blocks could see."""
     a, b = doc["arms"]["A"], doc["arms"]["B"]
     only = f", {doc['priority']} requests only" if doc.get("priority") else ""
-    out = [(f"B against A over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
+    mode = {"embedded": "on the embedded stack, ", "urls": "between two URLs (nothing changed), "}.get(doc.get("mode"), "")
+    out = [(f"B against A {mode}over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
            f"{doc['blocks']['requests_min']} requests each{only}); objectives {doc['slo']}")]
     rows = {(m["metric"], m["quantile"]): m for m in doc["metrics"]}
     for o in doc["objectives"]:

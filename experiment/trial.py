@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiment.changes import Arm, Change
-from semantics.slo import RUN_KIND_ARM
+from semantics.slo import DEFAULT_SLO, RUN_KIND_ARM
 from tailtrace.errors import UserError
 
 __all__ = ["TrialConfig", "block_order", "run_trial"]
@@ -269,7 +269,7 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
             run_id = f"{exp}-{arm}{counts[arm]}"
             counts[arm] += 1
             res = run_replay(ReplayConfig(trace=str(traffic), target=target,
-                                          run_id=run_id, run_kind=RUN_KIND_ARM, slo=cfg.slo or None, seed=cfg.seed,
+                                          run_id=run_id, run_kind=RUN_KIND_ARM, slo=cfg.slo or DEFAULT_SLO, seed=cfg.seed,
                                           otlp_endpoint=otlp, timeout_s=cfg.timeout_s, progress=False,
                                           **arms[arm].client))
             s = res.summary
@@ -277,6 +277,9 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
                            "target": target})
             if res.interrupted:
                 raise KeyboardInterrupt
+            if not res.spans_exported:
+                raise UserError(f"no OTLP collector at {otlp}: the blocks' client spans were lost, so nothing can be "
+                                "compared; give --otlp-endpoint (the collector whose --api compares)")
             ttft = s.latency["ttft"].get("p99")
             console.print(f"  block {j + 1}/{len(order)} {arm} {run_id}: {s.completed}/{s.requests} ok, "
                           f"TTFT P99 {_ms(ttft)}, E2E P99 {_ms(s.latency['e2e'].get('p99'))}", highlight=False)

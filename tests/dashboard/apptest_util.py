@@ -7,7 +7,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
-PAGES = ("overview", "why", "queue_service", "distributions", "explorer", "engine", "replicas", "sql")
+PAGES = ("overview", "why", "queue_service", "distributions", "explorer", "engine", "replicas", "sql", "compare")
 
 
 def open_app(monkeypatch, *, db: Path | None = None, api: str | None = None, store: str | None = None) -> AppTest:

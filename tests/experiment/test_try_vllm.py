@@ -91,7 +91,7 @@ def test_null_change_from_a_traced_run_replays_it_and_finds_no_change(stack, tmp
     got = sql_api(stack.api_url, q.format(", ".join("?" for _ in runs + ["src-null"])), runs + ["src-null"])
     by_run: dict[str, list] = {}
     for r in got:
-        by_run.setdefault(r[0], []).append(r[1:])
+        by_run.setdefault(r[0], []).append(tuple(r[1:]))
     ref = by_run.pop("src-null")
     assert [r[:3] for r in ref] == [(n_in, n_out, p) for _, n_in, n_out, p in rows]
     for rid, reqs in by_run.items():
@@ -106,6 +106,7 @@ def test_null_change_from_a_traced_run_replays_it_and_finds_no_change(stack, tmp
     # A = B: at 99.9% (two objectives at 95% would flag a null change 1 run in 10 by design) the
     # interval holds 1, and neither median moved by half
     null = compare(api_query(stack.api_url), doc["arms"]["A"]["runs"], doc["arms"]["B"]["runs"], level=0.999)
+    print([(m.metric, m.label, m.a_ms, m.b_ms, m.ratio_low, m.ratio_high) for m in null.metrics])
     for metric in ("ttft", "tpot"):
         row = null.row(metric, 0.99)
         assert row.pairs == 3 and row.verdict == "no significant change", row
@@ -148,3 +149,23 @@ def test_a_vllm_argument_vllm_refuses_names_its_error_and_restores_the_baseline(
     assert httpx.get(f"{stack.vllm_url}/v1/models", timeout=10).status_code == 200
     assert httpx.get(f"{stack.gateway_url}/health", timeout=10).status_code == 200
     assert any(name == "vllm" for name, _ in stack.procs)
+
+
+def test_url_mode_alternates_two_deployments_and_changes_nothing(stack, tmp_path):
+    rows = [(i * 0.25, 24, 6, "interactive") for i in range(12)]
+    cfg = TrialConfig(out_dir=tmp_path, traffic=_csv(tmp_path / "t.csv", rows), block_s=60, pairs=1, settle_s=0.2,
+                      baseline_url=stack.gateway_url, candidate_url=stack.vllm_url, api=stack.api_url,
+                      otlp_endpoint=stack.otlp_url, warmup=0)
+    doc = run_trial(cfg, _Quiet())
+    assert doc["mode"] == "urls" and [b["arm"] for b in doc["block_runs"]] == ["A", "B"]
+    assert [b["target"] for b in doc["block_runs"]] == [stack.gateway_url, stack.vllm_url]
+    assert doc["arms"]["A"]["requests"] == doc["arms"]["B"]["requests"] == 12
+    # one pair: a ratio, no interval, and the report says why
+    ttft = next(m for m in doc["metrics"] if m["metric"] == "ttft" and m["quantile"] == 0.5)
+    assert ttft["ratio"] is not None and ttft["verdict"] == "not enough blocks" and "2+" in ttft["why"]
+    # the stack is as it was: its own gateway, its engine, nothing started or stopped
+    assert httpx.get(f"{stack.gateway_url}/health", timeout=10).status_code == 200
+    bad = TrialConfig(out_dir=tmp_path / "bad", traffic=cfg.traffic, baseline_url=stack.gateway_url,
+                      candidate_url=stack.vllm_url, api=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(UserError, match="cannot reach the collector's SQL API"):
+        run_trial(bad, _Quiet())

@@ -1,0 +1,52 @@
+"""Compare: B against A over runs of the store, with an interval by block (the code of `tailtrace
+compare` and `tailtrace try`: experiment/compare.py). Picks a `try` experiment (its A and B blocks)
+or any runs; the sidebar's run selector does not apply here (the page chooses its own two arms)."""
+
+import streamlit as st
+
+from dashboard import charts, ui
+from dashboard.queries import compare, why
+from experiment.render import comparison_lines
+
+ctx = ui.require()
+ui.header("Compare", "B against A",
+          "What a change bought: per metric and quantile A, B, B − A and its interval by block pair, the shift of "
+          "each phase in the tail, goodput at the SLO (the same numbers as `tailtrace compare` and `tailtrace try`).")
+runs = [r.run_id for r in ctx.runs.runs if r.run_id] if ctx.runs is not None else []
+if not runs:
+    ui.show_empty("No run in this store: compare needs runs (`tailtrace try`, or two `tailtrace replay` runs).")
+    st.stop()
+exps = compare.experiments(runs)
+choices = [*exps, "choose runs"]
+pick = st.selectbox("Experiment", choices, index=0, key="cmp_exp",
+                    format_func=lambda e: e if e == "choose runs" else f"{e} ({len(exps[e][0])} block pairs)")
+if pick == "choose runs":
+    c1, c2 = st.columns(2)
+    a_runs = c1.multiselect("A (baseline)", runs, default=runs[-2:-1], key="cmp_a")
+    b_runs = c2.multiselect("B (candidate)", runs, default=runs[-1:], key="cmp_b")
+else:
+    a_runs, b_runs = exps[pick]
+c1, c2 = st.columns(2)
+priority = c1.selectbox("Requests", [None, "interactive", "batch"], format_func=lambda p: p or "every class",
+                        key="cmp_priority")
+level = c2.selectbox("Confidence", [0.95, 0.99, 0.999], format_func=lambda x: f"{x:.1%}", key="cmp_level")
+if not a_runs or not b_runs:
+    ui.show_empty("Choose at least one run for each arm.")
+    st.stop()
+doc = compare.comparison(ctx.src, list(a_runs), list(b_runs), why.slo_spec(ctx.slo), priority, level)
+for line in comparison_lines(doc):
+    st.markdown(f"- {line.strip()}" if line.startswith("  ") else f"**{line}**")
+st.dataframe(compare.metrics_frame(doc), hide_index=True, column_config={
+    "A_ms": st.column_config.NumberColumn("A (ms)", format="%.1f"),
+    "B_ms": st.column_config.NumberColumn("B (ms)", format="%.1f"),
+    "diff_ms": st.column_config.NumberColumn("B − A (ms)", format="%+.1f"),
+    "low_pct": st.column_config.NumberColumn(f"{level:.1%} interval from", format="%+.1f%%"),
+    "high_pct": st.column_config.NumberColumn("to", format="%+.1f%%")})
+shifts = compare.shift_frame(doc)
+if len(shifts):
+    st.plotly_chart(charts.phase_shifts(shifts), key="cmp_shifts")
+    missing = sorted(set(shifts.loc[shifts["shift_ms"].isna(), "phase"]))
+    if missing:
+        st.caption("Not measured in the tails (no request of them has the phase): " + ", ".join(missing))
+for note in doc["notes"]:
+    st.caption(f"Note: {note}")

@@ -173,8 +173,17 @@ def _try(args) -> int:
                       candidate_url=args.candidate, api=args.api or os.environ.get("TAILTRACE_API_URL"),
                       otlp_endpoint=args.otlp_endpoint, priority=args.priority, level=args.confidence,
                       store_api=args.api if args.traffic.startswith("store:") else None)
+    import signal
+
     from rich.console import Console
 
+    from tailtrace.procs import stop_on_sigint
+
+    def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C: everything try started is stopped
+        signal.raise_signal(signal.SIGINT)
+
+    stop_on_sigint()  # a background job starts with SIGINT ignored; try must still stop on it
+    signal.signal(signal.SIGTERM, _on_term)
     console = Console(stderr=args.format == "json")
     doc = run_trial(cfg, console)
     _emit(doc, args)

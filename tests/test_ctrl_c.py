@@ -183,3 +183,35 @@ def _the_effective_configuration_is_recorded(url: str, api: str) -> None:
     seqs = {a.knob: a for a in _preemption_actions(ctx, 0.5)}
     assert budget["max_num_batched_tokens"].current == 300 and seqs["max_num_seqs"].current == 7
     assert seqs["kv_cache_tokens"].current == cfg["kv_cache_tokens"]
+
+
+@pytest.mark.slow
+def test_try_stops_everything_it_started_on_sigint(tmp_path):
+    """`tailtrace try` with a gateway change (its stack and a second gateway) started ignoring SIGINT,
+    interrupted in its first block: exit 130, collector, vLLM (API server, EngineCore, worker) and both
+    gateways gone."""
+    rows = "\n".join(f"2024-01-01 00:{i // 120:02d}:{(i // 2) % 60:02d}.{5000000 * (i % 2):07d},16,4"
+                     for i in range(240))
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows + "\n")
+    cmd = _tailtrace("try", "--traffic", str(tmp_path / "t.csv"), "--block-s", "120", "--blocks", "1",
+                     "--change", "gateway:--max-concurrency=4", "--out", str(tmp_path / "try"))
+    env_old = dict(os.environ)
+    os.environ.update(EAGER)
+    try:
+        proc, mark, log = _start(cmd, tmp_path)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_old)
+    try:
+        deadline = time.monotonic() + 300
+        while "gateway" not in log.read_text(errors="replace") or not (tmp_path / "try" / "logs" /
+                                                                      "gateway-B.log").exists():
+            assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+            time.sleep(0.5)
+        time.sleep(5)  # inside the warm-up or the first block
+        names = {p.name() for p in marked_processes(mark)}
+        assert any(n.startswith("VLLM") for n in names) or len(names) >= 4, names
+        _interrupt_and_check(proc, mark, log, exit_codes=(130,))
+    finally:
+        _cleanup(proc, mark)

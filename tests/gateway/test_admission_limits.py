@@ -205,22 +205,22 @@ def test_priority_classes_off_is_one_fifo_order():
         GatewayConfig(upstreams=("http://a",), priority_classes="maybe").validate()
 
     async def main(cfg):
+        # one slot, held; then b1, b2 (batch) and i1 (interactive) wait for it, in that order
         pool, adm = _controller(conc=1)
-        first = await adm.acquire(cfg.queue_class(BATCH))
-        order = []
-
-        async def req(name, prio):
-            up = await adm.acquire(cfg.queue_class(prio))
-            order.append(name)
+        held = await adm.acquire(cfg.queue_class(BATCH))
+        waiting = {}
+        for name, prio in (("b1", BATCH), ("b2", BATCH), ("i1", INTERACTIVE)):
+            waiting[name] = asyncio.ensure_future(adm.acquire(cfg.queue_class(prio)))
+            await asyncio.sleep(0)
+        served = []
+        up = held
+        while waiting:
             adm.release(up, 0.01)
-
-        tasks = [asyncio.create_task(req("b1", BATCH)), asyncio.create_task(req("b2", BATCH))]
-        await asyncio.sleep(0)
-        tasks.append(asyncio.create_task(req("i1", INTERACTIVE)))
-        await asyncio.sleep(0)
-        adm.release(first, 0.5)
-        await asyncio.gather(*tasks)
-        return order
+            await asyncio.sleep(0)
+            name = next(n for n, fut in waiting.items() if fut.done())
+            served.append(name)
+            up = waiting.pop(name).result()
+        return served
 
     assert asyncio.run(main(on)) == ["i1", "b1", "b2"]
     assert asyncio.run(main(off)) == ["b1", "b2", "i1"]

@@ -230,6 +230,10 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         raise UserError("with --baseline/--candidate the candidate already runs its change: give only client: changes")
     arms = {"A": cfg.base, "B": cfg.base.with_changes(cfg.changes)}
     traffic, n_req, notes = _cut_traffic(cfg)
+    if n_req < 50:  # compare's rule: a quantile q needs 0.5 / (1 - q) requests per block
+        notes.append(f"each block holds {n_req} requests: P99 needs 50+ per block, P999 500+ (raise --block-s, "
+                     "or --rate / --speed)")
+        console.print(f"[yellow]note:[/] {notes[-1]}", highlight=False)
     exp = f"try-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
     first = "B" if arms["B"].vllm != arms["A"].vllm else "A"
     order = block_order(cfg.pairs, first)

@@ -448,12 +448,25 @@ def _check_replicas(at, t, errors: list[str]) -> None:
                       f"{len(at.dataframe)} table(s)")
 
 
+def _check_compare(at, t, errors: list[str]) -> None:
+    """Compare ("choose runs": no `try` experiment here, so A is the older run and B the latest,
+    whole runs: the page has no time range): each arm's TTFT and E2E P50 and P99 over its ok
+    requests, as the truth has them per run."""
+    table = at.dataframe[0].value
+    for arm, run in (("A", "old"), ("B", RUN)):
+        want = _expect([r for r in t.truth if r["run"] == run])
+        for m in ("ttft", "e2e"):
+            for q, label in ((0.5, "P50"), (0.99, "P99")):
+                row = table[table["metric"] == f"{m.upper()} {label}"]
+                _close(row[f"{arm}_ms"].iloc[0], want[m][q], f"compare {arm} {m} {label}", errors)
+
+
 # Every page and its check of what it shows. What no page shows is not checked there: the P50/P999
 # of the tail metric on Queue vs service and of the Engine page's buckets, token totals anywhere but
 # the Overview, requests and ok counts on the Distributions, Explorer and Engine pages.
 PAGE_CHECKS = {"overview": _check_overview, "why": _check_why, "queue_service": _check_queue_service,
                "distributions": _check_distributions, "explorer": _check_explorer, "engine": _check_engine,
-               "replicas": _check_replicas, "sql": _check_sql}
+               "replicas": _check_replicas, "sql": _check_sql, "compare": _check_compare}
 
 
 def _page_disagreements(path, truth, monkeypatch) -> list[str]:
@@ -469,7 +482,7 @@ def _page_disagreements(path, truth, monkeypatch) -> list[str]:
     assert set(PAGE_CHECKS) == set(PAGES)
     rows = _in_window(truth)
     epoch = dt.datetime(1970, 1, 1)
-    t = types.SimpleNamespace(rows=rows, ok=[r for r in rows if r["ok"]], window=_expect(rows),
+    t = types.SimpleNamespace(truth=truth, rows=rows, ok=[r for r in rows if r["ok"]], window=_expect(rows),
                               store_all=_expect(truth), width_ms=data.bucket_ms(
                                   *(epoch + dt.timedelta(seconds=f(r["done_s"] for r in rows)) for f in (min, max))))
     errors: list[str] = []

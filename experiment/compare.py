@@ -128,7 +128,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     """Compare arm B (`b_runs`, run ids) with arm A (`a_runs`) in the store `query` reads.
 
     Several runs per arm: pairs in order (equal counts needed); one run each: `split` stretches of
-    arrival time. `slo`: the objectives (semantics/slo.py; default the catalog's), whose quantiles
+    arrival time (`split=0`: the runs are the blocks even then, as `try --blocks 1` ran them). `slo`: the objectives (semantics/slo.py; default the catalog's), whose quantiles
     are compared beside `quantiles` and whose bounds make the goodput. `priority`: only the
     requests of that class (interactive | batch). `level`: the intervals' confidence (0.95, 0.99,
     0.999). Raises UserError for an unknown run id, a run in both arms, unequal block counts, a
@@ -161,14 +161,14 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     bounds = [o for o in objectives if o.metric in COLUMNS]
     select, _ = _aggregates(mq, bounds)
     notes: list[str] = []
-    if len(a_runs) >= 2:
+    if len(a_runs) >= 2 or split == 0:
         unit, k = "run", len(a_runs)
         rows = query(f"SELECT run_id, 0, {select} FROM requests WHERE run_id IN ({_marks(len(runs))}){cls} "
                      "GROUP BY run_id", runs)
         key = {(r[0], 0): r[2:] for r in rows}
         blocks_a, blocks_b = [(r, 0) for r in a_runs], [(r, 0) for r in b_runs]
     else:
-        unit, k = "slice", max(2, int(split))
+        unit, k = "slice", max(2, int(split))  # split >= 1 here
         start_case = " ".join(f"WHEN run_id = ? THEN {int(spans[r][0])}" for r in runs)
         width_case = " ".join(f"WHEN run_id = ? THEN {max(1, int(spans[r][1] - spans[r][0]) + 1)}" for r in runs)
         blk = (f"least({k - 1}, CAST(floor((epoch_us(arrival_time) - (CASE {start_case} END)) * {k} / "

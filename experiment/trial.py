@@ -292,7 +292,7 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
             wait_for_store(api, b["run_id"], b["requests"], timeout_s=60, where="TRUE")
         doc = compare(api_query(api), [b["run_id"] for b in blocks if b["arm"] == "A"],
                       [b["run_id"] for b in blocks if b["arm"] == "B"], slo=cfg.slo, priority=cfg.priority,
-                      level=cfg.level).to_dict()
+                      level=cfg.level, split=0).to_dict()
     finally:
         if env is not None:
             env.stop()

@@ -58,7 +58,7 @@ def build(path: Path, n: int, seed: int = 0) -> None:
                 ttft = 2 + queue + prefill
                 e2e = ttft + decode
                 arrival = [t0 + dt.timedelta(seconds=float(x)) for x in at]
-                table = pa.table({
+                batch = pa.table({
                     "trace_id": [f"{run_id}-{i}" for i in range(per)], "run_id": [run_id] * per,
                     "arrival_time": arrival,
                     "completion_time": [a + dt.timedelta(milliseconds=float(e)) for a, e in zip(arrival, e2e)],
@@ -69,7 +69,7 @@ def build(path: Path, n: int, seed: int = 0) -> None:
                     "outer_ttft_ms": ttft, "outer_e2e_ms": e2e, "output_tokens": out,
                     "prompt_tokens": rng.integers(16, 2000, per), "priority": ["interactive"] * per,
                 })
-                con.execute("INSERT INTO requests BY NAME SELECT * FROM table")
+                con.execute("INSERT INTO requests BY NAME SELECT * FROM batch")
                 t0 += dt.timedelta(seconds=700)
     con.close()
 

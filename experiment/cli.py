@@ -36,7 +36,7 @@ def register(sub) -> None:
                                    "interleaved blocks, an interval by block",
                        description="Run the baseline (A) and the candidate (B, A with --change applied) on the same "
                                    "slice of traffic in interleaved blocks (A B B A ...), then print per metric and "
-                                   "quantile A, B, B-A and its 95%% interval by block pair, the verdict per objective, "
+                                   "quantile A, B, B-A and its 95% interval by block pair, the verdict per objective, "
                                    "the shift of each phase in the tail and goodput at the SLO. With no --baseline, on "
                                    "the embedded stack (as demo). docs/experiment.md.")
     p.add_argument("--change", action="append", default=[], metavar="WHERE:FLAG=VALUE",
@@ -77,7 +77,7 @@ def register(sub) -> None:
     p.set_defaults(func=_try)
 
     p = sub.add_parser("compare", help="B against A for any runs of a store, with an interval by block",
-                       description="Per metric and quantile A, B, B-A and its 95%% interval, the verdict per "
+                       description="Per metric and quantile A, B, B-A and its 95% interval, the verdict per "
                                    "objective, phase shifts in the tail and goodput. RUN_A and RUN_B are run ids, "
                                    "comma-separated lists or glob patterns (several runs per arm pair in order; one "
                                    "run each is cut into --split stretches). docs/experiment.md.")

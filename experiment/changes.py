@@ -13,7 +13,7 @@ from pathlib import Path
 from semantics.knobs import KNOBS, TRY_FLAGS
 from tailtrace.errors import UserError
 
-__all__ = ["Arm", "Change", "action_change", "known_changes", "parse_change"]
+__all__ = ["Arm", "Change", "action_change", "check_gateway_args", "known_changes", "parse_change"]
 
 _BARE = {"--enable-prefix-caching", "--no-enable-prefix-caching"}  # flags that take no value
 
@@ -65,6 +65,27 @@ def parse_change(text: str, what: str = "--change") -> Change:
     return Change(where, flag, value)
 
 
+def check_gateway_args(args: list[str], what: str = "--change") -> None:
+    """Refuse, before anything starts, gateway arguments the gateway itself would refuse (its own
+    parser and `GatewayConfig.validate`). Raises UserError with the gateway's message."""
+    import argparse
+
+    from instrument.gateway.cli import register
+    from instrument.gateway.config import GatewayConfig
+
+    class _Refuse(argparse.ArgumentParser):
+        def error(self, message):
+            raise UserError(f"{what}: the gateway refuses {' '.join(args)}: {message}")
+
+    sub = _Refuse(prog="gateway").add_subparsers()
+    register(sub)
+    ns = sub.choices["gateway"].parse_args(["--upstream", "http://127.0.0.1:1", *args])
+    try:
+        GatewayConfig.from_args(ns).validate()
+    except UserError as exc:
+        raise UserError(f"{what}: the gateway refuses {' '.join(args)}: {exc}") from None
+
+
 def action_change(action_id: str, explain_json: str | Path) -> Change:
     """The change that action `action_id` of explain's JSON report (`tailtrace explain --format json`,
     schema tailtrace.explain/2) proposes: its knob's flag set to its `proposed` value. Raises
@@ -77,21 +98,35 @@ def action_change(action_id: str, explain_json: str | Path) -> Change:
     except ValueError:
         raise UserError(f"--explain {explain_json} is not JSON (write it with tailtrace explain --format json)") \
             from None
-    reports = [doc, *(doc.get("also") or [])] if isinstance(doc, dict) else []
-    actions = [a for r in reports for f in (r.get("findings") or []) for a in (f.get("actions") or [])]
-    found = next((a for a in actions if isinstance(a, dict) and a.get("id") == action_id), None)
+    also = doc.get("also") if isinstance(doc, dict) else None
+    reports = [doc, *(also if isinstance(also, list) else [])] if isinstance(doc, dict) else []
+    actions = [a for r in reports if isinstance(r, dict) for f in _list(r.get("findings")) if isinstance(f, dict)
+               for a in _list(f.get("actions")) if isinstance(a, dict)]
+    if not reports:
+        raise UserError(f"--explain {explain_json} is not explain's report (tailtrace explain --format json)")
+    found = next((a for a in actions if a.get("id") == action_id), None)
     if found is None:
-        ids = ", ".join(sorted({a.get("id") for a in actions if isinstance(a, dict) and a.get("id")})) or "none"
+        ids = ", ".join(sorted({str(a.get("id")) for a in actions if a.get("id")})) or "none"
         raise UserError(f"--action {action_id!r} is not in {explain_json}; its actions: {ids}")
-    knob = KNOBS.get(found.get("knob"))
+    name = found.get("knob")
+    knob = KNOBS.get(name) if isinstance(name, str) else None
     proposed = found.get("proposed")
-    flag = knob.flag if knob else None
-    if knob is None or (knob.where, flag) not in TRY_FLAGS or proposed is None:
-        raise UserError(f"--action {action_id}: {found.get('knob')} ({knob.flag if knob else '?'}) is not a flag try "
-                        f"can set; change it by hand and compare the runs with tailtrace compare")
+    where_flag = next(((w, f) for (w, f), k in TRY_FLAGS.items() if knob is not None and k == knob.name
+                       and not f.startswith("--no-")), None)
+    if knob is None or where_flag is None:
+        raise UserError(f"--action {action_id}: {name} is not a flag try can set; change it by hand and compare the "
+                        "runs with tailtrace compare")
+    if proposed is None or isinstance(proposed, (list, dict)):
+        raise UserError(f"--action {action_id}: the report proposes no value for {name}; give --change "
+                        f"{where_flag[0]}:{where_flag[1]}=VALUE")
+    flag = where_flag[1]
     if isinstance(proposed, bool):
-        return Change(knob.where, flag if proposed else "--no-" + flag.removeprefix("--"), None)
-    return parse_change(f"{knob.where}:{flag}={proposed}", "--action")
+        return Change(where_flag[0], flag if proposed else "--no-" + flag.removeprefix("--"), None)
+    return parse_change(f"{where_flag[0]}:{flag}={proposed}", "--action")
+
+
+def _list(v) -> list:
+    return v if isinstance(v, list) else []
 
 
 @dataclass

@@ -41,7 +41,8 @@ def register(sub) -> None:
                                    "the embedded stack (as demo). docs/experiment.md.")
     p.add_argument("--change", action="append", default=[], metavar="WHERE:FLAG=VALUE",
                    help="what B changes, e.g. vllm:--max-num-batched-tokens=512, gateway:--max-concurrency=24, "
-                        "gateway:--priority-classes=on, client:--max-output-tokens=64 (repeat; none: a null change)")
+                        "gateway:--priority-classes=on, client:--max-output-tokens=64 (repeat; without any: a null "
+                        "change, A = B)")
     p.add_argument("--action", metavar="ID", help="the change an action of explain's JSON proposes (with --explain)")
     p.add_argument("--explain", metavar="FILE.json", help="explain's report (tailtrace explain --format json)")
     p.add_argument("--base", action="append", default=[], metavar="WHERE:FLAG=VALUE",
@@ -167,6 +168,14 @@ def _try(args) -> int:
 
         parse_slo(args.slo)
     base = Arm().with_changes([parse_change(c, "--base") for c in args.base])
+    from experiment.changes import check_gateway_args
+
+    check_gateway_args(base.gateway, "--base")
+    check_gateway_args(base.with_changes(changes).gateway)
+    if args.json:
+        from loadgen.cli import check_writable
+
+        check_writable(args.json, "--json")  # before the experiment, not after it: a bad path must not lose the result
     cfg = TrialConfig(out_dir=Path(args.out), changes=changes, base=base, traffic=args.traffic, block_s=args.block_s,
                       start_s=args.start, speed=args.speed, rate=args.rate, max_requests=args.max_requests,
                       pairs=args.blocks, slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,

@@ -105,6 +105,15 @@ class Comparison:
         return next((m for m in self.metrics if m.metric == metric and abs(m.quantile - quantile) < 1e-12), None)
 
 
+def _within(o: Objective) -> str:
+    """A request meets objective `o`'s bound (per request, as goodput judges): its metric measured and
+    within; TPOT, which a one-token answer does not have, counts as met there (nothing to wait for)."""
+    c, limit = COLUMNS[o.metric], float(o.limit_ms)
+    if o.metric == "tpot":
+        return f"(({c} IS NULL AND coalesce(output_tokens, 0) <= 1) OR {c} <= {limit!r})"
+    return f"({c} IS NOT NULL AND {c} <= {limit!r})"
+
+
 def _marks(n: int) -> str:
     return ", ".join("?" for _ in range(n))
 
@@ -116,8 +125,7 @@ def _aggregates(quantiles: list[tuple[str, float]], bounds: list[Objective]) -> 
         c = COLUMNS[m]
         cols.append(f"count({c}) FILTER (WHERE {LATENCY_POPULATION})")
         cols.append(f"quantile_cont({c}, {float(q)!r}) FILTER (WHERE {LATENCY_POPULATION} AND {c} IS NOT NULL)")
-    good = " AND ".join([LATENCY_POPULATION] + [f"({COLUMNS[o.metric]} IS NULL OR {COLUMNS[o.metric]} <= "
-                                                f"{float(o.limit_ms)!r})" for o in bounds])
+    good = " AND ".join([LATENCY_POPULATION] + [_within(o) for o in bounds])
     cols.append(f"count(*) FILTER (WHERE {good})")
     return ", ".join(cols), 2 + 2 * len(quantiles) + 1
 
@@ -144,6 +152,11 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     slo_text = format_slo(objectives)
     if not a_runs or not b_runs:
         raise UserError("compare needs at least one run per arm")
+    for arm in (a_runs, b_runs):
+        if len(set(arm)) != len(arm):
+            raise UserError(f"run {next(r for r in arm if arm.count(r) > 1)!r} is given twice in one arm")
+    if split and not 2 <= split <= 64:
+        raise UserError(f"--split {split}: from 2 to 64 stretches per run")
     if set(a_runs) & set(b_runs):
         raise UserError(f"run {min(set(a_runs) & set(b_runs))!r} is in both arms")
     if len(a_runs) != len(b_runs):
@@ -151,11 +164,13 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     runs = a_runs + b_runs
     spans = {r[0]: r[1:] for r in query(
         f"SELECT run_id, epoch_us(min(arrival_time)), epoch_us(max(arrival_time)), count(*), "
-        f"epoch_us(max(completion_time)) FROM requests WHERE run_id IN ({_marks(len(runs))}) GROUP BY run_id",
+        f"epoch_us(max(completion_time)) FROM requests WHERE run_id IN ({_marks(len(runs))}) "
+        "AND arrival_time IS NOT NULL GROUP BY run_id",
         runs)}
     missing = [r for r in runs if r not in spans]
     if missing:
-        raise UserError(f"no request of run {missing[0]!r} in the store (tailtrace explain --all-runs lists the runs)")
+        raise UserError(f"no request of run {missing[0]!r} with an arrival time in the store "
+                        "(tailtrace explain --all-runs lists the runs)")
     qs = sorted({*quantiles, *(o.q for o in objectives if o.metric in COLUMNS)})
     mq = [(m, q) for m in COLUMNS for q in qs]
     bounds = [o for o in objectives if o.metric in COLUMNS]
@@ -232,6 +247,17 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     tails = _tail_phases(query, metrics, labels, (a_runs, b_runs), objectives, cls)
     if priority is not None:
         notes.append(f"only the {priority} requests of each block")
+    skipped = [o.spec for o in objectives if o.metric not in COLUMNS]
+    if skipped:
+        notes.append(f"goodput judges TTFT, TPOT and E2E per request; {', '.join(skipped)} is per step, not in it")
+    n_a, n_b = arms[labels[0]].requests, arms[labels[1]].requests
+    if max(n_a, n_b) > 1.1 * max(1, min(n_a, n_b)):
+        notes.append(f"the arms hold {n_a} and {n_b} requests: not the same traffic, so a difference is not only "
+                     "the change's")
+    small = [f"{t['metric'].upper()} {t['label']}" for t in tails if min(t["a_tail"], t["b_tail"]) < 5]
+    if small:
+        notes.append(f"the {', '.join(small)} tails hold fewer than 5 requests in an arm: their phase shifts are "
+                     "anecdotes")
     return Comparison(arms, unit, k, n_min, slo_text, metrics, objective_rows, tails, notes, priority=priority,
                       level=level)
 
@@ -252,6 +278,8 @@ def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objec
             means[label] = (int(row[0] or 0), [_f(v) for v in row[1:]])
         phases = []
         for j, p in enumerate(_TAIL_PHASES):
+            if o.metric == "ttft" and p.column == "decode_ms":  # not part of the time to first token
+                continue
             a, b = means[labels[0]][1][j], means[labels[1]][1][j]
             phases.append({"phase": p.label, "column": p.column, "a_ms": a, "b_ms": b,
                            "shift_ms": None if a is None or b is None else b - a})

@@ -59,7 +59,7 @@ def comparison_lines(doc: dict) -> list[str]:
         out.append(f"  in the {t['metric'].upper()} {t['label']} tail: {text}"
                    + (f" (not measured: {', '.join(absent)})" if absent else ""))
     gp = [(x["goodput_rps"], x["goodput_share"]) for x in (a, b)]
-    if all(g is not None for g, _ in gp):
+    if all(g is not None and share is not None for g, share in gp):
         out.append(f"  goodput at the SLO: A {gp[0][0]:.2f} req/s ({gp[0][1]:.0%} of requests), "
                    f"B {gp[1][0]:.2f} req/s ({gp[1][1]:.0%})")
     out.append(f"  failed: A {a['failed']} of {a['requests']}, B {b['failed']} of {b['requests']}")

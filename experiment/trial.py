@@ -228,6 +228,8 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         raise UserError("give both --baseline URL and --candidate URL (or neither, for the embedded stack)")
     if urls and any(c.where != "client" for c in cfg.changes):
         raise UserError("with --baseline/--candidate the candidate already runs its change: give only client: changes")
+    if urls and (cfg.base.vllm or cfg.base.gateway):
+        raise UserError("with --baseline/--candidate the deployments are the user's: --base takes only client: settings")
     arms = {"A": cfg.base, "B": cfg.base.with_changes(cfg.changes)}
     traffic, n_req, notes = _cut_traffic(cfg)
     if n_req < 50:  # compare's rule: a quantile q needs 0.5 / (1 - q) requests per block

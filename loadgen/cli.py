@@ -24,7 +24,7 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def check_writable(path: str) -> None:
+def check_writable(path: str, flag: str = "--out") -> None:
     """Raise UserError unless a results file can be written at `path` (checked before a run, by
     creating it; a file that did not exist is removed again)."""
     from pathlib import Path
@@ -33,16 +33,16 @@ def check_writable(path: str) -> None:
 
     p = Path(path)
     if not str(path).strip():
-        raise UserError("--out is empty: give a file name (.json or .csv)")
+        raise UserError(f"{flag} is empty: give a file name (.json or .csv)")
     if p.is_dir():
-        raise UserError(f"--out {path!r} is a directory: give a file name (.json or .csv)")
+        raise UserError(f"{flag} {path!r} is a directory: give a file name (.json or .csv)")
     existed = p.exists()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a"):
             pass
     except OSError as exc:
-        raise UserError(f"--out {path!r} cannot be written: {exc.strerror or exc}") from None
+        raise UserError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
     if not existed:
         p.unlink(missing_ok=True)
 
@@ -159,8 +159,16 @@ def _replay(args) -> int:
     if args.api and not args.trace.startswith("store:"):
         from tailtrace.errors import UserError
         raise UserError("--api reads a traced run: give TRACE as store: or store:#RUN_ID")
-    if args.export_trace:
+    if args.export_trace is not None:
         from loadgen.replay import export_plan
+        from loadgen.traces import SHIPPED_TRACES
+
+        source = args.trace.removeprefix("store:").rpartition("#")[0] if "#" in args.trace else \
+            args.trace.removeprefix("store:")
+        source = str(SHIPPED_TRACES.get(source, source)).removeprefix("duckdb://")
+        if source and _same_file(source, args.export_trace):
+            from tailtrace.errors import UserError
+            raise UserError(f"--export-trace {args.export_trace!r} is the trace it reads: give another file")
 
         path, n, notes = export_plan(_config(args, speed=args.speed, rate=args.rate), args.export_trace)
         for note in notes:
@@ -176,6 +184,15 @@ def _replay(args) -> int:
         path = res.write(args.out)
         console.print(f"results written to {path}", highlight=False)
     return 130 if res.interrupted else 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
 
 
 def _sweep(args) -> int:

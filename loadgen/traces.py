@@ -95,6 +95,8 @@ def _parse_azure_time(text: str) -> float:
     """`YYYY-MM-DD HH:MM:SS.fffffff` (100 ns ticks, no zone) -> POSIX seconds, treated as UTC."""
     text = text.strip()
     main, _, frac = text.partition(".")
+    if frac and not (frac.isascii() and frac.isdigit()):
+        raise ValueError(f"bad fraction of a second {frac!r}")
     base = datetime.strptime(main, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
     return base + (int(frac) / 10 ** len(frac) if frac else 0.0)
 
@@ -162,6 +164,10 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0, api:
                         raise UserError(f"trace {path}, line {line}: bad row {','.join(row)[:80]!r}") from None
                     t0 = t if t0 is None else t0
                     requests.append(_checked(path, line, t - t0, n_in, n_out, (), _priority(path, line, row, ip)))
+                first = min(r.offset_s for r in requests) if requests else 0.0
+                if first < 0:  # rows out of time order: offsets from the earliest, none dropped
+                    requests = [dataclasses.replace(r, offset_s=r.offset_s - first) for r in requests]
+                    t0 += first
             else:
                 it, ii, io = (cols[c] for c in _MOONCAKE_COLUMNS)
                 ih = cols.get("hash_ids")
@@ -308,9 +314,20 @@ def export_azure_csv(requests: list[TraceRequest], path: str | Path, *, start_un
     digits, the format of data/traces/azure2023_conv.csv), adding a `priority` column when any
     request is of a class other than interactive (the default), so that any tool that reads Azure traces replays it and `load_trace`
     reads it back exactly (offsets to 100 ns). Raises UserError when `path` cannot be written."""
+    if not str(path).strip():
+        raise UserError("--export-trace is empty: give a file name (.csv)")
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or str(path).endswith("/"):
         raise UserError(f"--export-trace {str(path)!r} is a directory: give a file name (.csv)")
+    if path.is_file():
+        with open(path, "rb") as fh:
+            if b"\0" in fh.read(4096):
+                raise UserError(f"--export-trace {str(path)!r} exists and is not a CSV file (a store?): not overwritten")
+    latest = datetime(9999, 1, 1, tzinfo=UTC).timestamp()
+    for r in requests:
+        if not (math.isfinite(r.offset_s) and 0 <= start_unix_s + r.offset_s < latest):
+            raise UserError(f"--export-trace: an arrival {r.offset_s:.6g} s after the start lies outside the years "
+                            "1970..9999 that the Azure format writes (a --rate or --speed too small?)")
     with_priority = any(r.priority not in (None, "interactive") for r in requests)
     base_ticks = round(start_unix_s * 10**7)
     try:

@@ -43,7 +43,14 @@ def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
             from None
     if r.status_code != 200:
         raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
-    return r.json()["rows"]
+    try:
+        rows = r.json()["rows"]
+        if not isinstance(rows, list) or not all(isinstance(row, list) for row in rows):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{api}/api/sql answered 200 without a table of rows: not a tailtrace collector's SQL API") \
+            from None
+    return rows
 
 
 def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:

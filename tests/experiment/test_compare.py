@@ -97,3 +97,62 @@ def test_compare_finds_the_queue_it_removed_and_shows_the_phase_shift(tmp_path):
     finally:
         close()
     assert math.isfinite(ttft.mde) and ttft.mde > 0
+
+
+def test_an_empty_class_duplicate_runs_and_unmeasured_requests_are_honest(tmp_path):
+    import duckdb
+
+    from experiment.render import comparison_lines
+
+    rng = np.random.default_rng(2)
+    reqs = _arm(rng, "try-z-A", 2, 1.0, n=60) + _arm(rng, "try-z-B", 2, 1.0, n=60)
+    for r in reqs:
+        r.at += 500 if "-B" in r.run_id else 0
+    db = write_store(tmp_path / "s.duckdb", reqs)
+    con = duckdb.connect(db)  # B's first block: half its requests without a TTFT (a layer that did not see it)
+    con.execute("UPDATE requests SET outer_ttft_ms = NULL WHERE run_id = 'try-z-B-b0' AND prompt_tokens % 2 = 0 "
+                "OR (run_id = 'try-z-B-b0' AND arrival_time < (SELECT min(arrival_time) + INTERVAL 6 SECOND "
+                "FROM requests WHERE run_id = 'try-z-B-b0'))")
+    con.close()
+    query, close = db_query(db)
+    try:
+        a, b = ["try-z-A-b0", "try-z-A-b1"], ["try-z-B-b0", "try-z-B-b1"]
+        cmp = compare(query, a, b, slo="ttft_p99=10s,tpot_p99=1s,itl_p99=50ms")
+        # goodput: a request with no TTFT is not known to have met it
+        assert cmp.arms["A"].goodput_share == 1.0 and cmp.arms["B"].goodput_share < 1.0
+        assert any("itl_p99=50ms is per step" in n for n in cmp.notes)
+        # a class no request has: zero requests, said, rendered without a crash
+        none = compare(query, a, b, priority="batch").to_dict()
+        assert none["arms"]["A"]["requests"] == 0 and none["arms"]["A"]["goodput_share"] is None
+        assert any("failed: A 0 of 0" in line for line in comparison_lines(none))
+        with pytest.raises(UserError, match="given twice in one arm"):
+            compare(query, ["try-z-A-b0", "try-z-A-b0"], b)
+        with pytest.raises(UserError, match="--split 1: from 2 to 64"):
+            compare(query, ["try-z-A-b0"], ["try-z-B-b0"], split=1)
+    finally:
+        close()
+
+
+def test_a_server_that_is_not_the_sql_api_is_one_line():
+    import http.server
+    import threading
+
+    from collector.query.reader import sql_api
+
+    class Html(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the stdlib's name)
+            body = b"<html>hello</html>" if self.path == "/api/sql" else b"{}"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Html)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(UserError, match="not a tailtrace collector's SQL API"):
+            sql_api(f"http://127.0.0.1:{srv.server_address[1]}", "SELECT 1")
+    finally:
+        srv.shutdown()

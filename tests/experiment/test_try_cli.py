@@ -89,3 +89,34 @@ def test_compare_json_follows_its_schema_and_bad_runs_are_one_line(tmp_path, cap
     doc["arms"]["A"]["goodput_share"] = 2
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--change", "gateway:--max-concurrency=abc"], "the gateway refuses --max-concurrency abc: argument"),
+    (["--change", "gateway:--priority-classes=maybe"], "invalid choice: 'maybe'"),
+    (["--change", "gateway:--max-output-tokens=0"], "--max-output-tokens must be at least 1"),
+    (["--base", "gateway:--max-concurrency=0"], "--base: the gateway refuses"),
+    (["--json", "/proc/nope/x.json"], "--json '/proc/nope/x.json' cannot be written"),
+    (["--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9", "--base", "vllm:--max-num-seqs=8"],
+     "--base takes only client: settings"),
+])
+def test_what_would_fail_later_is_refused_before_anything_starts(argv, msg, capsys, tmp_path):
+    assert main(["try", "--out", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
+    assert not (tmp_path / "tailtrace.duckdb").exists()
+
+
+def test_explain_reports_of_any_shape_are_read_or_refused_in_one_line(tmp_path):
+    f = tmp_path / "r.json"
+    for doc in ({"findings": 5}, {"findings": [5]}, {"findings": [{"actions": 7}]}, {"also": "x"}, [1, 2],
+                {"findings": [{"actions": [{"id": "a:b", "knob": ["x"], "proposed": 1}]}]}):
+        f.write_text(json.dumps(doc))
+        with pytest.raises(UserError):
+            action_change("a:b", f)
+    f.write_text(json.dumps({"findings": [{"actions": [
+        {"id": "client_queue:client_concurrency", "knob": "client_concurrency", "proposed": 16},
+        {"id": "q:max_num_seqs", "knob": "max_num_seqs", "proposed": None}]}]}))
+    assert action_change("client_queue:client_concurrency", f).text() == "client:--concurrency-cap=16"
+    with pytest.raises(UserError, match="proposes no value for max_num_seqs; give --change vllm:--max-num-seqs"):
+        action_change("q:max_num_seqs", f)

@@ -122,3 +122,30 @@ def test_prompts_differ_between_runs_and_not_within_a_shared_prefix():
     # the same request index and hash id: different ids across runs, the same within one
     assert pa.prompt_text(0, 600, (5,)) != pb.prompt_text(0, 600, (5,))
     assert pa.prompt_text(0, 600, (5,))[:2000] == pa.prompt_text(9, 600, (5,))[:2000]
+
+
+def test_export_never_overwrites_its_source_and_refuses_what_it_cannot_write(tmp_path, capsys):
+    db = _runs_store(tmp_path)
+    size = (tmp_path / "s.duckdb").stat().st_size
+    assert main(["replay", f"store:{db}#replay-b", "--export-trace", db]) == 2
+    assert "is the trace it reads" in capsys.readouterr().err
+    other = tmp_path / "copy.duckdb"
+    other.write_bytes((tmp_path / "s.duckdb").read_bytes())
+    assert main(["replay", f"store:{db}#replay-b", "--export-trace", str(other)]) == 2
+    assert "not a CSV file" in capsys.readouterr().err
+    for bad in ("", " "):
+        assert main(["replay", f"store:{db}#replay-b", "--target", "http://127.0.0.1:9", "--export-trace", bad]) == 2
+        assert "--export-trace is empty" in capsys.readouterr().err
+    assert main(["replay", f"store:{db}#replay-b", "--rate", "1e-300", "--export-trace", str(tmp_path / "x.csv")]) == 2
+    assert "outside the years 1970..9999" in capsys.readouterr().err
+    assert (tmp_path / "s.duckdb").stat().st_size == size and other.stat().st_size == size
+
+
+def test_azure_rows_out_of_order_are_all_kept_and_bad_fractions_refused(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:05.0,10,5\n2024-01-01 00:00:01.5,20,6\n")
+    tr = load_trace(str(p))
+    assert [(r.offset_s, r.input_tokens) for r in tr.requests] == [(0.0, 20), (3.5, 10)]
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:05.-5,10,5\n")
+    with pytest.raises(UserError, match="line 2: bad row"):
+        load_trace(str(p))

@@ -140,7 +140,7 @@ def test_a_server_that_is_not_the_sql_api_is_one_line():
     from collector.query.reader import sql_api
 
     class Html(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 (the stdlib's name)
+        def do_POST(self):
             body = b"<html>hello</html>" if self.path == "/api/sql" else b"{}"
             self.send_response(200)
             self.end_headers()

@@ -206,7 +206,7 @@ def test_priority_classes_off_is_one_fifo_order():
 
     async def main(cfg):
         # one slot, held; then b1, b2 (batch) and i1 (interactive) wait for it, in that order
-        pool, adm = _controller(conc=1)
+        _, adm = _controller(conc=1)
         held = await adm.acquire(cfg.queue_class(BATCH))
         waiting = {}
         for name, prio in (("b1", BATCH), ("b2", BATCH), ("i1", INTERACTIVE)):

@@ -139,7 +139,7 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0, api:
         except (csv.Error, UnicodeDecodeError) as exc:
             raise UserError(f"trace {path} is not a CSV file: {exc}") from None
         cols = {h: i for i, h in enumerate(header)}
-        ip = cols.get("priority")
+        ip = next((i for h, i in cols.items() if h.lower() == "priority"), None)
         if all(c in cols for c in _AZURE_COLUMNS):
             fmt = "azure"
         elif all(c in cols for c in _MOONCAKE_COLUMNS):

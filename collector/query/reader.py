@@ -135,8 +135,13 @@ def open_store(args) -> tuple[Query, Callable[[], None]]:
     db_query, api_query)."""
     import os
 
-    if getattr(args, "store", None):
-        return store_query(args.store)
-    if getattr(args, "db", None):
+    if getattr(args, "store", None) is not None:
+        return store_query(args.store)  # an empty one is refused there, never a fallback
+    if getattr(args, "db", None) is not None:
+        if not str(args.db).strip() or str(args.db) == ".":
+            raise UserError("--db is empty: give the store file's path")
         return db_query(args.db)
-    return api_query(getattr(args, "api", None) or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API), (lambda: None)
+    api = getattr(args, "api", None)
+    if api is not None and not api.strip():
+        raise UserError(f"--api is empty: give the collector's query API, e.g. {DEFAULT_API}")
+    return api_query(api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API), (lambda: None)

@@ -120,3 +120,10 @@ def test_explain_reports_of_any_shape_are_read_or_refused_in_one_line(tmp_path):
     assert action_change("client_queue:client_concurrency", f).text() == "client:--concurrency-cap=16"
     with pytest.raises(UserError, match="proposes no value for max_num_seqs; give --change vllm:--max-num-seqs"):
         action_change("q:max_num_seqs", f)
+
+
+def test_an_empty_store_flag_is_refused_never_a_fallback(capsys):
+    for flag in ("--api", "--store", "--db"):
+        assert main(["compare", "a", "b", flag, ""]) == 2
+        err = capsys.readouterr().err
+        assert "is empty" in err and "9464" not in err.split("is empty")[0], err

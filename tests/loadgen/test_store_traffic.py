@@ -149,3 +149,9 @@ def test_azure_rows_out_of_order_are_all_kept_and_bad_fractions_refused(tmp_path
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:05.-5,10,5\n")
     with pytest.raises(UserError, match="line 2: bad row"):
         load_trace(str(p))
+
+
+def test_the_priority_column_is_read_whatever_its_case(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens,Priority\n2024-01-01 00:00:00.0,10,5,Batch\n")
+    assert load_trace(str(p)).requests[0].priority == "batch"

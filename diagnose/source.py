@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from collector.query.reader import Query, api_query, db_query, iso, store_query
-from semantics.catalog import METRIC_PHASES
+from semantics.catalog import REQUEST_METRIC_COLUMNS
 from tailtrace.errors import UserError
 
 __all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "evidence_for_store", "iso", "parse_time", "sql_time",
@@ -22,7 +22,7 @@ __all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "evidence_for_s
 
 # --metric -> the `requests` column it reads: the catalog's metric phases of the same name (e2e and
 # ttft are the outer ones, tpot the engine's decode_ms / (output_tokens - 1)).
-METRICS: dict[str, str] = {m.name: m.column for m in METRIC_PHASES if m.name in ("e2e", "ttft", "tpot")}
+METRICS: dict[str, str] = REQUEST_METRIC_COLUMNS
 
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

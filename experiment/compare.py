@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass, field
 
 from collector.query.reader import Query
 from experiment.stats import paired_log_ratio
-from semantics.catalog import LATENCY_POPULATION, PHASES, UNATTRIBUTED, quantile_label
+from semantics.catalog import LATENCY_POPULATION, PHASES, REQUEST_METRIC_COLUMNS, UNATTRIBUTED, quantile_label
 from semantics.slo import DEFAULT_SLO, Objective, format_slo, parse_slo
 from tailtrace.errors import UserError
 
 __all__ = ["COLUMNS", "SCHEMA", "Comparison", "compare"]
 
 SCHEMA = "tailtrace.compare/1"
-# metric -> `requests` column, as explain reads them (diagnose/source.METRICS)
-COLUMNS = {"ttft": "outer_ttft_ms", "tpot": "tpot_ms", "e2e": "outer_e2e_ms"}
+# metric -> `requests` column, the catalog's (as explain reads them); compared in this order
+COLUMNS = {m: REQUEST_METRIC_COLUMNS[m] for m in ("ttft", "tpot", "e2e")}
 QUANTILES = (0.5, 0.99, 0.999)
 _TAIL_PHASES = (*PHASES, UNATTRIBUTED)
 
@@ -102,7 +102,7 @@ class Comparison:
 
     def row(self, metric: str, quantile: float) -> MetricRow | None:
         """The row of `metric` at `quantile` (None when not compared)."""
-        return next((m for m in self.metrics if m.metric == metric and abs(m.quantile - quantile) < 1e-12), None)
+        return _row(self.metrics, metric, quantile)
 
 
 def _within(o: Objective) -> str:
@@ -234,7 +234,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
                           good / n if n else None, seconds)
     objective_rows = []
     for o in objectives:
-        r = next((x for x in metrics if x.metric == o.metric and abs(x.quantile - o.q) < 1e-12), None)
+        r = _row(metrics, o.metric, o.q)
         if r is None:
             objective_rows.append({"objective": o.spec, "metric": o.metric, "quantile": o.q, "target_ms": o.limit_ms,
                                    "a_ms": None, "b_ms": None, "a_met": None, "b_met": None, "change": "not compared",
@@ -267,7 +267,7 @@ def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objec
     out = []
     cols = ", ".join(f"avg({p.column})" for p in _TAIL_PHASES)
     for o in objectives:
-        r = next((x for x in metrics if x.metric == o.metric and abs(x.quantile - o.q) < 1e-12), None)
+        r = _row(metrics, o.metric, o.q)
         if r is None or r.a_ms is None or r.b_ms is None:
             continue
         c = COLUMNS[o.metric]
@@ -286,6 +286,10 @@ def _tail_phases(query: Query, metrics: list[MetricRow], labels, arm_runs, objec
         out.append({"metric": o.metric, "quantile": o.q, "label": r.label, "a_tail": means[labels[0]][0],
                     "b_tail": means[labels[1]][0], "phases": phases})
     return out
+
+
+def _row(metrics: list[MetricRow], metric: str, quantile: float) -> MetricRow | None:
+    return next((m for m in metrics if m.metric == metric and abs(m.quantile - quantile) < 1e-12), None)
 
 
 def _f(v) -> float | None:

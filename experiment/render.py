@@ -8,7 +8,7 @@ import math
 
 from semantics.catalog import format_ms
 
-__all__ = ["comparison_lines", "render_json", "render_text"]
+__all__ = ["comparison_lines", "render_json", "render_text", "verdict_text"]
 
 
 def render_json(doc: dict) -> str:
@@ -66,6 +66,12 @@ def comparison_lines(doc: dict) -> list[str]:
     return out
 
 
+def verdict_text(m: dict) -> str:
+    """A metric row's verdict as a table shows it: the verdict, or why there is none ("P999 needs
+    500+ per block (has 60)")."""
+    return m["verdict"] if m["ratio_low"] is not None or not m["why"] else m["why"]
+
+
 def render_text(doc: dict, console) -> None:
     """The headline, then the table of every metric and quantile: A, B, B−A, the 95% interval of the
     difference (ms and relative), pairs, verdict; then the notes."""
@@ -81,7 +87,7 @@ def render_text(doc: dict, console) -> None:
             ci = f"{_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])}"
         else:
             ci = "—"
-        verdict = m["verdict"] if m["ratio_low"] is not None or not m["why"] else m["why"]
+        verdict = verdict_text(m)
         table.add_row(f"{m['metric'].upper()} {m['label']}", format_ms(m["a_ms"]), format_ms(m["b_ms"]),
                       _signed(m["diff_ms"]), ci, verdict)
     console.print(table)

@@ -138,13 +138,10 @@ class _Embedded:
 
     def _gateway(self, args: list[str], name: str) -> str:
         from tailtrace.procs import free_port, start_process, wait_http
-        from tailtrace.stack import tailtrace_command
 
         port = free_port()
         st = self.stack
-        proc = start_process(tailtrace_command("gateway", "--upstream", st.vllm_url, "--host", st.cfg.host, "--port",
-                                               str(port), "--otlp-endpoint", st.otlp_url, *args),
-                             st.logs / f"{name}.log")
+        proc = start_process(st.gateway_command(port, args), st.logs / f"{name}.log")
         self.extra_gateways.append(proc)
         url = f"http://{st.cfg.host}:{port}"
         wait_http(f"{url}/v1/models", 60, proc, what=f"{name} (log: {st.logs / (name + '.log')})")
@@ -159,7 +156,7 @@ class _Embedded:
 
     def _restart(self, args: list[str], tag: str) -> None:
         from tailtrace.procs import stop_process
-        from tailtrace.serve import ServeConfig, start_vllm
+        from tailtrace.serve import start_vllm
 
         st = self.stack
         t0 = time.monotonic()
@@ -169,9 +166,7 @@ class _Embedded:
         log = st.logs / f"vllm-{tag}-{int(time.time())}.log"
         self.vllm_args = None
         try:
-            proc = start_vllm(ServeConfig(model=st.cfg.model, host=st.cfg.host, port=st.cfg.vllm_port,
-                                          otlp_endpoint=st.otlp_url, decode_spans=st.cfg.decode_spans,
-                                          extra_args=list(args)), log_path=log)
+            proc = start_vllm(st.serve_config(args), log_path=log)
         except UserError:
             raise UserError(f"vLLM refused {' '.join(args) or 'its arguments'}: {_vllm_error(log) or 'see ' + str(log)}") \
                 from None
@@ -266,7 +261,7 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         warm: set[tuple] = set()
         for j, arm in enumerate(order):
             target = env.use(arm) if env is not None else targets[arm]
-            state = (target, tuple(env.vllm_args) if env is not None else (), env.restarts if env is not None else 0)
+            state = (target, env.restarts if env is not None else 0)  # a new target or a restarted engine
             if cfg.warmup and state not in warm:  # a cold engine (first block, a restart) is warmed, not compared
                 warm.add(state)
                 run_replay(ReplayConfig(trace=str(traffic), target=target, run_id=f"{exp}-warmup{len(warm)}",

@@ -161,14 +161,6 @@ def _replay(args) -> int:
         raise UserError("--api reads a traced run: give TRACE as store: or store:#RUN_ID")
     if args.export_trace is not None:
         from loadgen.replay import export_plan
-        from loadgen.traces import SHIPPED_TRACES
-
-        source = args.trace.removeprefix("store:").rpartition("#")[0] if "#" in args.trace else \
-            args.trace.removeprefix("store:")
-        source = str(SHIPPED_TRACES.get(source, source)).removeprefix("duckdb://")
-        if source and _same_file(source, args.export_trace):
-            from tailtrace.errors import UserError
-            raise UserError(f"--export-trace {args.export_trace!r} is the trace it reads: give another file")
 
         path, n, notes = export_plan(_config(args, speed=args.speed, rate=args.rate), args.export_trace)
         for note in notes:
@@ -184,15 +176,6 @@ def _replay(args) -> int:
         path = res.write(args.out)
         console.print(f"results written to {path}", highlight=False)
     return 130 if res.interrupted else 0
-
-
-def _same_file(a: str, b: str) -> bool:
-    import os
-
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
 
 
 def _sweep(args) -> int:

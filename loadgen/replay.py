@@ -293,10 +293,19 @@ def build_plan(config: ReplayConfig) -> tuple[list[_Planned], list[str]]:
 
 def export_plan(config: ReplayConfig, path: str | Path) -> tuple[Path, int, list[str]]:
     """Write the schedule `config` would send (its window, rate, caps) as an Azure trace CSV
-    (`loadgen.traces.export_azure_csv`), sending nothing. Returns (path, requests, notes).
-    Raises UserError for bad input or an unwritable path."""
-    from loadgen.traces import TraceRequest, export_azure_csv
+    (`loadgen.traces.export_azure_csv`), sending nothing; never over the file it reads. Returns
+    (path, requests, notes). Raises UserError for bad input or an unwritable path."""
+    import os
 
+    from loadgen.traces import TraceRequest, export_azure_csv, trace_source_file
+
+    source = trace_source_file(config.trace, config.store_api)
+    try:
+        same = source is not None and os.path.samefile(source, path)
+    except (OSError, ValueError):
+        same = False
+    if same:
+        raise UserError(f"--export-trace {str(path)!r} is the trace it reads: give another file")
     plan, notes, start = _plan(config)
     reqs = [TraceRequest(p.offset_s, p.input_tokens, p.output_tokens, p.hash_ids, p.priority) for p in plan]
     return export_azure_csv(reqs, path, start_unix_s=start), len(reqs), notes

@@ -36,6 +36,7 @@ __all__ = [
     "load_trace",
     "select_window",
     "synthetic_trace",
+    "trace_source_file",
 ]
 
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id (Mooncake FAST'25 release README)
@@ -89,6 +90,24 @@ class Trace:
     def duration_s(self) -> float:
         """Trace time from the first to the last arrival (s)."""
         return self.requests[-1].offset_s - self.requests[0].offset_s if self.requests else 0.0
+
+
+def trace_source_file(spec: str | Path, api: str | None = None) -> Path | None:
+    """The file a trace spec reads: a shipped trace's CSV, a CSV path, a `store:` spec's DuckDB file;
+    None for a store that is not a local file (ClickHouse, a collector's API) or a spec that does
+    not parse (load_trace says why)."""
+    spec_s = str(spec)
+    if not spec_s.startswith("store:"):
+        return SHIPPED_TRACES.get(spec_s, Path(spec_s).expanduser())
+    from collector.clickhouse.store_url import parse_store_url
+    from loadgen.store_traffic import parse_store_spec
+
+    try:
+        store, _, _ = parse_store_spec(spec_s, api)
+        url = parse_store_url(store) if store else None
+    except UserError:
+        return None
+    return url.path if url is not None and url.kind == "duckdb" else None
 
 
 def _parse_azure_time(text: str) -> float:

@@ -29,6 +29,7 @@ __all__ = [
     "PHASES",
     "QUANTILES",
     "QUANTILE_LABELS",
+    "REQUEST_METRIC_COLUMNS",
     "SLO_DEFAULTS_MS",
     "SOURCES",
     "SOURCE_PLUGIN",
@@ -238,6 +239,10 @@ METRIC_PHASES: tuple[MetricPhase, ...] = (
     _span_metric_phase("queue_ms", "engine (vLLM scheduler) waiting queue", name="engine_queue"),
     _span_metric_phase("preempted_ms", "time preempted (KV-cache pressure)"),
 )
+
+# The request metrics objectives judge per request, -> their `requests` column: TTFT and E2E the outer
+# ones, TPOT the engine's. explain's tails (diagnose/source.METRICS) and compare's arms read these.
+REQUEST_METRIC_COLUMNS: dict[str, str] = {m.name: m.column for m in METRIC_PHASES if m.name in ("e2e", "ttft", "tpot")}
 
 # Latency histograms (`/metrics`, and the rollup the store keeps for them): upper bounds
 # 10**(k / HISTOGRAM_BUCKETS_PER_DECADE) seconds from 0.1 ms to 1000 s, +Inf implied. The ratio

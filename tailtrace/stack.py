@@ -75,6 +75,21 @@ class Stack:
         """The pid of the vLLM API server this stack started (None before it started)."""
         return next((proc.pid for name, proc in self.procs if name == "vllm"), None)
 
+    def serve_config(self, vllm_args: list[str]):
+        """The `tailtrace.serve.ServeConfig` of this stack's vLLM with these extra vLLM arguments
+        (start_stack's, and `try`'s restarts with an arm's arguments)."""
+        from tailtrace.serve import ServeConfig
+
+        c = self.cfg
+        return ServeConfig(model=c.model, host=c.host, port=c.vllm_port, otlp_endpoint=self.otlp_url,
+                           decode_spans=c.decode_spans, extra_args=list(vllm_args))
+
+    def gateway_command(self, port: int, gateway_args: list[str]) -> list[str]:
+        """argv of a gateway in front of this stack's vLLM, exporting to its collector, on `port`
+        with these extra gateway arguments (start_stack's, and `try`'s gateway of another arm)."""
+        return tailtrace_command("gateway", "--upstream", self.vllm_url, "--host", self.cfg.host, "--port", str(port),
+                                 "--otlp-endpoint", self.otlp_url, *gateway_args)
+
     def add(self, name: str, proc) -> None:
         """Own `proc` (a Popen started with `tailtrace.procs.start_process`): `stop()` ends it."""
         self.procs.append((name, proc))
@@ -125,7 +140,7 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
     Replaces a previous store in `cfg.out_dir`. Call `preflight` first for friendly port errors.
     Raises `UserError` when a part does not start (its log is named); whatever had started is
     stopped before it propagates (also on KeyboardInterrupt)."""
-    from tailtrace.serve import ServeConfig, start_sampler, start_vllm
+    from tailtrace.serve import start_sampler, start_vllm
 
     def say(msg: str) -> None:
         if console is not None:
@@ -149,17 +164,13 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
 
         say(f"[bold]vLLM[/] ({cfg.model}) {stack.vllm_url} — starting, about a minute on CPU")
         t0 = time.monotonic()
-        vllm = start_vllm(ServeConfig(model=cfg.model, host=cfg.host, port=cfg.vllm_port, otlp_endpoint=stack.otlp_url,
-                                      decode_spans=cfg.decode_spans, extra_args=cfg.vllm_args),
-                          log_path=logs / "vllm.log")
+        vllm = start_vllm(stack.serve_config(cfg.vllm_args), log_path=logs / "vllm.log")
         stack.add("vllm", vllm)
         say(f"  vLLM answered after {time.monotonic() - t0:.0f} s")
         if cfg.sampler:
             stack.sampler = start_sampler(stack.otlp_url)
 
-        gw = start_process(tailtrace_command("gateway", "--upstream", stack.vllm_url, "--host", cfg.host, "--port",
-                                             str(cfg.gateway_port), "--otlp-endpoint", stack.otlp_url,
-                                             *cfg.gateway_args), logs / "gateway.log")
+        gw = start_process(stack.gateway_command(cfg.gateway_port, cfg.gateway_args), logs / "gateway.log")
         stack.add("gateway", gw)
         wait_http(f"{stack.gateway_url}/v1/models", 60, gw, what=f"gateway (log: {logs / 'gateway.log'})")
         say(f"[bold]gateway[/] {stack.gateway_url} → {stack.vllm_url}")

@@ -45,12 +45,14 @@ def comparison(src: DataSource, a_runs: list[str], b_runs: list[str], slo: str |
 
 def metrics_frame(doc: dict) -> pd.DataFrame:
     """One row per metric and quantile: A, B, B−A (ms), the interval of B/A (as % change), verdict."""
+    from experiment.render import verdict_text
+
     rows = []
     for m in doc["metrics"]:
         pct = lambda r: None if r is None else (r - 1) * 100
         rows.append({"metric": f"{m['metric'].upper()} {m['label']}", "A_ms": m["a_ms"], "B_ms": m["b_ms"],
                      "diff_ms": m["diff_ms"], "low_pct": pct(m["ratio_low"]), "high_pct": pct(m["ratio_high"]),
-                     "verdict": m["verdict"] if m["ratio_low"] is not None or not m["why"] else m["why"]})
+                     "verdict": verdict_text(m)})
     return pd.DataFrame(rows)
 
 

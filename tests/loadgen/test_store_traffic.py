@@ -138,6 +138,11 @@ def test_export_never_overwrites_its_source_and_refuses_what_it_cannot_write(tmp
         assert "--export-trace is empty" in capsys.readouterr().err
     assert main(["replay", f"store:{db}#replay-b", "--rate", "1e-300", "--export-trace", str(tmp_path / "x.csv")]) == 2
     assert "outside the years 1970..9999" in capsys.readouterr().err
+    csv_in = tmp_path / "in.csv"
+    csv_in.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,10,5\n")
+    assert main(["replay", str(csv_in), "--export-trace", str(csv_in)]) == 2
+    assert "is the trace it reads" in capsys.readouterr().err
+    assert csv_in.read_text().count("\n") == 2
     assert (tmp_path / "s.duckdb").stat().st_size == size and other.stat().st_size == size
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collector.query.runs import Run, list_runs
+from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
 from diagnose.source import Query
-from semantics.slo import RUN_KIND_PROBE, TRAFFIC_KINDS
+from semantics.slo import RUN_KIND_PROBE
 from tailtrace.errors import UserError
 
 __all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
@@ -54,10 +54,8 @@ def resolve_runs(query: Query, run_id: str | None = None, all_runs: bool = False
         for r in runs:
             if r.run_id == run_id:
                 return RunScope("run_id = ?", [run_id], f"run {run_id} ({r.kind})", r, runs)
-        present = [r for r in runs if r.run_id is not None]
-        listed = "; ".join(r.describe() for r in reversed(present[-10:])) or "none (no request carries a run id)"
-        more = f" (and {len(present) - 10} older)" if len(present) > 10 else ""
-        raise UserError(f"no run {run_id!r} in the store: check --run-id; runs present, newest first: {listed}{more}")
+        raise UserError(f"no run {run_id!r} in the store: check --run-id; runs present, newest first: "
+                        f"{runs_present(runs)}")
     probes = [r.run_id for r in runs if r.kind == RUN_KIND_PROBE]
     if windowed:
         if not probes:
@@ -65,17 +63,16 @@ def resolve_runs(query: Query, run_id: str | None = None, all_runs: bool = False
         marks = ", ".join("?" for _ in probes)
         return RunScope(f"(run_id IS NULL OR run_id NOT IN ({marks}))", list(probes),
                         f"every request in the window but {len(probes)} capacity probe(s)", None, runs)
-    named = [r for r in runs if r.run_id is not None and r.kind in TRAFFIC_KINDS]
+    latest = latest_traffic_run(runs)
     untagged = next((r for r in runs if r.run_id is None), None)
     if len(runs) == 1:  # the store is this one group: no filter (rollups and indexes still answer)
         return RunScope("", [], runs[0].describe(), runs[0], runs)
-    if not named and untagged is None:
+    if latest is None and untagged is None:
         return RunScope("", [], "all runs", None, runs, "the store holds capacity probes only: they are the scope")
-    if not named:  # traffic of no run beside probes
+    if latest is None:  # traffic of no run beside probes
         return RunScope("run_id IS NULL", [], "the requests of no run (live traffic)", untagged, runs,
                         f"scope: the requests of no run, of {len(runs)} groups in the store (--run-id ID for a "
                         "run, --all-runs for every request)")
-    latest = named[-1]
     note = (f"scope: the latest traffic run, {latest.describe()}"
             + (f", and {untagged.requests:,} requests of no run" if untagged is not None else "")
             + f", of {len(runs)} groups in the store (--run-id ID for another, --all-runs for every request)")

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import math
 
-from collector.query.runs import Run, list_runs
+from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
 from loadgen.traces import PRIORITIES, Trace, TraceRequest
 from semantics import semconv as sc
-from semantics.slo import TRAFFIC_KINDS
 from tailtrace.errors import UserError
 
 __all__ = ["load_store_trace", "parse_store_spec", "store_requests"]
@@ -60,11 +59,10 @@ def _pick_run(runs: list[Run], run_id: str | None, label: str) -> Run:
         for r in runs:
             if r.run_id == run_id:
                 return r
-        present = "; ".join(r.describe() for r in reversed([r for r in runs if r.run_id][-10:])) or "none"
-        raise UserError(f"no run {run_id!r} in {label}; runs present, newest first: {present}")
-    traffic = [r for r in runs if r.run_id is not None and r.kind in TRAFFIC_KINDS]
-    if traffic:
-        return traffic[-1]
+        raise UserError(f"no run {run_id!r} in {label}; runs present, newest first: {runs_present(runs)}")
+    latest = latest_traffic_run(runs)
+    if latest is not None:
+        return latest
     untagged = next((r for r in runs if r.run_id is None), None)
     if untagged is not None:
         return untagged

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from collector.query.reader import Query, iso
 from semantics import semconv as sc
-from semantics.slo import run_kind_of
+from semantics.slo import TRAFFIC_KINDS, run_kind_of
 from tailtrace.errors import UserError
 
-__all__ = ["Run", "list_runs"]
+__all__ = ["Run", "latest_traffic_run", "list_runs", "runs_present"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,18 @@ FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
         kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
         out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
     return out
+
+
+def latest_traffic_run(runs: list[Run]) -> Run | None:
+    """The named run of a traffic kind (never a capacity probe) that completed last, of `runs` as
+    list_runs orders them; None when there is none."""
+    named = [r for r in runs if r.run_id is not None and r.kind in TRAFFIC_KINDS]
+    return named[-1] if named else None
+
+
+def runs_present(runs: list[Run], most: int = 10) -> str:
+    """The named runs, newest first, for a message about a run id that is not there: the `most`
+    newest described, then how many older ones were left out."""
+    present = [r for r in runs if r.run_id is not None]
+    listed = "; ".join(r.describe() for r in reversed(present[-most:])) or "none (no request carries a run id)"
+    return listed + (f" (and {len(present) - most} older)" if len(present) > most else "")

@@ -163,7 +163,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
         raise UserError(f"{len(a_runs)} runs in A against {len(b_runs)} in B: the blocks pair in order, give as many")
     runs = a_runs + b_runs
     spans = {r[0]: r[1:] for r in query(
-        f"SELECT run_id, epoch_us(min(arrival_time)), epoch_us(max(arrival_time)), count(*), "
+        f"SELECT run_id, epoch_us(min(arrival_time)), epoch_us(max(arrival_time)), "
         f"epoch_us(max(completion_time)) FROM requests WHERE run_id IN ({_marks(len(runs))}) "
         "AND arrival_time IS NOT NULL GROUP BY run_id",
         runs)}
@@ -174,7 +174,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     qs = sorted({*quantiles, *(o.q for o in objectives if o.metric in COLUMNS)})
     mq = [(m, q) for m in COLUMNS for q in qs]
     bounds = [o for o in objectives if o.metric in COLUMNS]
-    select, _ = _aggregates(mq, bounds)
+    select, width = _aggregates(mq, bounds)
     notes: list[str] = []
     if len(a_runs) >= 2 or split == 0:
         unit, k = "run", len(a_runs)
@@ -183,7 +183,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
         key = {(r[0], 0): r[2:] for r in rows}
         blocks_a, blocks_b = [(r, 0) for r in a_runs], [(r, 0) for r in b_runs]
     else:
-        unit, k = "slice", max(2, int(split))  # split >= 1 here
+        unit, k = "slice", split  # 2..64, checked above
         start_case = " ".join(f"WHEN run_id = ? THEN {int(spans[r][0])}" for r in runs)
         width_case = " ".join(f"WHEN run_id = ? THEN {max(1, int(spans[r][1] - spans[r][0]) + 1)}" for r in runs)
         blk = (f"least({k - 1}, CAST(floor((epoch_us(arrival_time) - (CASE {start_case} END)) * {k} / "
@@ -199,7 +199,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     for label, arm_runs in zip(labels, (a_runs, b_runs)):
         pooled[label] = query(f"SELECT {select} FROM requests WHERE run_id IN ({_marks(len(arm_runs))}){cls}",
                               arm_runs)[0]
-    empty = [None] * (2 + 2 * len(mq) + 1)
+    empty = [None] * width  # a stretch no request fell in
     blk_a = [key.get(b, empty) for b in blocks_a]
     blk_b = [key.get(b, empty) for b in blocks_b]
     n_min = min(int(r[0] or 0) for r in blk_a + blk_b)
@@ -228,7 +228,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     arms = {}
     for label, arm_runs in zip(labels, (a_runs, b_runs)):
         row = pooled[label]
-        seconds = sum(max(0.0, (_f(spans[r][3]) or 0) - (_f(spans[r][0]) or 0)) / 1e6 for r in arm_runs)
+        seconds = sum(max(0.0, (_f(spans[r][2]) or 0) - (_f(spans[r][0]) or 0)) / 1e6 for r in arm_runs)
         n, good = int(row[0] or 0), int(row[-1] or 0)
         arms[label] = Arm(label, list(arm_runs), n, int(row[1] or 0), good / seconds if seconds > 0 else None,
                           good / n if n else None, seconds)

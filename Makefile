@@ -119,7 +119,7 @@ model: $(STAMP)
 	$(VENV)/bin/tailtrace model tiny
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tailtrace semantics instrument collector dashboard loadgen diagnose chaos experiment bench tests
+	$(VENV)/bin/ruff check tailtrace semantics instrument collector dashboard loadgen diagnose chaos experiment simulate bench tests
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,6 +1,6 @@
 """Actions: what to change, as data. Every finding carries one to three, each a knob of the
 deployment (KNOBS, the documented list: docs/explain.md "Actions"), its value now (`current`, read
-from the recorded configuration: diagnose/deployment.py; None when not recorded), the value to
+from the recorded configuration: collector/query/deployment.py; None when not recorded), the value to
 try (`proposed`, computed from the finding's evidence by its detector), and the objectives it
 should move (`expected`: metric -> "down" | "up"). `tailtrace try --action ID` runs one.
 """

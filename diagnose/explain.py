@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from diagnose import capacity as capacity_mod
-from diagnose.deployment import read_deployment
+from collector.query.deployment import read_deployment
 from diagnose.detectors import Context, run_detectors
 from diagnose.objectives import Verdict, evaluate
 from diagnose.report import DOMINANT_MIN_SHARE, Report

@@ -172,7 +172,7 @@ class Report:
     trace: TraceReport | None = None
     objectives: list = field(default_factory=list)   # diagnose.objectives.Verdict, worst ratio first
     also: list = field(default_factory=list)         # Reports of the other missed objectives, in order
-    deployment: dict | None = None                   # diagnose.deployment.Deployment.to_dict()
+    deployment: dict | None = None                   # collector.query.deployment.Deployment.to_dict()
 
     def to_dict(self) -> dict:
         """The report as JSON values, following docs/explain.schema.json."""

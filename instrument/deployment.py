@@ -5,7 +5,7 @@ for the platform) as `tailtrace.vllm.config`, the gateway its own as `tailtrace.
 JSON objects on the tracer's resource, so every span of the process carries them to the store
 without a table of their own, on DuckDB and ClickHouse alike. A key whose value vLLM does not
 have (an older version, a setting another platform lacks) is null: unknown, never a default
-guessed here. `diagnose/deployment.py` reads them back; docs/semconv.md lists the keys.
+guessed here. `collector/query/deployment.py` reads them back; docs/semconv.md lists the keys.
 """
 
 from __future__ import annotations

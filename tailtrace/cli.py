@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "chaos.cli",            # chaos
     "diagnose.cli",         # explain
     "experiment.cli",       # try, compare
+    "simulate.cli",         # simulate fit | run | capacity
 )
 
 

@@ -152,7 +152,7 @@ def _the_effective_configuration_is_recorded(url: str, api: str) -> None:
 
     import httpx
 
-    from diagnose.deployment import read_deployment
+    from collector.query.deployment import read_deployment
     from diagnose.detectors.scheduling import _preemption_actions
     from diagnose.detectors.steps import _interference_actions
     from diagnose.source import api_query

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from diagnose.source import Query
+from collector.query.reader import Query
 from semantics import semconv as sc
 from tailtrace.errors import UserError
 

@@ -1,0 +1,173 @@
+"""`tailtrace simulate fit | run | capacity`. Registration imports nothing heavy.
+
+    tailtrace simulate fit --db .tailtrace/demo/tailtrace.duckdb --out model.json
+    tailtrace simulate run --model model.json --traffic azure-conv --rate-x 1.5 --set max_num_seqs=64
+    tailtrace simulate capacity --model model.json --traffic store:.tailtrace/demo/tailtrace.duckdb \\
+        --slo ttft_p99=2s,tpot_p99=100ms --replicas 1,2,4,8
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["register"]
+
+
+def _positive(flag: str, kind=float):
+    def conv(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
+        if not v > 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{flag} must be more than 0")
+        return v
+    return conv
+
+
+def _replica_list(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--replicas {text!r}: give counts like 1,2,4,8") from None
+    if not out or any(n < 1 or n > 1024 for n in out):
+        raise argparse.ArgumentTypeError(f"--replicas {text!r}: counts from 1 to 1024, e.g. 1,2,4,8")
+    return out
+
+
+def register(sub) -> None:
+    """Add `simulate` (fit, run, capacity) to the `tailtrace` sub-parsers."""
+    from collector.query.reader import add_store_flags
+
+    top = sub.add_parser("simulate", help="predict a change from a model fitted to the deployment's own steps",
+                         description="Fit a step-time model to a store's engine steps (fit), simulate vLLM's "
+                                     "scheduler behind the gateway on a traffic (run), find the rate that holds the "
+                                     "objectives (capacity). docs/simulate.md.")
+    ss = top.add_subparsers(dest="simulate_command", metavar="fit|run|capacity")
+    top.set_defaults(func=lambda args: (top.print_help(), 2)[1])
+
+    p = ss.add_parser("fit", help="fit the step-time model to a store's engine steps; write model.json")
+    add_store_flags(p)
+    p.add_argument("--run-id", help="fit on that run's window (default: every step of the store)")
+    p.add_argument("--service", help="the engine's service name (default: the only one)")
+    p.add_argument("--out", required=True, metavar="FILE.json", help="where to write the model")
+    p.set_defaults(func=_fit)
+
+    for name, helptext in (("run", "simulate the traffic on the recorded deployment (and with --set changes)"),
+                           ("capacity", "the highest rate of the traffic's mix that holds every objective")):
+        p = ss.add_parser(name, help=helptext)
+        p.add_argument("--model", required=True, metavar="FILE.json", help="from `tailtrace simulate fit`")
+        p.add_argument("--traffic", required=True,
+                       help="a trace (azure-conv, mooncake-conv, a CSV) or store:STORE[#RUN_ID]")
+        p.add_argument("--api", metavar="URL", help="read store: traffic through this collector's SQL API")
+        p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                       help="a change to simulate, e.g. max_num_seqs=64, max_output_tokens=256 (repeat)")
+        p.add_argument("--slo", metavar="SPEC", help="the objectives (default ttft_p99=2s,tpot_p99=100ms)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
+        p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+        if name == "run":
+            p.add_argument("--rate-x", type=_positive("--rate-x"), default=1.0, metavar="X",
+                           help="arrivals X times as fast as the traffic's (default 1)")
+            p.add_argument("--replicas", type=_positive("--replicas", int), default=1, metavar="N",
+                           help="replicas behind the gateway (default 1)")
+            p.add_argument("--store-out", metavar="FILE.duckdb",
+                           help="also write the simulated requests as a store (run kind simulation)")
+            p.set_defaults(func=_run)
+        else:
+            p.add_argument("--replicas", type=_replica_list, default=[1], metavar="N[,N…]",
+                           help="replica counts to answer for (default 1)")
+            p.add_argument("--min-requests", type=_positive("--min-requests", int), default=3000, metavar="N",
+                           help="repeat the traffic to at least N requests (default 3000)")
+            p.set_defaults(func=_capacity)
+
+
+def _emit(doc: dict, lines: list[str], args) -> None:
+    import json
+    import sys
+
+    text = json.dumps(doc, indent=1, default=str)
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(text + "\n")
+    sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
+
+
+def _fit(args) -> int:
+    from collector.query.reader import open_store
+    from loadgen.cli import check_writable
+    from simulate.fit import fit_model
+    from simulate.render import fit_lines
+    from tailtrace.errors import UserError
+
+    check_writable(args.out, "--out")
+    query, close = open_store(args)
+    try:
+        store = args.store or (f"duckdb:///{args.db}" if args.db else args.api or "the default API")
+        model = fit_model(query, store=str(store), run_id=args.run_id, service=args.service)
+    finally:
+        close()
+    if not model.coef_ms or not any(model.coef_ms):
+        raise UserError("the fit found no step-time law (every coefficient 0): too few or too uniform steps")
+    model.save(args.out)
+    print("\n".join(fit_lines(model, args.out)))
+    return 0
+
+
+def _prepare(args):
+    from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+    from simulate.model import load_model
+    from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
+
+    if args.json:
+        from loadgen.cli import check_writable
+
+        check_writable(args.json, "--json")
+    objectives = parse_slo(args.slo or DEFAULT_SLO)
+    model = load_model(args.model)
+    engine, gateway = deployment_of(model)
+    engine_b, gateway_b, changes = apply_sets(engine, gateway, args.set)
+    check_traffic(model, args.traffic, args.api)
+    traffic, name = load_traffic(args.traffic, args.api)
+    return model, objectives, format_slo(objectives), (engine, gateway), (engine_b, gateway_b), changes, traffic, name
+
+
+def _run(args) -> int:
+    from simulate.cluster import simulate
+    from simulate.report import comparison_doc, render_lines, summarize
+
+    model, objectives, slo, (ea, ga), (eb, gb), changes, traffic, name = _prepare(args)
+    if args.store_out:
+        from loadgen.cli import check_writable
+
+        check_writable(args.store_out, "--store-out")
+    t = traffic.scaled(args.rate_x)
+    ra = simulate(t, model, ea, ga, args.replicas, seed=args.seed)
+    rb = simulate(t, model, eb, gb, args.replicas, seed=args.seed) if changes else None
+    doc = comparison_doc(summarize(ra, objectives), summarize(rb, objectives) if rb is not None else None, slo=slo,
+                         changes=changes, replicas=args.replicas, rate_x=args.rate_x, model_fit=model.fit,
+                         traffic=name)
+    lines = render_lines(doc)
+    if args.store_out:
+        from simulate.store import write_store
+
+        runs = write_store(args.store_out, [("A", ra)] + ([("B", rb)] if rb is not None else []), slo=slo,
+                           model=model, traffic=name)
+        doc["store"] = {"path": str(args.store_out), "runs": runs}
+        lines.append(f"  wrote {', '.join(runs)} to {args.store_out} (run kind simulation): "
+                     f"tailtrace explain --db {args.store_out} --run-id {runs[-1]}")
+    _emit(doc, lines, args)
+    return 0
+
+
+def _capacity(args) -> int:
+    from simulate.capacity import capacity, mix_of
+    from simulate.render import capacity_lines
+
+    model, objectives, slo, _, (eb, gb), changes, traffic, name = _prepare(args)
+    rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
+    doc = {"schema": "tailtrace.simulate-capacity/1", "slo": slo, "traffic": name, "changes": changes,
+           "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit}
+    _emit(doc, capacity_lines(doc), args)
+    return 0

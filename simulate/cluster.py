@@ -1,0 +1,220 @@
+"""tailtrace's gateway in front of N simulated vLLM replicas, and the event loop that runs them.
+
+The gateway as instrument/gateway runs it: at most `max_concurrency` requests outstanding upstream
+(more wait in its queue, interactive before batch when priority classes are on, one FIFO order
+when off; a full queue answers 429), each admitted request routed to the replica with the fewest
+outstanding requests (the lowest index on a tie), `max_output_tokens` capping what a request may
+ask for. A request reaches its engine after the time it spent outside the engine before its first
+token in a measured request (simulate/model.py `overhead`), and its answer reaches the client after
+the time outside the engine after its last.
+
+`simulate(traffic, model, engine_cfg, gateway, replicas)` returns a `SimResult`: per request, the
+times every surface reads (ms; NaN where a request never had that phase: rejected, or one token
+so no TPOT).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simulate.engine import Engine, EngineConfig, Req
+
+__all__ = ["GatewaySpec", "SimResult", "Traffic", "simulate"]
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """The gateway's knobs as `tailtrace gateway` takes them; None = no gateway limit."""
+
+    max_concurrency: int | None = None
+    queue_interactive: int | None = None
+    queue_batch: int | None = None
+    priority_classes: bool = True
+    max_output_tokens: int | None = None
+
+
+@dataclass
+class Traffic:
+    """Requests to simulate, sorted by arrival: `arrival_s` (seconds from the first), `prompt` and
+    `output` tokens, `priority` (0 interactive, 1 batch); numpy arrays of one length."""
+
+    arrival_s: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    priority: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def scaled(self, rate_x: float) -> Traffic:
+        """The same requests arriving `rate_x` times as fast (offsets divided by rate_x)."""
+        return Traffic(self.arrival_s / rate_x, self.prompt, self.output, self.priority)
+
+
+@dataclass
+class SimResult:
+    """What a simulation measured, per request (arrays of len(traffic), ms, NaN = not applicable):
+    `status` ("ok" | "rejected-gateway" | "rejected-engine"), `ttft_ms`, `tpot_ms`, `e2e_ms`
+    (outer: as the client sees them), `gateway_queue_ms`, `queue_ms` (engine), `prefill_ms`,
+    `decode_ms`, `preemptions`, `replica`, `prompt`, `output` (tokens, after the gateway's cap),
+    `priority`; and `steps` (engine steps simulated), `events` (step
+    events processed: a decode run counts once), `wall_s` (the simulator's own time), `span_s`
+    (first arrival to last completion, simulated)."""
+
+    status: np.ndarray
+    arrival_s: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2e_ms: np.ndarray
+    gateway_queue_ms: np.ndarray
+    queue_ms: np.ndarray
+    prefill_ms: np.ndarray
+    decode_ms: np.ndarray
+    preemptions: np.ndarray
+    replica: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    priority: np.ndarray
+    steps: int = 0
+    events: int = 0
+    wall_s: float = 0.0
+    span_s: float = 0.0
+    step_log: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Boolean mask of the requests answered."""
+        return self.status == "ok"
+
+
+def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: GatewaySpec | None = None,
+             replicas: int = 1, seed: int = 0, keep_steps: bool = False) -> SimResult:
+    """Run `traffic` through the gateway and `replicas` engines of `engine_cfg` with `model`'s step
+    times and overheads (seeded by `seed`). Returns a SimResult. Raises ValueError on replicas < 1."""
+    if replicas < 1:
+        raise ValueError("replicas must be >= 1")
+    gw = gateway or GatewaySpec()
+    n = len(traffic)
+    nan = np.full(n, np.nan)
+    out = {k: nan.copy() for k in ("ttft_ms", "tpot_ms", "e2e_ms", "gateway_queue_ms", "queue_ms", "prefill_ms",
+                                   "decode_ms")}
+    status = np.full(n, "ok", dtype=object)
+    preempt = np.zeros(n, dtype=np.int64)
+    replica = np.full(n, -1, dtype=np.int64)
+    outputs = traffic.output.astype(np.int64)
+    if gw.max_output_tokens is not None:
+        outputs = np.minimum(outputs, gw.max_output_tokens)
+    outputs = np.maximum(outputs, 1)
+    model.seed(seed)
+    post = np.zeros(n)
+    events: list = []
+    seq = [0]
+
+    def schedule(t, engine, version):
+        seq[0] += 1
+        heapq.heappush(events, (t, seq[0], 2, engine, version))
+
+    outstanding = [0] * replicas
+    in_flight = [0]
+    q_int: deque = deque()
+    q_bat: deque = deque()
+    ttft, tpot, e2e, gq, qms, pre_ms, dec = (out[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms", "gateway_queue_ms",
+                                                             "queue_ms", "prefill_ms", "decode_ms"))
+    last = [0.0]
+
+    def finish(req: Req, t: float) -> None:
+        i = req.idx
+        a = req.arrival
+        ttft[i] = (req.first_token - a) * 1e3 + 0.0
+        e2e[i] = (t - a) * 1e3 + post[i]
+        qms[i] = (req.scheduled - req.engine_arrival) * 1e3
+        pre_ms[i] = (req.first_token - req.scheduled) * 1e3
+        dec[i] = (t - req.first_token) * 1e3
+        if req.output > 1:
+            tpot[i] = dec[i] / (req.output - 1)
+        preempt[i] = req.preemptions
+        replica[i] = req.replica
+        last[0] = max(last[0], t + post[i] / 1e3)
+        _done(req.replica, t)
+
+    def reject(req: Req, t: float) -> None:
+        status[req.idx] = req.status
+        replica[req.idx] = req.replica
+        _done(req.replica, t)
+
+    def _done(r: int, t: float) -> None:
+        outstanding[r] -= 1
+        in_flight[0] -= 1
+        nxt = None
+        if q_int and (gw.priority_classes or not q_bat or q_int[0].arrival <= q_bat[0].arrival):
+            nxt = q_int.popleft()
+        elif q_bat:
+            nxt = q_bat.popleft()
+        if nxt is not None:
+            _send(nxt, t)
+
+    engines = [Engine(engine_cfg, model, finish, reject, index=i) for i in range(replicas)]
+    if keep_steps:
+        for e in engines:
+            e.step_log = []
+
+    def _send(req: Req, t: float) -> None:
+        r = min(range(replicas), key=outstanding.__getitem__) if replicas > 1 else 0
+        outstanding[r] += 1
+        in_flight[0] += 1
+        req.replica = r
+        req.gw_admit = t
+        gq[req.idx] = (t - req.arrival) * 1e3
+        pre, post[req.idx] = model.overhead()
+        seq[0] += 1
+        heapq.heappush(events, (t + pre / 1e3, seq[0], 1, engines[r], req))
+
+    arr = traffic.arrival_s.astype(float).tolist()
+    prompts = traffic.prompt.astype(np.int64).tolist()
+    outs = outputs.tolist()
+    prio = traffic.priority.astype(np.int64).tolist()
+    limit = gw.max_concurrency
+    qi_max = gw.queue_interactive if gw.queue_interactive is not None else float("inf")
+    qb_max = gw.queue_batch if gw.queue_batch is not None else float("inf")
+    started = time.perf_counter()
+    i = 0
+    inf = float("inf")
+    while i < n or events:
+        ta = arr[i] if i < n else inf
+        if events and events[0][0] < ta:
+            t, _, kind, engine, x = heapq.heappop(events)
+            if kind == 2:
+                engine.on_step_end(t, x, schedule)
+            else:
+                if engine.admit(x, t):
+                    engine.kick(t, schedule)
+            continue
+        req = Req(i, ta, prompts[i], outs[i], prio[i])
+        i += 1
+        if limit is None or in_flight[0] < limit:
+            _send(req, ta)
+        elif req.priority == 0 and gw.priority_classes:
+            if len(q_int) >= qi_max:
+                status[req.idx] = "rejected-gateway"
+            else:
+                q_int.append(req)
+        else:
+            q = q_bat if (req.priority and gw.priority_classes) else q_int
+            if len(q) >= (qb_max if q is q_bat else qi_max):
+                status[req.idx] = "rejected-gateway"
+            else:
+                q.append(req)
+    wall = time.perf_counter() - started
+    ok = status == "ok"
+    if np.any(ok & np.isnan(e2e)):  # cannot happen unless the model loses a request: refuse to report it
+        raise RuntimeError("simulation ended with requests unanswered")
+    return SimResult(status, traffic.arrival_s, ttft, tpot, e2e, gq, qms, pre_ms, dec, preempt, replica,
+                     traffic.prompt, outputs, traffic.priority, steps=sum(e.steps for e in engines),
+                     events=sum(e.events for e in engines), wall_s=wall,
+                     span_s=max(last[0] - (arr[0] if arr else 0.0), 0.0),
+                     step_log=[s for e in engines for s in (e.step_log or [])])

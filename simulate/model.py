@@ -1,0 +1,138 @@
+"""The fitted model of one deployment: its step-time law, its residuals, and the time a request
+spends outside the engine's queue and steps — what `tailtrace simulate fit` writes and `simulate
+run` reads (JSON, `schema` "tailtrace.simulate-model/1", documented in docs/simulate.md and
+docs/simulate-model.schema.json).
+
+Step time (one engine step's full cycle: the end of the previous step to the end of this one, so
+the scheduler's and the output processor's time between model executions is in it), in ms:
+
+    t = a0 + a1·n_seqs + b·tokens + c·(Σ decode context)/1e3 + d·(Σ prefill q·(context + q/2))/1e6
+
+n_seqs the requests in the step, tokens the tokens it computes, each decoding request's context its
+prompt plus the tokens generated so far, each prefill chunk of q tokens after `context` already
+computed costing attention over q·(context + q/2) pairs. The form is the issue's; the per-request
+context terms are what a fit on token counts alone misses (Vidur, arXiv:2405.05465, models the
+same attention terms from offline operator profiles; here they are fitted to the deployment's own
+steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tailtrace.errors import UserError
+
+__all__ = ["IDENTITY_KEYS", "SCHEMA", "TERMS", "StepModel", "load_model"]
+
+SCHEMA = "tailtrace.simulate-model/1"
+TERMS = ("a0_ms", "a1_ms_per_seq", "b_ms_per_token", "c_ms_per_kctx", "d_ms_per_mattn")
+# what makes two deployments different for the step-time law (not the scheduler's knobs, which the
+# simulator varies): the engine's service, the served model, vLLM's version, KV block size, TP
+IDENTITY_KEYS = ("service", "model", "version", "block_size", "tensor_parallel_size")
+
+
+@dataclass
+class StepModel:
+    """A fitted model (see the module docstring). `coef_ms` per TERMS; `residuals`: {"decode":
+    [...], "mixed": [...]} the quantiles (0, 0.5%, …, 100%) of measured/predicted cycle time on the
+    fit's steps; `overheads`: [[pre_ms, post_ms], ...] per measured request, the time outside the
+    engine before its first token (network, gateway processing, the API server) and after its
+    last; `identity` (IDENTITY_KEYS), `deployment` (the recorded vLLM config), `gateway` (the
+    recorded gateway config or None), `fit` (the held-out report), `source` (store, run, window)."""
+
+    coef_ms: list[float]
+    residuals: dict
+    overheads: list
+    identity: dict
+    deployment: dict
+    gateway: dict | None = None
+    fit: dict = field(default_factory=dict)
+    source: dict = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    def __post_init__(self):
+        self.a0, self.a1, self.b, self.c, self.d = (float(x) for x in self.coef_ms)
+        self._rng = random.Random(0)
+        self._dec = [float(x) for x in self.residuals.get("decode") or [1.0]]
+        self._mix = [float(x) for x in self.residuals.get("mixed") or self._dec]
+        self._dec_mean = sum(self._dec) / len(self._dec)
+
+    def seed(self, seed: int) -> None:
+        """Seed the residual and overhead draws (a run is reproducible from its seed)."""
+        self._rng = random.Random(seed)
+
+    def step_ms(self, n_seqs: int, tokens: int, decode_ctx: float, prefill_attn: float) -> float:
+        """One step's cycle in ms (the law above), before its residual."""
+        return self.a0 + self.a1 * n_seqs + self.b * tokens + self.c * decode_ctx / 1e3 + self.d * prefill_attn / 1e6
+
+    def run_ms(self, k: int, n: int, ctx: float) -> float:
+        """The sum of k consecutive pure-decode steps of n requests whose context sum is `ctx` at the
+        first (each step adds n): k·(a0 + (a1+b)·n + c·ctx/1e3) + c·n/1e3·k(k−1)/2."""
+        return k * (self.a0 + (self.a1 + self.b) * n + self.c * ctx / 1e3) + self.c * n / 1e3 * k * (k - 1) / 2
+
+    def noise(self, k: int = 1, mixed: bool = False) -> float:
+        """A multiplicative residual for one step (k = 1) or the mean over a run of k pure-decode
+        steps: a draw from the fitted residuals, pulled toward their mean by 1/sqrt(k) (the spread
+        of a mean of k independent draws), so a run's total is neither noiseless nor k times one draw."""
+        qs = self._mix if mixed else self._dec
+        u = self._rng.random() * (len(qs) - 1)
+        i = int(u)
+        e = qs[i] + (qs[min(i + 1, len(qs) - 1)] - qs[i]) * (u - i)
+        if k <= 1:
+            return e
+        return self._dec_mean + (e - self._dec_mean) / math.sqrt(k)
+
+    def overhead(self) -> tuple[float, float]:
+        """(pre_ms, post_ms) of one measured request, drawn at random ((0, 0) when none was measured)."""
+        if not self.overheads:
+            return 0.0, 0.0
+        pre, post = self.overheads[self._rng.randrange(len(self.overheads))]
+        return float(pre), float(post)
+
+    def to_dict(self) -> dict:
+        """The JSON document (schema SCHEMA)."""
+        d = asdict(self)
+        return {"schema": d.pop("schema"), "terms": list(TERMS), **d}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the JSON document to `path`; raises UserError when it cannot be written."""
+        p = Path(path)
+        try:
+            p.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        except OSError as exc:
+            raise UserError(f"cannot write the model to {p}: {exc.strerror or exc}") from None
+        return p
+
+
+def load_model(path: str | Path) -> StepModel:
+    """Read a model file. Raises UserError: missing or unreadable, not JSON, another schema version
+    (naming both), or a field missing."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"no model file at {p}: write one with `tailtrace simulate fit --out {p}`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the model file {p}: {exc}") from None
+    except ValueError as exc:
+        raise UserError(f"{p} is not a model file (not JSON: {exc})") from None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("tailtrace.simulate-model/"):
+        raise UserError(f"{p} is not a tailtrace simulate model (no schema {SCHEMA!r})")
+    if doc["schema"] != SCHEMA:
+        raise UserError(f"{p} is a {doc['schema']} model; this tailtrace reads {SCHEMA}: fit it again "
+                        "with `tailtrace simulate fit`")
+    if doc.get("terms") != list(TERMS):
+        raise UserError(f"{p}: its terms {doc.get('terms')} are not this version's {list(TERMS)}: fit it again")
+    try:
+        coef = [float(x) for x in doc["coef_ms"]]
+        if len(coef) != len(TERMS) or not all(math.isfinite(x) and x >= 0 for x in coef):
+            raise ValueError
+        return StepModel(coef, doc["residuals"], doc.get("overheads") or [], doc["identity"], doc["deployment"],
+                         doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {})
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{p}: a model file needs coef_ms ({len(TERMS)} non-negative numbers), residuals, "
+                        "identity and deployment") from None

@@ -1,0 +1,144 @@
+"""What a simulation says, in the terms `tailtrace compare` prints: per objective the exact quantile
+and its verdict, P50/P99/P999 of TTFT, TPOT and E2E, queue vs service time, goodput at the SLO and
+where the tail's time went; with `--set`, the deployment as recorded (A) against the change (B).
+
+Quantiles are numpy's default ("linear", the same as DuckDB's quantile_cont) over the answered
+requests. ITL is not simulated (the simulator advances a run of decode steps as one event and
+keeps each request's first and last token only): an ITL objective reads "not simulated".
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from semantics.catalog import format_ms, quantile_label
+from semantics.slo import Objective
+
+__all__ = ["SCHEMA", "comparison_doc", "render_lines", "summarize"]
+
+SCHEMA = "tailtrace.simulate/1"
+METRICS = ("ttft", "tpot", "e2e")
+QUANTILES = (0.5, 0.99, 0.999)
+PHASES = (("gateway_queue_ms", "Gateway queue"), ("queue_ms", "Engine queue"), ("prefill_ms", "Prefill"),
+          ("decode_ms", "Decode"))
+
+
+def _q(x: np.ndarray, q: float) -> float | None:
+    x = x[np.isfinite(x)]
+    return float(np.quantile(x, q)) if len(x) else None
+
+
+def _mean(x: np.ndarray) -> float | None:
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if len(x) else None
+
+
+def _within(r, objectives: list[Objective]) -> np.ndarray:
+    ok = r.ok.copy()
+    for o in objectives:
+        if o.metric == "tpot":
+            v = r.tpot_ms
+            ok &= ~(v > o.limit_ms)  # NaN (one token): no TPOT to miss
+        elif o.metric in ("ttft", "e2e"):
+            ok &= getattr(r, f"{o.metric}_ms") <= o.limit_ms
+    return ok
+
+
+def summarize(r, objectives: list[Objective]) -> dict:
+    """One simulated arm as a dict: requests, ok, rejected, span_s, rate_rps, metrics {metric:
+    {"p50": ms, …}}, objectives [{objective, value_ms, ratio, met | None, why}], goodput_rps,
+    goodput_share, queue_ms / service_ms (mean and P99), tail phases per objective metric, steps,
+    wall_s. Values never measured are None."""
+    ok = r.ok
+    n, n_ok = len(ok), int(ok.sum())
+    span = r.span_s or 1.0
+    metrics = {m: {quantile_label(q): _q(getattr(r, f"{m}_ms")[ok], q) for q in QUANTILES} for m in METRICS}
+    objs = []
+    for o in objectives:
+        if o.metric not in METRICS:
+            objs.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "limit_ms": o.limit_ms,
+                         "value_ms": None, "ratio": None, "met": None,
+                         "why": "not simulated (per-token times are not kept)"})
+            continue
+        v = _q(getattr(r, f"{o.metric}_ms")[ok], o.q)
+        objs.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "limit_ms": o.limit_ms,
+                     "value_ms": v, "ratio": None if v is None else v / o.limit_ms,
+                     "met": None if v is None else bool(v <= o.limit_ms),
+                     "why": None if v is not None else "no request answered"})
+    good = _within(r, objectives)
+    queue = np.nan_to_num(r.gateway_queue_ms) + r.queue_ms
+    service = r.prefill_ms + r.decode_ms
+    tails = []
+    for m in METRICS:
+        v = getattr(r, f"{m}_ms")
+        thr = _q(v[ok], 0.99)
+        if thr is None:
+            continue
+        tail = ok & (v >= thr)
+        tails.append({"metric": m, "label": "P99", "requests": int(tail.sum()),
+                      "phases": [{"phase": label, "mean_ms": _mean(getattr(r, col)[tail])} for col, label in PHASES]})
+    return {"requests": n, "ok": n_ok, "rejected": int(n - n_ok), "span_s": span, "rate_rps": n / span if span else None,
+            "metrics": metrics, "objectives": objs, "goodput_rps": float(good.sum() / span),
+            "goodput_share": float(good.sum() / n) if n else None,
+            "queue_ms": {"mean": _mean(queue[ok]), "p99": _q(queue[ok], 0.99)},
+            "service_ms": {"mean": _mean(service[ok]), "p99": _q(service[ok], 0.99)},
+            "preemptions": int(r.preemptions.sum()), "tails": tails, "steps": r.steps, "events": r.events,
+            "wall_s": r.wall_s}
+
+
+def comparison_doc(a: dict, b: dict | None, *, slo: str, changes: list[str], replicas: int, rate_x: float,
+                   model_fit: dict, traffic: str) -> dict:
+    """The JSON document `simulate run --format json` prints (schema SCHEMA): the arms, the
+    changes, and B/A per metric and quantile when there is a B."""
+    doc = {"schema": SCHEMA, "slo": slo, "traffic": traffic, "rate_x": rate_x, "replicas": replicas,
+           "changes": changes, "model_fit": model_fit, "arms": {"A": a}}
+    if b is not None:
+        doc["arms"]["B"] = b
+        doc["ratios"] = {m: {k: (None if a["metrics"][m][k] in (None, 0) or b["metrics"][m][k] is None
+                                 else b["metrics"][m][k] / a["metrics"][m][k]) for k in a["metrics"][m]}
+                         for m in METRICS}
+    return doc
+
+
+def _arm_lines(name: str, s: dict) -> list[str]:
+    out = [f"  {name}: {s['requests']:,} requests over {s['span_s']:.1f} s ({s['rate_rps']:.2f} req/s), "
+           f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions"]
+    for o in s["objectives"]:
+        if o["value_ms"] is None:
+            out.append(f"    {o['objective']}: {o['why']}")
+        else:
+            out.append(f"    {o['objective']}: {format_ms(o['value_ms'])} ({o['ratio']:.2f}x the limit) "
+                       f"{'met' if o['met'] else 'MISSED'}")
+    for m in METRICS:
+        q = s["metrics"][m]
+        out.append(f"    {m.upper():5} " + "  ".join(f"{k} {format_ms(v)}" for k, v in q.items()))
+    out.append(f"    queue {format_ms(s['queue_ms']['mean'])} mean, {format_ms(s['queue_ms']['p99'])} P99; "
+               f"service {format_ms(s['service_ms']['mean'])} mean, {format_ms(s['service_ms']['p99'])} P99")
+    if s["goodput_share"] is not None:
+        out.append(f"    goodput at the SLO: {s['goodput_rps']:.2f} req/s ({s['goodput_share']:.0%} of requests)")
+    for t in s["tails"]:
+        parts = ", ".join(f"{p['phase'].lower()} {format_ms(p['mean_ms'])}" for p in t["phases"]
+                          if p["mean_ms"] is not None)
+        out.append(f"    in the {t['metric'].upper()} P99 tail ({t['requests']} requests): {parts}")
+    return out
+
+
+def render_lines(doc: dict) -> list[str]:
+    """The text `simulate run` prints for `doc` (comparison_doc's)."""
+    fit = doc.get("model_fit") or {}
+    ho = fit.get("held_out") or {}
+    head = (f"simulated {doc['traffic']} at {doc['rate_x']:g}x its rate on {doc['replicas']} replica(s); "
+            f"objectives {doc['slo']}")
+    out = [head]
+    if ho.get("median_err_decode") is not None:
+        out.append(f"  the step-time model's held-out error: median {ho['median_err_decode']:.1%} (decode steps), "
+                   f"{(ho.get('median_err_mixed') or 0):.1%} (mixed); summed over {ho['window']:,} steps "
+                   f"{ho['window_sum_err']:.1%} at worst")
+    a = doc["arms"]["A"]
+    out += _arm_lines("A (as recorded)" if doc["changes"] else "as recorded", a)
+    if "B" in doc["arms"]:
+        out += _arm_lines(f"B ({', '.join(doc['changes'])})", doc["arms"]["B"])
+        for m, qs in doc["ratios"].items():
+            out.append(f"  B/A {m.upper():5} " + "  ".join(f"{k} {'n/a' if v is None else f'{v:.2f}x'}"
+                                                       for k, v in qs.items()))
+    return out

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from diagnose import capacity as capacity_mod
 from collector.query.deployment import read_deployment
+from diagnose import capacity as capacity_mod
 from diagnose.detectors import Context, run_detectors
 from diagnose.objectives import Verdict, evaluate
 from diagnose.report import DOMINANT_MIN_SHARE, Report

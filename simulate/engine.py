@@ -339,7 +339,7 @@ class Engine:
                 self.prefilling = [r for r in self.prefilling if r.state == PREFILL]
         heap = self.heap
         while heap and heap[0][0] <= self.G:
-            g_fin, seq, _, req = heapq.heappop(heap)
+            _g_fin, seq, _, req = heapq.heappop(heap)
             if seq != req.seq or req.state != DECODE:
                 continue
             self.n_dec -= 1

@@ -46,7 +46,7 @@ MIN_STEPS = 200
 def nnls_exact(X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
     """argmin_b Σ w²(Xb − y)² subject to b >= 0, for a few columns (2^p − 1 least-squares solves).
     X (m, p), y (m,), w (m,) or None. Returns b (p,)."""
-    m, p = X.shape
+    _m, p = X.shape
     Xw = X * (w[:, None] if w is not None else 1.0)
     yw = y * (w if w is not None else 1.0)
     best, best_cost = np.zeros(p), float(yw @ yw)

@@ -17,8 +17,8 @@ def _pct(x: float | None) -> str:
 def fit_lines(model, path) -> list[str]:
     """What `simulate fit` says: the law, the held-out error against the targets, what it read."""
     src, fit = model.source, model.fit
-    out = [f"fitted {src['busy_steps']:,} busy steps of {src['service']} ({src['first_step']} .. {src['last_step']}); "
-           f"wrote {path}",
+    out = [(f"fitted {src['busy_steps']:,} busy steps of {src['service']} ({src['first_step']} .. {src['last_step']}); "
+           f"wrote {path}"),
            "  step cycle (ms) = " + " + ".join(f"{c:.4g}{x}" for c, x in zip(model.coef_ms, _TERM_TEXT))]
     for name in ("held_out", "train"):
         r = fit.get(name) or {}

@@ -101,8 +101,8 @@ def comparison_doc(a: dict, b: dict | None, *, slo: str, changes: list[str], rep
 
 
 def _arm_lines(name: str, s: dict) -> list[str]:
-    out = [f"  {name}: {s['requests']:,} requests over {s['span_s']:.1f} s ({s['rate_rps']:.2f} req/s), "
-           f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions"]
+    out = [(f"  {name}: {s['requests']:,} requests over {s['span_s']:.1f} s ({s['rate_rps']:.2f} req/s), "
+           f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions")]
     for o in s["objectives"]:
         if o["value_ms"] is None:
             out.append(f"    {o['objective']}: {o['why']}")

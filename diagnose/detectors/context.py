@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from diagnose.actions import Action
 from collector.query.deployment import Deployment
+from diagnose.actions import Action
 from diagnose.report import Evidence, Finding, PhaseShare, TailSet
 from diagnose.source import Query, iso
 from semantics.catalog import Layer

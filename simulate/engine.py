@@ -278,7 +278,7 @@ class Engine:
         for req, q in chunks:
             pre_tokens += q
             attn += q * (req.computed + q / 2)
-        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1)
+        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1, mixed=True)
         self.run = None
         self.step_end = (chunks, n, pre_tokens, ms)
         schedule(t + ms / 1e3, self, self.version)

@@ -172,3 +172,34 @@ def test_url_mode_alternates_two_deployments_and_changes_nothing(stack, tmp_path
                       candidate_url=stack.vllm_url, api=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(UserError, match="cannot reach the collector's SQL API"):
         run_trial(bad, _Quiet())
+
+
+def test_a_model_fitted_to_a_real_run_predicts_its_own_p50_ttft(stack, tmp_path):
+    """issue 33: `simulate fit` on a short real vLLM CPU run, then `simulate run` of that run's own
+    traffic (store:): the simulated P50 TTFT within 15% of the measured one."""
+    import json
+
+    import numpy as np
+
+    from tailtrace.cli import main
+
+    rows = [(i * 0.15, 48 + (i * 53) % 300, 6 + (i * 7) % 29, "interactive") for i in range(120)]
+    src = run_replay(ReplayConfig(trace=_csv(tmp_path / "fit.csv", rows), target=stack.gateway_url,
+                                  otlp_endpoint=stack.otlp_url, run_id="src-fit", progress=False))
+    assert src.summary.failed == 0
+    assert wait_for_store(stack.api_url, "src-fit", 120, timeout_s=60) == 120
+    model = tmp_path / "model.json"
+    assert main(["simulate", "fit", "--api", stack.api_url, "--run-id", "src-fit", "--out", str(model)]) == 0
+    fitted = json.loads(model.read_text())
+    assert fitted["gateway"]["max_concurrency"] == 2 and fitted["deployment"]["max_num_seqs"]
+    measured = [r[0] for r in sql_api(stack.api_url, "SELECT outer_ttft_ms FROM requests WHERE run_id = 'src-fit' "
+                                      "AND ok AND outer_ttft_ms IS NOT NULL")]
+    out = tmp_path / "sim.json"
+    sims = []
+    for seed in range(3):  # three seeds of the residual and overhead draws, pooled
+        assert main(["simulate", "run", "--model", str(model), "--traffic", "store:#src-fit", "--api", stack.api_url,
+                     "--seed", str(seed), "--format", "json", "--json", str(out)]) == 0
+        sims.append(json.loads(out.read_text())["arms"]["A"]["metrics"]["ttft"]["P50"])
+    got, want = float(np.median(sims)), float(np.median(measured))
+    print(f"P50 TTFT measured {want:.1f} ms, simulated {sims} ms; fit {fitted['fit']['held_out']}")
+    assert abs(got / want - 1) <= 0.15, (got, want)

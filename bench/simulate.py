@@ -1,0 +1,110 @@
+"""The simulator's speed and its error against measured runs, printed side by side.
+
+    .venv/bin/python bench/simulate.py                      # speed: 100k and 1M requests of azure-conv
+    .venv/bin/python bench/simulate.py --store .tailtrace/demo/tailtrace.duckdb [--runs RUN,RUN]
+
+Speed: the Azure conversation trace (data/traces), repeated end to end to 100k and 1M requests, at the
+rate one replica of the model's deployment holds (the model: --model FILE, else one fitted to --store,
+else the tiny model's law as the demo measured it); prints requests/s and engine steps/s simulated.
+Error: with --store, a model fitted to the store, then each traffic run of it (or --runs) simulated
+from its own traffic (store:…#RUN); prints measured vs simulated P50/P99 of TTFT, TPOT and E2E and
+the relative error of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collector.query.reader import store_query
+from collector.query.runs import list_runs
+from semantics.slo import TRAFFIC_KINDS
+from simulate.cluster import simulate
+from simulate.fit import fit_model
+from simulate.model import StepModel, load_model
+from simulate.settings import deployment_of, load_traffic, tile
+
+# the tiny model on this kind of machine, as `simulate fit` found it on a demo store (docs/simulate.md)
+DEMO_LAW = [2.149, 0.3547, 0.3455, 0.278, 56.0]
+
+
+def _speed(model: StepModel) -> None:
+    engine, gateway = deployment_of(model)
+    traffic, _ = load_traffic("azure-conv")
+    for n in (100_000, 1_000_000):
+        t = tile(traffic, n)
+        t = type(t)(t.arrival_s[:n], t.prompt[:n], t.output[:n], t.priority[:n])
+        # the rate one replica holds: output tokens/s it decodes at batch 64 over the mean output
+        per_tok = (model.step_ms(64, 64, 64 * 1500, 0) / 64) / 1e3
+        rate = 0.7 / (per_tok * float(np.mean(t.output)))
+        t = t.scaled(rate * float(t.arrival_s[-1]) / n)
+        started = time.perf_counter()
+        r = simulate(t, model, engine, gateway, 1)
+        wall = time.perf_counter() - started
+        print(f"{n:>9,} requests at {n / float(t.arrival_s[-1]):.2f} req/s: {wall:6.1f} s, {n / wall:,.0f} requests/s, "
+              f"{r.steps / wall:,.0f} engine steps/s ({r.steps:,} steps in {r.events:,} events); "
+              f"{'under' if (n == 100_000 and wall < 6) or (n == 1_000_000 and wall < 60) else 'OVER'} the target "
+              f"({'6' if n == 100_000 else '60'} s)")
+
+
+def _error(store: str, runs: list[str] | None) -> None:
+    query, close = store_query(store)
+    try:
+        model = fit_model(query, store=store)
+        present = [r for r in list_runs(query) if r.run_id and r.kind in TRAFFIC_KINDS]
+        picked = [r.run_id for r in present if runs is None or r.run_id in runs]
+        measured = {}
+        for rid in picked:
+            rows = query("SELECT outer_ttft_ms, tpot_ms, outer_e2e_ms FROM requests WHERE run_id = ? AND ok", [rid])
+            measured[rid] = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
+    finally:
+        close()
+    ho = model.fit["held_out"]
+    print(f"fit: held-out median error {ho['median_err_decode']:.1%} decode-only, "
+          f"{(ho['median_err_mixed'] or 0):.1%} mixed; {ho['window_sum_err']:.1%} over {ho['window']} steps")
+    engine, gateway = deployment_of(model)
+    print(f"{'run':40} {'metric':6} {'meas P50':>10} {'sim P50':>10} {'err':>7} {'meas P99':>10} {'sim P99':>10} {'err':>7}")
+    for rid in picked:
+        traffic, _ = load_traffic(f"store:{store}#{rid}")
+        sims = [simulate(traffic, model, engine, gateway, 1, seed=s) for s in range(3)]
+        for j, m in enumerate(("ttft", "tpot", "e2e")):
+            meas = measured[rid][:, j]
+            meas = meas[np.isfinite(meas)]
+            sim = np.concatenate([getattr(s, f"{m}_ms")[s.ok] for s in sims])
+            sim = sim[np.isfinite(sim)]
+            if not len(meas) or not len(sim):
+                continue
+            cells = []
+            for q in (0.5, 0.99):
+                a, b = float(np.quantile(meas, q)), float(np.quantile(sim, q))
+                cells += [f"{a:10.1f}", f"{b:10.1f}", f"{b / a - 1:+7.1%}"]
+            print(f"{rid:40} {m:6} " + " ".join(cells))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="a model file (default: fitted to --store, else the demo's law)")
+    ap.add_argument("--store", help="a store URL or DuckDB path with measured runs: print the error per run")
+    ap.add_argument("--runs", help="comma-separated run ids (default: every traffic run)")
+    ap.add_argument("--no-speed", action="store_true")
+    args = ap.parse_args()
+    if args.model:
+        model = load_model(args.model)
+    else:
+        model = StepModel(DEMO_LAW, {"decode": [1.0], "mixed": [1.0]}, [[15.0, 2.0]], {}, {
+            "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 128, "kv_cache_blocks": 8192})
+    if not args.no_speed:
+        _speed(model)
+    if args.store:
+        _error(args.store, args.runs.split(",") if args.runs else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,22 +10,11 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 
+from tailtrace.argtypes import positive
+
 __all__ = ["register"]
-
-
-def _positive(flag: str, kind=float):
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{flag} must be more than 0")
-        return v
-    return conv
 
 
 def register(sub) -> None:
@@ -49,15 +38,15 @@ def register(sub) -> None:
                    help="the baseline's own settings, same form (embedded stack; default: its defaults)")
     p.add_argument("--traffic", default="azure-conv",
                    help="a trace (azure-conv, mooncake-conv, a CSV) or store:STORE[#RUN_ID] (default azure-conv)")
-    p.add_argument("--block-s", type=_positive("--block-s"), default=60.0, metavar="S",
+    p.add_argument("--block-s", type=positive("--block-s"), default=60.0, metavar="S",
                    help="seconds of traffic per block (default 60)")
-    p.add_argument("--blocks", type=_positive("--blocks", int), default=4, metavar="N",
+    p.add_argument("--blocks", type=positive("--blocks", int), default=4, metavar="N",
                    help="block pairs (A B or B A each; default 4: eight blocks)")
     p.add_argument("--start", type=float, default=0.0, metavar="OFFSET", help="trace seconds to skip (default 0)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--speed", type=_positive("--speed"), metavar="X", help="play the traffic X times faster")
-    g.add_argument("--rate", type=_positive("--rate"), metavar="R", help="rescale the traffic to R req/s")
-    p.add_argument("--max-requests", type=_positive("--max-requests", int), metavar="N",
+    g.add_argument("--speed", type=positive("--speed"), metavar="X", help="play the traffic X times faster")
+    g.add_argument("--rate", type=positive("--rate"), metavar="R", help="rescale the traffic to R req/s")
+    p.add_argument("--max-requests", type=positive("--max-requests", int), metavar="N",
                    help="at most N requests per block")
     p.add_argument("--slo", metavar="SPEC", help="the objectives (default ttft_p99=2s,tpot_p99=100ms)")
     p.add_argument("--seed", type=int, default=0)
@@ -90,7 +79,7 @@ def register(sub) -> None:
                    help="compare only the requests of this class (default: every request)")
     p.add_argument("--confidence", type=float, default=0.95, choices=(0.95, 0.99, 0.999),
                    help="the intervals' confidence level (default 0.95)")
-    p.add_argument("--split", type=_positive("--split", int), default=4, metavar="K",
+    p.add_argument("--split", type=positive("--split", int), default=4, metavar="K",
                    help="one run per arm: stretches per run (default 4)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
     p.set_defaults(func=_compare)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from collector.query.reader import Query
 from experiment.stats import paired_log_ratio
 from semantics.catalog import LATENCY_POPULATION, PHASES, REQUEST_METRIC_COLUMNS, UNATTRIBUTED, quantile_label
-from semantics.slo import DEFAULT_SLO, Objective, format_slo, parse_slo
+from semantics.slo import DEFAULT_SLO, Objective, format_slo, goodput_sql, parse_slo
 from tailtrace.errors import UserError
 
 __all__ = ["COLUMNS", "SCHEMA", "Comparison", "compare"]
@@ -105,15 +105,6 @@ class Comparison:
         return _row(self.metrics, metric, quantile)
 
 
-def _within(o: Objective) -> str:
-    """A request meets objective `o`'s bound (per request, as goodput judges): its metric measured and
-    within; TPOT, which a one-token answer does not have, counts as met there (nothing to wait for)."""
-    c, limit = COLUMNS[o.metric], float(o.limit_ms)
-    if o.metric == "tpot":
-        return f"(({c} IS NULL AND coalesce(output_tokens, 0) <= 1) OR {c} <= {limit!r})"
-    return f"({c} IS NOT NULL AND {c} <= {limit!r})"
-
-
 def _marks(n: int) -> str:
     return ", ".join("?" for _ in range(n))
 
@@ -125,8 +116,7 @@ def _aggregates(quantiles: list[tuple[str, float]], bounds: list[Objective]) -> 
         c = COLUMNS[m]
         cols.append(f"count({c}) FILTER (WHERE {LATENCY_POPULATION})")
         cols.append(f"quantile_cont({c}, {float(q)!r}) FILTER (WHERE {LATENCY_POPULATION} AND {c} IS NOT NULL)")
-    good = " AND ".join([LATENCY_POPULATION] + [_within(o) for o in bounds])
-    cols.append(f"count(*) FILTER (WHERE {good})")
+    cols.append(f"count(*) FILTER (WHERE {goodput_sql(bounds)})")
     return ", ".join(cols), 2 + 2 * len(quantiles) + 1
 
 

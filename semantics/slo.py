@@ -18,11 +18,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from semantics.catalog import SLO_DEFAULTS_MS
+from semantics.catalog import LATENCY_POPULATION, REQUEST_METRIC_COLUMNS, SLO_DEFAULTS_MS
 from tailtrace.errors import UserError
 
-__all__ = ["DEFAULT_SLO", "OBJECTIVE_METRICS", "RUN_KINDS", "RUN_KIND_ARM", "RUN_KIND_PROBE", "TRAFFIC_KINDS", "Objective",
-           "format_slo", "parse_slo", "quantile_key", "run_kind_of"]
+__all__ = [
+    "DEFAULT_SLO",
+    "OBJECTIVE_METRICS",
+    "RUN_KINDS",
+    "RUN_KIND_ARM",
+    "RUN_KIND_PROBE",
+    "TRAFFIC_KINDS",
+    "Objective",
+    "format_slo",
+    "goodput_sql",
+    "parse_slo",
+    "quantile_key",
+    "run_kind_of",
+]
 
 # the metrics an objective may bound (the `requests` column or decode-step value each reads is
 # the explain catalog's: diagnose/objectives.py)
@@ -116,6 +128,23 @@ def parse_slo(text: str, what: str = "--slo") -> list[Objective]:
 def format_slo(objectives: list[Objective]) -> str:
     """The canonical spec text of `objectives` (parse_slo(format_slo(x)) == x)."""
     return ",".join(o.spec for o in objectives)
+
+
+def goodput_sql(objectives: list[Objective]) -> str:
+    """The SQL predicate over `requests` columns (catalog.REQUEST_METRIC_COLUMNS, `ok`,
+    `output_tokens`) that makes a request count toward goodput at `objectives`: answered (the
+    latency population) and, for each TTFT, TPOT or E2E objective, its metric measured and within
+    the bound; TPOT, which a one-token answer does not have, counts as met there (nothing to wait
+    for). ITL objectives bound steps, not requests: not part of it."""
+    parts = [LATENCY_POPULATION]
+    for o in objectives:
+        c = REQUEST_METRIC_COLUMNS.get(o.metric)
+        if c is None:
+            continue
+        limit = float(o.limit_ms)
+        parts.append(f"(({c} IS NULL AND coalesce(output_tokens, 0) <= 1) OR {c} <= {limit!r})" if o.metric == "tpot"
+                     else f"({c} IS NOT NULL AND {c} <= {limit!r})")
+    return " AND ".join(parts)
 
 
 # the catalog's bounds, at P99: "ttft_p99=2s,tpot_p99=100ms"

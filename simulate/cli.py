@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import argparse
 
+from tailtrace.argtypes import positive
+
 __all__ = ["register"]
 
 
-def _positive(flag: str, kind=float):
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{flag} must be more than 0")
-        return v
-    return conv
+def _replicas(text: str) -> int:
+    n = _replica_list(text)
+    if len(n) != 1:
+        raise argparse.ArgumentTypeError(f"--replicas {text!r}: one count here (simulate capacity takes a list)")
+    return n[0]
 
 
 def _replica_list(text: str) -> list[int]:
@@ -67,9 +64,9 @@ def register(sub) -> None:
         p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
         if name == "run":
-            p.add_argument("--rate-x", type=_positive("--rate-x"), default=1.0, metavar="X",
+            p.add_argument("--rate-x", type=positive("--rate-x"), default=1.0, metavar="X",
                            help="arrivals X times as fast as the traffic's (default 1)")
-            p.add_argument("--replicas", type=_positive("--replicas", int), default=1, metavar="N",
+            p.add_argument("--replicas", type=_replicas, default=1, metavar="N",
                            help="replicas behind the gateway (default 1)")
             p.add_argument("--store-out", metavar="FILE.duckdb",
                            help="also write the simulated requests as a store (run kind simulation)")
@@ -77,7 +74,7 @@ def register(sub) -> None:
         else:
             p.add_argument("--replicas", type=_replica_list, default=[1], metavar="N[,N…]",
                            help="replica counts to answer for (default 1)")
-            p.add_argument("--min-requests", type=_positive("--min-requests", int), default=3000, metavar="N",
+            p.add_argument("--min-requests", type=positive("--min-requests", int), default=3000, metavar="N",
                            help="repeat the traffic to at least N requests (default 3000)")
             p.set_defaults(func=_capacity)
 
@@ -140,7 +137,9 @@ def _run(args) -> int:
     model, objectives, slo, (ea, ga), (eb, gb), changes, traffic, name = _prepare(args)
     if args.store_out:
         from loadgen.cli import check_writable
+        from simulate.store import check_store_out
 
+        check_store_out(args.store_out)
         check_writable(args.store_out, "--store-out")
     t = traffic.scaled(args.rate_x)
     ra = simulate(t, model, ea, ga, args.replicas, seed=args.seed)

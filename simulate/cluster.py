@@ -130,7 +130,7 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
     def finish(req: Req, t: float) -> None:
         i = req.idx
         a = req.arrival
-        ttft[i] = (req.first_token - a) * 1e3 + 0.0
+        ttft[i] = (req.first_token - a) * 1e3
         e2e[i] = (t - a) * 1e3 + post[i]
         qms[i] = (req.scheduled - req.engine_arrival) * 1e3
         pre_ms[i] = (req.first_token - req.scheduled) * 1e3
@@ -150,13 +150,8 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
     def _done(r: int, t: float) -> None:
         outstanding[r] -= 1
         in_flight[0] -= 1
-        nxt = None
-        if q_int and (gw.priority_classes or not q_bat or q_int[0].arrival <= q_bat[0].arrival):
-            nxt = q_int.popleft()
-        elif q_bat:
-            nxt = q_bat.popleft()
-        if nxt is not None:
-            _send(nxt, t)
+        if q_int or q_bat:  # interactive first (with classes off every request waits in q_int)
+            _send((q_int or q_bat).popleft(), t)
 
     engines = [Engine(engine_cfg, model, finish, reject, index=i) for i in range(replicas)]
     if keep_steps:
@@ -168,7 +163,6 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
         outstanding[r] += 1
         in_flight[0] += 1
         req.replica = r
-        req.gw_admit = t
         gq[req.idx] = (t - req.arrival) * 1e3
         pre, post[req.idx] = model.overhead()
         seq[0] += 1
@@ -198,17 +192,13 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
         i += 1
         if limit is None or in_flight[0] < limit:
             _send(req, ta)
-        elif req.priority == 0 and gw.priority_classes:
-            if len(q_int) >= qi_max:
-                status[req.idx] = "rejected-gateway"
-            else:
-                q_int.append(req)
+            continue
+        # the gateway's queue_class: batch waits in its own queue with classes on, else in the interactive one
+        q, q_max = (q_bat, qb_max) if req.priority == 1 and gw.priority_classes else (q_int, qi_max)
+        if len(q) >= q_max:
+            status[req.idx] = "rejected-gateway"
         else:
-            q = q_bat if (req.priority and gw.priority_classes) else q_int
-            if len(q) >= (qb_max if q is q_bat else qi_max):
-                status[req.idx] = "rejected-gateway"
-            else:
-                q.append(req)
+            q.append(req)
     wall = time.perf_counter() - started
     ok = status == "ok"
     if np.any(ok & np.isnan(e2e)):  # cannot happen unless the model loses a request: refuse to report it

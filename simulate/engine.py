@@ -73,11 +73,9 @@ class Req:
         "blocks",
         "computed",
         "engine_arrival",
-        "finish",
         "first_token",
         "g_fin",
         "generated",
-        "gw_admit",
         "idx",
         "order",
         "output",
@@ -101,7 +99,7 @@ class Req:
         self.base = 0                 # decoding: context = base + engine.G
         self.g_fin = 0                # decoding: finishes when engine.G reaches it
         self.seq = 0                  # heap entry version (lazy deletion on preemption)
-        self.engine_arrival = self.scheduled = self.first_token = self.finish = self.gw_admit = None
+        self.engine_arrival = self.scheduled = self.first_token = None
         self.preemptions = 0
         self.replica = -1
         self.status = None            # "ok" | "rejected-gateway" | "rejected-engine"
@@ -112,8 +110,8 @@ class Req:
 class Engine:
     """One replica's scheduler and its steps. `step_ms(n_seqs, tokens, decode_ctx, prefill_attn)`
     gives one step's cycle in ms; `run_ms(k, n, ctx)` the sum of k pure-decode steps of n requests
-    from context sum ctx; `noise(k)` a multiplicative residual for a run of k steps. `on_first`,
-    `on_finish` and `on_reject` are called back with (req, time_s)."""
+    from context sum ctx; `noise(k, mixed)` a multiplicative residual. `on_finish` and `on_reject`
+    are called back with (req, time_s)."""
 
     def __init__(self, cfg: EngineConfig, model, on_finish, on_reject, index: int = 0):
         self.cfg, self.model, self.index = cfg, model, index
@@ -132,25 +130,22 @@ class Engine:
         self.busy = False
         self.version = 0
         self.run = None                          # (t0, k, n, ctx, eps) of the decode run in flight
-        self.step_end = None                     # (t1, chunks) of the mixed step in flight
+        self.step_end = None                     # (chunks, n_seqs, prefill_tokens, ms) of the mixed step in flight
         self.steps = 0                           # engine steps simulated
         self.events = 0                          # step-end events processed
         self.preemptions = 0
-        self.step_log = None                     # list to append (t_end, n_seqs, prefill_tokens, decode_tokens, ms) to
+        self.step_log = None                     # a list gets (t_end, n_seqs, prefill_tokens, decode_tokens, ms | None, steps)
 
     # --- arrivals -------------------------------------------------------------------------------
     def admit(self, req: Req, t: float) -> bool:
         """`req` reaches the engine at `t`: refused (False, on_reject called) over an admission
         limit, else queued. The caller then calls `kick(t)`."""
         cfg = self.cfg
-        if (cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs) or \
-           (cfg.max_num_queued_tokens is not None and self.waiting_tokens + req.prompt > cfg.max_num_queued_tokens):
-            req.status = "rejected-engine"
-            self.on_reject(req, t)
-            return False
         req.replica = self.index
-        if self.total_blocks is not None and \
-                -(-(req.prompt + req.output) // cfg.block_size) > self.total_blocks:  # vLLM: 400, never fits
+        if (cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs) or \
+           (cfg.max_num_queued_tokens is not None and self.waiting_tokens + req.prompt > cfg.max_num_queued_tokens) or \
+           (self.total_blocks is not None  # vLLM answers 400: it would never fit the KV cache
+                and -(-(req.prompt + req.output) // cfg.block_size) > self.total_blocks):
             req.status = "rejected-engine"
             self.on_reject(req, t)
             return False
@@ -350,10 +345,10 @@ class Engine:
         self._start(t, schedule)
 
     def _release(self, req: Req, t: float) -> None:
+        if self.total_blocks is not None:
+            self.held -= self._blocks_of(req)  # before DONE: a decoder's blocks are read from its context
         req.state = DONE
         self.running.pop(req.idx, None)
-        if self.total_blocks is not None:
-            self.held -= self._blocks_of(req)
         self.on_finish(req, t)
 
     # --- KV cache ---------------------------------------------------------------------------------

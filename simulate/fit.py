@@ -160,8 +160,7 @@ def _prefill_chunks(t: np.ndarray, pre: np.ndarray, index: dict, firsts: list) -
         for r in order:
             if left <= 0:
                 break
-            q = min(r[2] - r[3], left) if r[1] > i else max(r[2] - r[3], 0)
-            q = min(q, left)
+            q = min(r[2] - r[3], left)  # its last chunk (ending here) or as much as is left
             if q <= 0:
                 continue
             attn[i] += q * (r[3] + q / 2)
@@ -220,8 +219,9 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
     ho = report["held_out"]
     report["met"] = {k: (ho[k] is not None and ho[k] <= v) for k, v in TARGETS.items()}
     dep = read_deployment(query, *(_span_window(s["t_us"])))
-    model_name = query("SELECT model FROM requests WHERE model IS NOT NULL GROUP BY 1 ORDER BY count(*) DESC LIMIT 1",
-                       []) or [[None]]
+    where, params = _time_where("arrival_time", since, until)
+    model_name = query(f"SELECT model FROM requests WHERE model IS NOT NULL AND {where} GROUP BY 1 "
+                       "ORDER BY count(*) DESC LIMIT 1", params) or [[None]]
     vllm = dep.vllm or {}
     identity = {"service": service, "model": model_name[0][0],
                 **{k: vllm.get(k) for k in IDENTITY_KEYS if k not in ("service", "model")}}

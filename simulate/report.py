@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from semantics.catalog import format_ms, quantile_label
-from semantics.slo import Objective
+from semantics.catalog import REQUEST_METRIC_COLUMNS, format_ms, quantile_label
+from semantics.slo import Objective, goodput_sql
 
 __all__ = ["SCHEMA", "comparison_doc", "render_lines", "summarize"]
 
@@ -33,15 +33,18 @@ def _mean(x: np.ndarray) -> float | None:
     return float(x.mean()) if len(x) else None
 
 
-def _within(r, objectives: list[Objective]) -> np.ndarray:
-    ok = r.ok.copy()
-    for o in objectives:
-        if o.metric == "tpot":
-            v = r.tpot_ms
-            ok &= ~(v > o.limit_ms)  # NaN (one token): no TPOT to miss
-        elif o.metric in ("ttft", "e2e"):
-            ok &= getattr(r, f"{o.metric}_ms") <= o.limit_ms
-    return ok
+def _good(r, objectives: list[Objective]) -> int:
+    """Requests within every per-request bound: semantics.slo.goodput_sql (the one definition, as
+    compare counts it), run by DuckDB over the simulated requests under the `requests` column names."""
+    import duckdb
+    import pyarrow as pa
+
+    col = lambda x: pa.array(x, from_pandas=True)  # NaN (not applicable) -> NULL, as the store has it
+    sim = pa.table({"ok": r.ok, REQUEST_METRIC_COLUMNS["ttft"]: col(r.ttft_ms),  # noqa: F841 (read by SQL)
+                    REQUEST_METRIC_COLUMNS["tpot"]: col(r.tpot_ms), REQUEST_METRIC_COLUMNS["e2e"]: col(r.e2e_ms),
+                    "output_tokens": r.output})
+    with duckdb.connect() as con:
+        return int(con.execute(f"SELECT count(*) FILTER (WHERE {goodput_sql(objectives)}) FROM sim").fetchone()[0])
 
 
 def summarize(r, objectives: list[Objective]) -> dict:
@@ -65,7 +68,7 @@ def summarize(r, objectives: list[Objective]) -> dict:
                      "value_ms": v, "ratio": None if v is None else v / o.limit_ms,
                      "met": None if v is None else bool(v <= o.limit_ms),
                      "why": None if v is not None else "no request answered"})
-    good = _within(r, objectives)
+    good = _good(r, objectives)
     queue = np.nan_to_num(r.gateway_queue_ms) + r.queue_ms
     service = r.prefill_ms + r.decode_ms
     tails = []
@@ -78,8 +81,8 @@ def summarize(r, objectives: list[Objective]) -> dict:
         tails.append({"metric": m, "label": "P99", "requests": int(tail.sum()),
                       "phases": [{"phase": label, "mean_ms": _mean(getattr(r, col)[tail])} for col, label in PHASES]})
     return {"requests": n, "ok": n_ok, "rejected": int(n - n_ok), "span_s": span, "rate_rps": n / span if span else None,
-            "metrics": metrics, "objectives": objs, "goodput_rps": float(good.sum() / span),
-            "goodput_share": float(good.sum() / n) if n else None,
+            "metrics": metrics, "objectives": objs, "goodput_rps": good / span,
+            "goodput_share": good / n if n else None,
             "queue_ms": {"mean": _mean(queue[ok]), "p99": _q(queue[ok], 0.99)},
             "service_ms": {"mean": _mean(service[ok]), "p99": _q(service[ok], 0.99)},
             "preemptions": int(r.preemptions.sum()), "tails": tails, "steps": r.steps, "events": r.events,

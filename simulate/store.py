@@ -14,6 +14,7 @@ say "not measured" for a simulated run, never 0.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import secrets
 import time
@@ -26,7 +27,7 @@ from instrument.otel import set_any_value
 from semantics import semconv as sc
 from tailtrace.errors import UserError
 
-__all__ = ["write_store"]
+__all__ = ["check_store_out", "write_store"]
 
 _CHUNK = 2000  # requests per OTLP batch
 
@@ -47,7 +48,7 @@ class _Spans:
                 set_any_value(kv.value, v)
             self.scopes[service] = rs.scope_spans.add()
         sp = self.scopes[service].spans.add()
-        sid = random.getrandbits(64).to_bytes(8, "big") or b"\x01" * 8
+        sid = (random.getrandbits(64) or 1).to_bytes(8, "big")  # an all-zero span id is invalid
         sp.trace_id, sp.span_id, sp.parent_span_id, sp.name = tid, sid, parent, name
         sp.start_time_unix_nano = int(start_s * 1e9)
         sp.end_time_unix_nano = max(int(end_s * 1e9), sp.start_time_unix_nano)
@@ -95,6 +96,22 @@ def _request(b: _Spans, r, i: int, t0: float, run_id: str, model_name: str, gate
         b.add("vllm", name, s0, s1, tid, {sc.PHASE: phase}, parent=e)
 
 
+def check_store_out(path: str | Path) -> None:
+    """Before simulating: refuse a `--store-out` that cannot take the runs (a file that is not a
+    DuckDB store, one a running collector holds, a directory) with UserError; the file is left as it was."""
+    import duckdb
+
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"--store-out {path} is a directory: give a .duckdb file")
+    if not p.exists():
+        return
+    try:
+        duckdb.connect(str(p)).close()
+    except duckdb.Error as exc:
+        raise UserError(f"--store-out {path} cannot take the simulation: {str(exc).splitlines()[0]}") from None
+
+
 def write_store(path: str | Path, arms: list[tuple[str, object]], *, slo: str, model, traffic: str) -> list[str]:
     """Write each (label, SimResult) of `arms` to the DuckDB store at `path` (created, or added to)
     as a run `sim-<stamp>-<label>` of kind simulation, placed so that its last request completes
@@ -105,7 +122,7 @@ def write_store(path: str | Path, arms: list[tuple[str, object]], *, slo: str, m
 
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     model_name = (model.identity or {}).get("model") or "simulated"
-    resources = {"vllm": {sc.VLLM_CONFIG: _json(model.deployment)} if model.deployment else {}}
+    resources = {"vllm": {sc.VLLM_CONFIG: json.dumps(model.deployment, sort_keys=True)} if model.deployment else {}}
     try:
         store = DuckDBStore(Path(path)).start()
     except Exception as exc:  # noqa: BLE001 (a lock, a file that is not a store)
@@ -135,9 +152,3 @@ def write_store(path: str | Path, arms: list[tuple[str, object]], *, slo: str, m
     finally:
         store.stop(timeout_s=600)
     return runs
-
-
-def _json(d: dict) -> str:
-    import json
-
-    return json.dumps(d, sort_keys=True)

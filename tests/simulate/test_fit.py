@@ -143,10 +143,17 @@ def _trace(path, rows):
     (["--set", "max_num_seqs=lots"], "not a valid value"),
     (["--set", "max_num_batched_tokens=8"], "must be >= max_num_seqs"),
     (["--slo", "ttft_p99=fast"], "bad --slo item"),
+    (["--replicas", "100000"], "counts from 1 to 1024"),
+    (["--rate-x", "0"], "--rate-x must be more than 0"),
+    (["--set", "kv_cache_blocks=0"], "kv_cache_blocks must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_file, tmp_path, capsys, extra, msg):
     tr = _trace(tmp_path / "t.csv", [(0.1 * i, 100, 10) for i in range(20)])
-    assert main(["simulate", "run", "--model", str(model_file), "--traffic", tr, *extra]) == 2
+    try:
+        rc = main(["simulate", "run", "--model", str(model_file), "--traffic", tr, *extra])
+    except SystemExit as exc:  # argparse's own refusal of a flag's value
+        rc = exc.code
+    assert rc == 2
     err = capsys.readouterr().err.strip()
     assert msg in err and len(err.splitlines()) == 1, err
 
@@ -194,6 +201,11 @@ def test_run_and_capacity_answer_and_a_simulated_store_reads_as_a_measured_run(m
     assert all(r[4] < 1.0 for r in rows)  # every phase measured: nothing left unattributed
     assert {k[0] for k in kinds} == {"simulation"}
     assert c.row("ttft", 0.5).b_ms > c.row("ttft", 0.5).a_ms
+    # goodput: one definition (semantics.slo.goodput_sql), the same share from the simulator and the store
+    arms = c.to_dict()["arms"]
+    assert 0 < a["goodput_share"] < 1 and 0 < b["goodput_share"] < 1
+    assert arms["A"]["goodput_share"] == pytest.approx(a["goodput_share"])
+    assert arms["B"]["goodput_share"] == pytest.approx(b["goodput_share"])
     assert main(["explain", "--db", str(out), "--run-id", runs[1], "--format", "json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["scope"]["run_id"] == runs[1] and rep["scope"]["runs"]["kind"] == "simulation"
@@ -203,3 +215,13 @@ def test_run_and_capacity_answer_and_a_simulated_store_reads_as_a_measured_run(m
     r1, r2 = cap["capacity"]
     assert r1["rate_x"] and r2["rate_x"] and r2["rate_rps"] > 1.5 * r1["rate_rps"]
     assert r1["summary"]["objectives"][0]["met"]
+
+
+def test_a_store_out_that_is_not_a_store_is_refused_before_simulating_and_kept(model_file, tmp_path, capsys):
+    tr = _trace(tmp_path / "t.csv", [(0.1 * i, 100, 10) for i in range(20)])
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    assert main(["simulate", "run", "--model", str(model_file), "--traffic", tr, "--store-out", str(notes)]) == 2
+    cap = capsys.readouterr()
+    assert "--store-out" in cap.err and "not a valid DuckDB database" in cap.err and not cap.out
+    assert notes.read_text() == "my notes\n"

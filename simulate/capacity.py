@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from semantics.catalog import format_ms
 from semantics.slo import Objective
 from simulate.cluster import GatewaySpec, Traffic, simulate
 from simulate.engine import EngineConfig
@@ -37,8 +38,8 @@ def _holds(traffic, rate_x, model, engine, gateway, replicas, objectives, seed) 
 
 def capacity(traffic: Traffic, model, engine: EngineConfig, gateway: GatewaySpec | None, objectives: list[Objective],
              replicas: list[int], *, min_requests: int = 3000, rel_tol: float = 0.02, seed: int = 0) -> list[dict]:
-    """Per replica count: {"replicas", "rate_x", "rate_rps", "summary" (at that rate) | None,
-    "why" (when no rate held)}. rate_rps is rate_x times the base traffic's rate."""
+    """Per replica count: {"replicas", "rate_x", "rate_rps", "summary" (at that rate; when none
+    held, at the lowest rate tried), "why" (when no rate held: the objectives missed there)}. rate_rps is rate_x times the base traffic's rate."""
     base = tile(traffic, min_requests)
     mix = mix_of(traffic)
     out = []
@@ -61,9 +62,12 @@ def capacity(traffic: Traffic, model, engine: EngineConfig, gateway: GatewaySpec
                     lo, at_lo = hi / 2, s
                     break
                 hi /= 2
-        if lo is None:
-            out.append({"replicas": n, "rate_x": None, "rate_rps": None, "summary": None,
-                        "why": "no rate down to 1/10,000 of the traffic's holds every objective"})
+        if lo is None:  # s: the lowest rate tried, where requests hardly meet: the mix itself misses
+            missed = [f"{o['objective']} is {format_ms(o['value_ms'])}" for o in s["objectives"] if o["met"] is False]
+            why = ("even at 1/10,000 of the traffic's rate, where requests hardly share the engine, "
+                   + (", ".join(missed) if missed else f"{s['rejected']} requests are refused")
+                   + ": this mix misses the objectives at any rate")
+            out.append({"replicas": n, "rate_x": None, "rate_rps": None, "summary": s, "why": why})
             continue
         while hi / lo > 1 + rel_tol:
             mid = (lo * hi) ** 0.5

@@ -106,6 +106,7 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         report["capacity"] = None if capacity is None else capacity.to_dict()
         if capacity is not None:
             console.print(f"\n{capacity.text()}; offered {rate:.2f} req/s mean (--load {cfg.load:g})", soft_wrap=True)
+        report["simulated_capacity"] = _simulated_capacity(stack.api_url, result["run_id"], cfg.slo, console)
         diagnosis = _diagnosis(console, stack.api_url, result["run_id"], cfg.slo)
         if diagnosis is not None:  # the objectives and each missed one's top cause and action first
             console.print()
@@ -128,6 +129,31 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     if cfg.dashboard:
         _serve_dashboard(cfg, db, console)
     return {"db": db, "run_id": result["run_id"], "requests": report["complete"][0], "replay": result, "report": report}
+
+
+def _simulated_capacity(api: str, run_id: str, slo: str | None, console) -> dict | None:
+    """Beside the probe's measured figure: the rate of this run's mix one replica holds at the SLO,
+    by `tailtrace simulate capacity` with a model fitted to this run's own steps (docs/simulate.md).
+    Prints one line; returns {"rate_rps", "why", "fit"} or None when no model could be fitted."""
+    from collector.query.reader import api_query
+    from semantics.slo import DEFAULT_SLO, parse_slo
+    from simulate.capacity import capacity
+    from simulate.fit import fit_model
+    from simulate.settings import deployment_of, load_traffic
+
+    try:
+        model = fit_model(api_query(api), store=api, run_id=run_id)
+        traffic, _ = load_traffic(f"store:#{run_id}", api)
+        engine, gateway = deployment_of(model)
+        row = capacity(traffic, model, engine, gateway, parse_slo(slo or DEFAULT_SLO), [1])[0]
+    except UserError as exc:
+        console.print(f"[yellow]note:[/] no simulated capacity: {exc}", soft_wrap=True)
+        return None
+    what = (f"one replica holds ~{row['rate_rps']:.2f} req/s of this mix" if row["rate_rps"] is not None
+            else row["why"])
+    console.print(f"simulated (a model fitted to this run's engine steps, `tailtrace simulate`): {what} "
+                  f"at {slo or DEFAULT_SLO}", soft_wrap=True)
+    return {"rate_rps": row["rate_rps"], "why": row["why"], "fit": model.fit["held_out"]}
 
 
 def _trace_means(cfg: DemoConfig) -> tuple[float, float]:

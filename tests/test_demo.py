@@ -60,6 +60,9 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
     assert con.execute("SELECT count(*) FROM device_samples WHERE source = 'cpu'").fetchone()[0] > 0
     # the printed request count is the store's
     assert f"{n} in the store" in text
+    # beside the probe: the simulator's capacity from a model fitted to the run, or why there is none
+    assert ("simulated (a model fitted to this run's engine steps" in text
+            or "note: no simulated capacity: " in text), text[-3000:]
 
 
 def test_demo_stops_everything_on_ctrl_c(tmp_path):

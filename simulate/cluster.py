@@ -164,7 +164,7 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
         in_flight[0] += 1
         req.replica = r
         gq[req.idx] = (t - req.arrival) * 1e3
-        pre, post[req.idx] = model.overhead()
+        pre, post[req.idx] = model.overhead(in_flight[0] + len(q_int) + len(q_bat))
         seq[0] += 1
         heapq.heappush(events, (t + pre / 1e3, seq[0], 1, engines[r], req))
 

@@ -237,13 +237,20 @@ def _span_window(t_us: np.ndarray) -> tuple[str, str]:
 
 
 def _overheads(query: Query, since, until, seed: int, most: int = 5000) -> list:
-    """[[pre_ms, post_ms], …] of up to `most` ok requests with engine phases measured (simulate/model.py)."""
+    """[[pre_ms, post_ms, in_flight], …] of up to `most` ok requests with engine phases measured
+    (simulate/model.py): in_flight counts the requests between arrival and completion when it
+    arrived, itself included (the API server's share of the time grows with the load it carries)."""
     where, params = _time_where("arrival_time", since, until)
-    rows = query(f"""SELECT outer_ttft_ms - coalesce(gateway_queue_ms, 0) - queue_ms - prefill_ms,
-       outer_e2e_ms - outer_ttft_ms - decode_ms
-FROM requests WHERE ok AND queue_ms IS NOT NULL AND prefill_ms IS NOT NULL AND decode_ms IS NOT NULL
-  AND outer_ttft_ms IS NOT NULL AND outer_e2e_ms IS NOT NULL AND {where}""", params)
-    pairs = [[round(float(a), 3), round(max(float(b), 0.0), 3)] for a, b in rows
+    rows = query(f"""WITH r AS (SELECT * FROM requests WHERE {where}),
+ev AS (SELECT arrival_time AS t, 1 AS d, trace_id FROM r WHERE arrival_time IS NOT NULL
+       UNION ALL SELECT completion_time AS t, -1 AS d, NULL AS trace_id FROM r WHERE completion_time IS NOT NULL),
+load AS (SELECT trace_id, sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS in_flight FROM ev)
+SELECT r.outer_ttft_ms - coalesce(r.gateway_queue_ms, 0) - r.queue_ms - r.prefill_ms,
+       r.outer_e2e_ms - r.outer_ttft_ms - r.decode_ms, load.in_flight
+FROM r JOIN load ON load.trace_id = r.trace_id
+WHERE r.ok AND r.queue_ms IS NOT NULL AND r.prefill_ms IS NOT NULL AND r.decode_ms IS NOT NULL
+  AND r.outer_ttft_ms IS NOT NULL AND r.outer_e2e_ms IS NOT NULL""", params)
+    pairs = [[round(float(a), 3), round(max(float(b), 0.0), 3), max(int(n or 1), 1)] for a, b, n in rows
              if a is not None and b is not None and float(a) >= 0 and float(b) > -1.0]
     if not pairs:
         raise UserError("no request in the fit's window has its engine phases measured (queue, prefill, decode): "

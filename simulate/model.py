@@ -39,9 +39,9 @@ IDENTITY_KEYS = ("service", "model", "version", "block_size", "tensor_parallel_s
 class StepModel:
     """A fitted model (see the module docstring). `coef_ms` per TERMS; `residuals`: {"decode":
     [...], "mixed": [...]} the quantiles (0, 0.5%, …, 100%) of measured/predicted cycle time on the
-    fit's steps; `overheads`: [[pre_ms, post_ms], ...] per measured request, the time outside the
-    engine before its first token (network, gateway processing, the API server) and after its
-    last; `identity` (IDENTITY_KEYS), `deployment` (the recorded vLLM config), `gateway` (the
+    fit's steps; `overheads`: [[pre_ms, post_ms, in_flight], ...] per measured request, the time
+    outside the engine before its first token (network, gateway processing, the API server) and after
+    its last, and the requests in flight when it arrived; `identity` (IDENTITY_KEYS), `deployment` (the recorded vLLM config), `gateway` (the
     recorded gateway config or None), `fit` (the held-out report), `source` (store, run, window)."""
 
     coef_ms: list[float]
@@ -60,6 +60,9 @@ class StepModel:
         self._dec = [float(x) for x in self.residuals.get("decode") or [1.0]]
         self._mix = [float(x) for x in self.residuals.get("mixed") or self._dec]
         self._dec_mean = sum(self._dec) / len(self._dec)
+        self._by_load: dict[int, list] = {}  # bit_length(in flight at arrival) -> [(pre_ms, post_ms)]
+        for o in self.overheads:
+            self._by_load.setdefault(max(int(o[2]) if len(o) > 2 else 1, 1).bit_length(), []).append((o[0], o[1]))
 
     def seed(self, seed: int) -> None:
         """Seed the residual and overhead draws (a run is reproducible from its seed)."""
@@ -86,11 +89,15 @@ class StepModel:
             return e
         return self._dec_mean + (e - self._dec_mean) / math.sqrt(k)
 
-    def overhead(self) -> tuple[float, float]:
-        """(pre_ms, post_ms) of one measured request, drawn at random ((0, 0) when none was measured)."""
-        if not self.overheads:
+    def overhead(self, in_flight: int = 1) -> tuple[float, float]:
+        """(pre_ms, post_ms) of one measured request that arrived with about as many requests in
+        flight (the same power-of-two bucket of `in_flight`, else the nearest bucket measured), drawn at
+        random; (0, 0) when none was measured."""
+        if not self._by_load:
             return 0.0, 0.0
-        pre, post = self.overheads[self._rng.randrange(len(self.overheads))]
+        b = max(int(in_flight), 1).bit_length()
+        pool = self._by_load.get(b) or self._by_load[min(self._by_load, key=lambda k: (abs(k - b), k))]
+        pre, post = pool[self._rng.randrange(len(pool))]
         return float(pre), float(post)
 
     def to_dict(self) -> dict:

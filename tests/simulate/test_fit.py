@@ -12,7 +12,7 @@ import pytest
 
 from collector.query.reader import db_query
 from simulate.fit import fit_model, nnls_exact
-from simulate.model import load_model
+from simulate.model import StepModel, load_model
 from tailtrace.cli import main
 
 TRUE = [1.5, 0.2, 0.05, 0.4, 30.0]  # a0, per seq, per token, per 1e3 decode context, per 1e6 prefill attention
@@ -84,9 +84,11 @@ def _synthetic_store(path, n_req=400, seed=3):
     con.register("ds", ds)
     con.execute("INSERT INTO engine_steps SELECT make_timestamp(t), 'vllm', k, run, wait, n, pre, dec, ms FROM es")
     con.execute("INSERT INTO decode_steps SELECT rid, rid, ti, make_timestamp(t) FROM ds")
+    # one arrival a second, each completing 2.5 s later: from the third on, 3 requests in flight at arrival
     con.executemany("INSERT INTO requests VALUES (?, ?, ?, 0, ?, ?, 'm', TRUE, 1.0, 50.0, 80.0, 140.0, 0.0, "
-                    "make_timestamp(1800000000000000), NULL, make_timestamp(1800000000000000))",
-                    [(rid, rid, p, o, pm) for rid, p, o, pm in reqs])
+                    "make_timestamp(?), NULL, make_timestamp(?))",
+                    [(rid, rid, p, o, pm, 1_800_000_000_000_000 + k * 10**6, 1_800_000_002_500_000 + k * 10**6)
+                     for k, (rid, p, o, pm) in enumerate(reqs)])
     con.close()
 
 
@@ -104,7 +106,17 @@ def test_the_fit_recovers_known_coefficients_from_synthetic_steps(tmp_path):
     assert m.fit["met"] == {"median_err_decode": True, "median_err_mixed": True, "window_sum_err": True}
     assert 0.95 < np.median(m.residuals["decode"]) < 1.05
     assert m.identity["service"] == "vllm" and m.identity["model"] == "m"
-    assert m.overheads and m.overheads[0] == [80.0 - 1.0 - 1.0, 140.0 - 80.0 - 50.0]  # pre, post (ms)
+    assert m.overheads and m.overheads[0][:2] == [80.0 - 1.0 - 1.0, 140.0 - 80.0 - 50.0]  # pre, post (ms)
+    in_flight = sorted(o[2] for o in m.overheads)  # requests in flight at its arrival, itself included
+    assert in_flight[:2] == [1, 2] and set(in_flight[2:]) == {3}
+
+
+def test_the_time_outside_the_engine_is_drawn_at_the_load_it_was_measured_at():
+    m = StepModel([1, 0, 0, 0, 0], {"decode": [1.0]}, [[10.0, 1.0, 1], [500.0, 2.0, 16], [520.0, 2.0, 20]], {}, {})
+    assert m.overhead(1) == (10.0, 1.0)
+    assert {m.overhead(18)[0] for _ in range(50)} == {500.0, 520.0}  # 16..31 in flight: one bucket
+    assert m.overhead(3) == (10.0, 1.0)  # no sample at 2..3: the nearest bucket measured (1)
+    assert m.overhead(1000)[0] in (500.0, 520.0)
 
 
 def test_a_model_file_of_another_version_or_shape_is_refused(tmp_path):

@@ -2,13 +2,17 @@
 
     .venv/bin/python bench/simulate.py                      # speed: 100k and 1M requests of azure-conv
     .venv/bin/python bench/simulate.py --store .tailtrace/demo/tailtrace.duckdb [--runs RUN,RUN]
+    .venv/bin/python bench/simulate.py --real 0.5,0.9,1.3 [--duration 60] [--out .tailtrace/bench-sim]
 
 Speed: the Azure conversation trace (data/traces), repeated end to end to 100k and 1M requests, at the
 rate one replica of the model's deployment holds (the model: --model FILE, else one fitted to --store,
 else the tiny model's law as the demo measured it); prints requests/s and engine steps/s simulated.
 Error: with --store, a model fitted to the store, then each traffic run of it (or --runs) simulated
 from its own traffic (store:…#RUN); prints measured vs simulated P50/P99 of TTFT, TPOT and E2E and
-the relative error of each.
+the relative error of each. With --real, for each load the real vLLM CPU build runs `tailtrace demo
+--load L` (its capacity probe, then the azure-conv window at L x the probed capacity) into a store of its
+own, and the store is judged as with --store; the queue's growth (the least-squares slope of queue time,
+gateway + engine, over arrival time) is printed measured vs simulated beside it.
 """
 
 from __future__ import annotations
@@ -53,7 +57,27 @@ def _speed(model: StepModel) -> None:
               f"({'6' if n == 100_000 else '60'} s)")
 
 
-def _error(store: str, runs: list[str] | None) -> None:
+def _real(loads: list[float], duration_s: float, out: Path) -> None:
+    import subprocess
+
+    for load in loads:
+        d = out / f"load-{load:g}"
+        print(f"== tailtrace demo --load {load:g} --duration {duration_s:g} --out {d}", flush=True)
+        rc = subprocess.run([sys.executable, "-m", "tailtrace", "demo", "--load", str(load), "--duration",
+                             str(duration_s), "--out", str(d), "--no-progress"], check=False,
+                            stdout=subprocess.DEVNULL).returncode
+        if rc != 0:
+            print(f"the demo at load {load:g} failed (exit {rc}); its logs are in {d}")
+            continue
+        _error(f"duckdb:///{(d / 'tailtrace.duckdb').resolve()}", None, growth=True)
+
+
+def _slope(t: np.ndarray, y: np.ndarray) -> float | None:
+    ok = np.isfinite(t) & np.isfinite(y)
+    return float(np.polyfit(t[ok], y[ok], 1)[0]) if ok.sum() > 2 else None
+
+
+def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
     query, close = store_query(store)
     try:
         model = fit_model(query, store=store)
@@ -61,7 +85,9 @@ def _error(store: str, runs: list[str] | None) -> None:
         picked = [r.run_id for r in present if runs is None or r.run_id in runs]
         measured = {}
         for rid in picked:
-            rows = query("SELECT outer_ttft_ms, tpot_ms, outer_e2e_ms FROM requests WHERE run_id = ? AND ok", [rid])
+            rows = query("SELECT outer_ttft_ms, tpot_ms, outer_e2e_ms, epoch_us(arrival_time) / 1e6, "
+                         "coalesce(gateway_queue_ms, 0) + queue_ms FROM requests WHERE run_id = ? AND ok "
+                         "ORDER BY arrival_time", [rid])
             measured[rid] = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
     finally:
         close()
@@ -85,6 +111,14 @@ def _error(store: str, runs: list[str] | None) -> None:
                 a, b = float(np.quantile(meas, q)), float(np.quantile(sim, q))
                 cells += [f"{a:10.1f}", f"{b:10.1f}", f"{b / a - 1:+7.1%}"]
             print(f"{rid:40} {m:6} " + " ".join(cells))
+        if growth:
+            arr = measured[rid][:, 3] - measured[rid][0, 3]
+            got = [_slope(s.arrival_s[s.ok], (np.nan_to_num(s.gateway_queue_ms) + s.queue_ms)[s.ok]) for s in sims]
+            want = _slope(arr, measured[rid][:, 4])
+            sim = float(np.mean([g for g in got if g is not None])) if any(g is not None for g in got) else None
+            err = f"{sim / want - 1:+.0%}" if sim is not None and want else "n/a"
+            print(f"{rid:40} queue growth: measured {want or 0:.1f} ms per s of arrivals, simulated "
+                  f"{sim or 0:.1f} ({err})")
 
 
 def main() -> int:
@@ -93,6 +127,9 @@ def main() -> int:
     ap.add_argument("--store", help="a store URL or DuckDB path with measured runs: print the error per run")
     ap.add_argument("--runs", help="comma-separated run ids (default: every traffic run)")
     ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--real", metavar="L,L,…", help="run the real vLLM CPU build at these loads (x the probed capacity)")
+    ap.add_argument("--duration", type=float, default=60.0, help="--real: seconds of trace per load (default 60)")
+    ap.add_argument("--out", type=Path, default=Path(".tailtrace/bench-sim"), help="--real: the stores' folder")
     args = ap.parse_args()
     if args.model:
         model = load_model(args.model)
@@ -103,6 +140,8 @@ def main() -> int:
         _speed(model)
     if args.store:
         _error(args.store, args.runs.split(",") if args.runs else None)
+    if args.real:
+        _real([float(x) for x in args.real.split(",")], args.duration, args.out)
     return 0
 
 

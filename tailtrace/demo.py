@@ -151,8 +151,8 @@ def _simulated_capacity(api: str, run_id: str, slo: str | None, console) -> dict
         return None
     what = (f"one replica holds ~{row['rate_rps']:.2f} req/s of this mix" if row["rate_rps"] is not None
             else row["why"])
-    console.print(f"simulated (a model fitted to this run's engine steps, `tailtrace simulate`): {what} "
-                  f"at {slo or DEFAULT_SLO}", soft_wrap=True)
+    console.print(f"simulated at {slo or DEFAULT_SLO} (a model fitted to this run's engine steps, `tailtrace "
+                  f"simulate`): {what}", soft_wrap=True)
     return {"rate_rps": row["rate_rps"], "why": row["why"], "fit": model.fit["held_out"]}
 
 

@@ -61,7 +61,7 @@ def test_short_demo_stores_complete_rows_whose_phases_add_up(demo_run, tmp_path)
     # the printed request count is the store's
     assert f"{n} in the store" in text
     # beside the probe: the simulator's capacity from a model fitted to the run, or why there is none
-    assert ("simulated (a model fitted to this run's engine steps" in text
+    assert ("(a model fitted to this run's engine steps, `tailtrace simulate`): " in text
             or "note: no simulated capacity: " in text), text[-3000:]
 
 

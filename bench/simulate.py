@@ -116,7 +116,8 @@ def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
             got = [_slope(s.arrival_s[s.ok], (np.nan_to_num(s.gateway_queue_ms) + s.queue_ms)[s.ok]) for s in sims]
             want = _slope(arr, measured[rid][:, 4])
             sim = float(np.mean([g for g in got if g is not None])) if any(g is not None for g in got) else None
-            err = f"{sim / want - 1:+.0%}" if sim is not None and want else "n/a"
+            err = (f"{sim / want - 1:+.0%}" if sim is not None and want is not None and want >= 1.0
+                   else "n/a: the measured queue did not grow")
             print(f"{rid:40} queue growth: measured {want or 0:.1f} ms per s of arrivals, simulated "
                   f"{sim or 0:.1f} ({err})")
 

@@ -3,6 +3,7 @@
     .venv/bin/python bench/simulate.py                      # speed: 100k and 1M requests of azure-conv
     .venv/bin/python bench/simulate.py --store .tailtrace/demo/tailtrace.duckdb [--runs RUN,RUN]
     .venv/bin/python bench/simulate.py --real 0.5,0.9,1.3 [--duration 60] [--out .tailtrace/bench-sim]
+    .venv/bin/python bench/simulate.py --changes [--pairs 3] [--reuse] [--out .tailtrace/bench-sim]
 
 Speed: the Azure conversation trace (data/traces), repeated end to end to 100k and 1M requests, at the
 rate one replica of the model's deployment holds (the model: --model FILE, else one fitted to --store,
@@ -13,6 +14,11 @@ the relative error of each. With --real, for each load the real vLLM CPU build r
 --load L` (its capacity probe, then the azure-conv window at L x the probed capacity) into a store of its
 own, and the store is judged as with --store; the queue's growth (the least-squares slope of queue time,
 gateway + engine, over arrival time) is printed measured vs simulated beside it.
+Changes: each known answer of `tailtrace try` (an output cap, a smaller token budget, priority
+classes; CHANGES) is run by `tailtrace try` on the real vLLM CPU build; a model is fitted to its first
+A block, and every A block's traffic is simulated as A and with the change (`--set`); printed per
+metric: measured A and B, try's B/A with its 95% interval, the simulated B/A, whether the direction
+matches and whether the prediction lies inside the interval (outside it: a simulator error to find).
 """
 
 from __future__ import annotations
@@ -122,6 +128,120 @@ def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
                   f"{sim or 0:.1f} ({err})")
 
 
+# try's known answers (tests/experiment/test_try_vllm.py), each with the metrics it moves for certain
+def _rows_cap():
+    return [(i * 0.4, 48, 256, "interactive") for i in range(50)]
+
+
+def _rows_flood():
+    return [(i * 0.2, 32, 8, "interactive") for i in range(60)] + [(0.05 + i / 7.5, 32, 64, "batch") for i in range(90)]
+
+
+def _rows_budget():
+    # 1,800-token prompts (class batch, for --priority) among short requests: at a budget of 128 each is
+    # prefilled in 15 chunks, each a step with its own fixed cost, so their TTFT grows (measured on this
+    # box: +15% at the median). The short requests' TPOT P99, the textbook gain, is not a known answer
+    # here: they rarely overlap a long prefill (a first run: B/A 1.15, interval 0.48 .. 2.75)
+    return [(i * 0.1, 32, 8, "interactive") for i in range(200)] + [(0.05 + i * 2.0, 1800, 8, "batch")
+                                                                       for i in range(10)]
+
+
+CHANGES = [
+    {"name": "output cap", "rows": _rows_cap, "base": ["gateway:--max-concurrency=64"],
+     "change": "gateway:--max-output-tokens=64", "slo": "e2e_p99=30s", "priority": None, "metrics": ["e2e"]},
+    {"name": "priority classes", "rows": _rows_flood,
+     "base": ["gateway:--max-concurrency=2", "gateway:--priority-classes=off"],
+     "change": "gateway:--priority-classes=on", "slo": "ttft_p99=1s", "priority": "interactive", "metrics": ["ttft"]},
+    {"name": "smaller token budget", "rows": _rows_budget, "base": [], "change": "vllm:--max-num-batched-tokens=128",
+     "slo": "ttft_p99=2s", "priority": "batch", "metrics": ["ttft"]},
+]
+
+
+def _csv(path: Path, rows) -> str:
+    """rows: (offset s, input tokens, output tokens, class) -> an Azure trace CSV with classes."""
+    from loadgen.traces import TraceRequest, export_azure_csv
+
+    return str(export_azure_csv([TraceRequest(offset_s=t, input_tokens=n_in, output_tokens=n_out, priority=prio)
+                                 for t, n_in, n_out, prio in sorted(rows)], path, start_unix_s=1704067200.0))
+
+
+def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None:
+    import json
+    import os
+    import subprocess
+
+    from simulate.settings import apply_sets
+
+    hits, total, directions, decided = 0, 0, 0, 0
+    for case in CHANGES:
+        d = out / case["name"].replace(" ", "-")
+        d.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "tailtrace", "try", "--traffic", _csv(d / "known-answer.csv", case["rows"]()),
+               "--change", case["change"], "--slo", case["slo"], "--blocks", str(pairs), "--block-s", "60",
+               "--out", str(d), "--json", str(d / "try.json"), "--format", "json"]
+        cmd += [x for b in case["base"] for x in ("--base", b)]
+        cmd += ["--priority", case["priority"]] if case["priority"] else []
+        print(f"== {case['name']}: tailtrace try --change {case['change']} ({pairs} block pairs)", flush=True)
+        env = dict(os.environ, TAILTRACE_VLLM_ARGS=os.environ.get("TAILTRACE_VLLM_ARGS", "--enforce-eager"))
+        if reuse and (d / "try.json").exists():
+            print(f"   (its measured result as it stands in {d}: --reuse)")
+            rc = 0
+        else:
+            rc = subprocess.run(cmd, env=env, check=False, stdout=subprocess.DEVNULL).returncode
+        if rc != 0 or not (d / "try.json").exists():
+            print(f"try failed (exit {rc}); its logs are in {d}")
+            continue
+        doc = json.loads((d / "try.json").read_text())
+        store = f"duckdb:///{(d / 'tailtrace.duckdb').resolve()}"
+        a_runs = [b["run_id"] for b in doc["block_runs"] if b["arm"] == "A"]
+        query, close = store_query(store)
+        try:
+            model = fit_model(query, store=store, run_id=a_runs[0])
+        finally:
+            close()
+        engine, gateway = deployment_of(model)
+        knob = case["change"].split(":", 1)[1]
+        b_engine, b_gateway, _ = apply_sets(engine, gateway, [knob])
+        sims = {"A": [], "B": []}
+        for rid in a_runs:
+            traffic, _ = load_traffic(f"store:{store}#{rid}")
+            for seed in range(seeds):
+                sims["A"].append(simulate(traffic, model, engine, gateway, 1, seed=seed))
+                sims["B"].append(simulate(traffic, model, b_engine, b_gateway, 1, seed=seed))
+        want = 0 if case["priority"] == "interactive" else 1 if case["priority"] == "batch" else None
+
+        def pooled(arm: str, m: str, q: float, sims=sims, want=want) -> float:
+            v = np.concatenate([getattr(s, f"{m}_ms")[s.ok & ((s.priority == want) if want is not None else True)]
+                                for s in sims[arm]])
+            return float(np.quantile(v[np.isfinite(v)], q))
+
+        for row in doc["metrics"]:
+            if row["metric"] not in case["metrics"] or row["quantile"] not in (0.5, 0.99) or row["ratio"] is None:
+                continue
+            q, m = row["quantile"], row["metric"]
+            sa, sb = pooled("A", m, q), pooled("B", m, q)
+            pred = sb / sa
+            lo, hi = row["ratio_low"], row["ratio_high"]
+            # a direction is only known where try measured one (its interval excludes no change)
+            known = lo is not None and (hi < 1 or lo > 1)
+            same = (pred < 1) == (hi < 1) if known else None
+            inside = lo is not None and lo <= pred <= hi
+            total += 1
+            hits += inside
+            directions += bool(same)
+            decided += known
+            print(f"  {m.upper()} P{q * 100:g}: measured A {row['a_ms']:.1f} -> B {row['b_ms']:.1f} ms, B/A "
+                  f"{row['ratio']:.3f} (95% {lo:.3f} .. {hi:.3f}, {row['verdict']}); simulated A {sa:.1f} -> B "
+                  f"{sb:.1f} ms, B/A {pred:.3f}; direction "
+                  f"{'n/a (try measured none)' if same is None else 'matches' if same else 'WRONG'}; "
+                  f"{'inside' if inside else 'OUTSIDE'} the interval"
+                  f"{'' if inside else ' (a simulator error to find)'}")
+            print(f"  {'':8} simulated A vs measured A: {sa / row['a_ms'] - 1:+.0%}, B: {sb / row['b_ms'] - 1:+.0%}")
+    if total:
+        print(f"predictions inside try's interval: {hits} of {total}; direction right where try measured one: "
+              f"{directions} of {decided}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a model file (default: fitted to --store, else the demo's law)")
@@ -130,7 +250,10 @@ def main() -> int:
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--real", metavar="L,L,…", help="run the real vLLM CPU build at these loads (x the probed capacity)")
     ap.add_argument("--duration", type=float, default=60.0, help="--real: seconds of trace per load (default 60)")
-    ap.add_argument("--out", type=Path, default=Path(".tailtrace/bench-sim"), help="--real: the stores' folder")
+    ap.add_argument("--out", type=Path, default=Path(".tailtrace/bench-sim"), help="--real/--changes: the stores' folder")
+    ap.add_argument("--changes", action="store_true", help="try's known-answer changes, measured vs simulated")
+    ap.add_argument("--pairs", type=int, default=3, help="--changes: block pairs per try (default 3)")
+    ap.add_argument("--reuse", action="store_true", help="--changes: simulate again against the tries already in --out")
     args = ap.parse_args()
     if args.model:
         model = load_model(args.model)
@@ -143,6 +266,8 @@ def main() -> int:
         _error(args.store, args.runs.split(",") if args.runs else None)
     if args.real:
         _real([float(x) for x in args.real.split(",")], args.duration, args.out)
+    if args.changes:
+        _changes(args.pairs, args.out, args.reuse)
     return 0
 
 

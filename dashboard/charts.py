@@ -19,6 +19,8 @@ __all__ = [
     "excess_by_phase",
     "histogram",
     "itl_timeline",
+    "latency_heatmap",
+    "latency_over_time",
     "latency_vs_input",
     "lengths",
     "replica_latency",
@@ -60,6 +62,45 @@ def throughput(tl: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Throughput and goodput", **_LAYOUT)
     fig.update_yaxes(title_text="req/s", secondary_y=False)
     fig.update_yaxes(title_text="tokens/s", secondary_y=True)
+    return fig
+
+
+def latency_over_time(tl: pd.DataFrame) -> go.Figure:
+    """P50 (dotted) and P99 (solid) of TTFT, TPOT and E2E per bucket of arrival time (ms, log axis,
+    left) and the arrival rate (req/s, right, grey bars): since when the tail is high, and whether a
+    burst of arrivals came with it. A bucket without a measured request leaves a gap, never a 0."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=tl["bucket"], y=tl["arrival_rps"], name="arrivals/s", marker_color="#d9d9d9",
+                         opacity=0.6), secondary_y=True)
+    for name, color in (("TTFT", "#e6550d"), ("TPOT", "#238b45"), ("E2E", "#2171b5")):
+        for q, dash in (("99", "solid"), ("50", "dot")):
+            col = f"{name.lower()}_p{q}_ms"
+            if col in tl and tl[col].notna().any():
+                fig.add_trace(go.Scatter(x=tl["bucket"], y=tl[col], name=f"{name} P{q}", mode="lines+markers",
+                                         marker={"size": 3}, line={"color": color, "dash": dash},
+                                         connectgaps=False, hovertemplate=f"{name} P{q}: %{{y:,.0f}} ms<extra></extra>"),
+                              secondary_y=False)
+    fig.update_layout(title="Latency over time (by arrival): P99 solid, P50 dotted", **_LAYOUT)
+    fig.update_yaxes(title_text="ms", type="log", secondary_y=False)
+    fig.update_yaxes(title_text="arrivals/s", secondary_y=True, showgrid=False)
+    return fig
+
+
+def latency_heatmap(hm: pd.DataFrame, label: str) -> go.Figure:
+    """Requests per (arrival-time bucket, latency bin) as colour on a log scale (log10 of the count;
+    the hover shows the count), latency on a log axis: a burst and the tail it made seen together."""
+    import numpy as np
+
+    piv = hm.pivot_table(index="low_ms", columns="bucket", values="n", aggfunc="sum")
+    z = np.log10(piv.to_numpy(dtype=float))  # NaN where no request: left blank, never a count of 0
+    top = int(np.nanmax(z)) if np.isfinite(z).any() else 0
+    fig = _fig(f"{label}: requests per time bucket and latency (colour: count, log scale)",
+               yaxis={"type": "log", "title": "ms"})
+    fig.add_trace(go.Heatmap(x=list(piv.columns), y=list(piv.index), z=z, customdata=piv.to_numpy(dtype=float),
+                             colorscale="Viridis", hoverongaps=False,
+                             hovertemplate="%{x}<br>≥ %{y:,.1f} ms: %{customdata:,.0f} requests<extra></extra>",
+                             colorbar={"title": "requests", "tickvals": list(range(top + 1)),
+                                       "ticktext": [f"{10 ** k:,}" for k in range(top + 1)]}))
     return fig
 
 
@@ -173,7 +214,9 @@ def lengths(ld: pd.DataFrame) -> go.Figure:
     """Input and output length histograms side by side."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Input (prompt) tokens", "Output tokens"))
     for k, kind in enumerate(("input", "output"), start=1):
-        g = ld[ld["kind"] == kind]
+        g = ld[ld["kind"] == kind].astype({"lo_tokens": float, "hi_tokens": float, "count": float})
+        if not len(g):  # no request of the selection has this count: an empty panel, never bars of nothing
+            continue
         fig.add_trace(go.Bar(x=(g["lo_tokens"] + g["hi_tokens"]) / 2, y=g["count"], width=g["hi_tokens"] - g["lo_tokens"],
                              name=kind, showlegend=False), row=1, col=k)
     fig.update_layout(title="Request shape", bargap=0, **_LAYOUT)

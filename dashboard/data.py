@@ -42,6 +42,7 @@ from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: d
     bounds,
     bucket_ms,
     count_requests,
+    run_verdicts,
     store_info,
 )
 from dashboard.queries.distributions import (  # noqa: F401 - gathered for the pages: data.<name>
@@ -63,9 +64,15 @@ from dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages:
     span_tree,
 )
 from dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
+    OBJECTIVE_METRICS,
     add_percentile_rows,
+    distinct_percentile_rows,
     itl_percentile_row,
+    latency_heatmap,
+    latency_timeline,
+    objectives,
     percentiles,
+    same_percentile_rows,
     step_counts,
     step_summary,
     summary,
@@ -134,8 +141,11 @@ def _overview(src: DataSource, f: Filters, schema=None) -> None:
     schema = schema or src.schema()
     slo = Slo()
     s = summary(src, f, slo, schema)
-    percentiles(src, f, schema)
-    throughput_timeline(src, f, slo, bucket_ms(s["first_time"], s["last_time"]))
+    objectives(percentiles(src, f, schema), slo)
+    width = bucket_ms(s["first_time"], s["last_time"])
+    throughput_timeline(src, f, slo, width)
+    latency_timeline(src, f, width)
+    latency_heatmap(src, f, "outer_e2e_ms", width)
 
 
 def _queue_service(src: DataSource, f: Filters, schema=None) -> None:

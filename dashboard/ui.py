@@ -114,6 +114,36 @@ def fmt_rate(x: float | None, unit: str) -> str:
     return (f"{x:,.2f} {unit}" if x < 100 else f"{x:,.0f} {unit}").strip()
 
 
+_MS_COLUMNS = ("mean", "P50", "P90", "P99", "P999", "max")
+
+
+def ms_table(df, columns: Sequence[str] | None = None):
+    """`df` for st.dataframe with its durations (`columns`; default: those named *_ms and the
+    percentile table's mean, P50 … max) shown by fmt_ms, one rule for every duration on every page
+    (the data stay numbers: sorting and a download keep full precision); counts with thousands
+    separators."""
+    columns = columns if columns is not None else [c for c in df.columns if str(c).endswith("_ms")
+                                                   or c in _MS_COLUMNS]
+    fmt = {c: (lambda v: fmt_ms(safe_float(v))) for c in columns if c in df.columns}
+    fmt.update({c: "{:,.0f}" for c in ("count", "n", "requests") if c in df.columns})
+    return df.style.format(fmt, na_rep="n/a")
+
+
+def simulate_command(ctx: Context, spec: str | None) -> str:
+    """The `tailtrace simulate` lines that predict the rate this run's mix holds at the objectives of
+    `spec` (semantics/slo.py; None: the default), for the store the dashboard reads (`--db PATH`,
+    `--store URL` or `--api URL`), as a shell line."""
+    from semantics.slo import DEFAULT_SLO
+
+    kind, where = _source_target() or ("db", "STORE")
+    flag = {"db": "--db", "api": "--api", "store": "--store"}.get(kind, "--db")
+    run = ctx.filters.run_id
+    traffic = (f"store:#{run or ''} --api {where}" if kind == "api" else
+               f"store:{where}" + (f"#{run}" if run else ""))
+    return (f"tailtrace simulate fit {flag} {where}{f' --run-id {run}' if run else ''} --out model.json && "
+            f"tailtrace simulate capacity --model model.json --traffic {traffic} --slo {spec or DEFAULT_SLO}")
+
+
 def fmt_pct(x: float | None) -> str:
     """A 0..1 share as a percentage ('n/a' for None)."""
     return "n/a" if x is None else f"{100 * x:.2f} %"
@@ -383,6 +413,7 @@ def _run_scope(src, windowed: bool):
     runs cannot be listed."""
     from dashboard.queries.why import source_query
     from diagnose.runs import list_runs, resolve_runs
+    from semantics.slo import RUN_KIND_ARM, RUN_KIND_PROBE
     from tailtrace.errors import UserError
 
     query = source_query(src)
@@ -393,7 +424,12 @@ def _run_scope(src, windowed: bool):
     named = [r for r in reversed(runs) if r.run_id is not None]
     if not named:
         return None
-    labels = {r.run_id: f"{r.run_id} · {r.kind} · {r.requests:,} req · {r.start[:19] if r.start else '?'}"
+    # each run's objectives in the list: a side figure (one grouped query), left out past its budget
+    verdicts = _side(BudgetedSource(src, data.time_budgets()[1]), data.run_verdicts, named)
+    said = verdicts.value if verdicts.ok else {}
+    marks = {RUN_KIND_PROBE: " [probe]", RUN_KIND_ARM: " [experiment arm]"}
+    labels = {r.run_id: f"{r.run_id}{marks.get(r.kind, '')} · {r.kind} · {r.requests:,} req · "
+                        f"{r.start[:19] if r.start else '?'}" + (f" · {said[r.run_id]}" if r.run_id in said else "")
               for r in named}
     default = _WINDOW if windowed else _LATEST
     choice = st.sidebar.selectbox("Run", [default, *labels, _ALL], index=0, key=f"tt_run_{default}",

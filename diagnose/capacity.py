@@ -1,7 +1,9 @@
 """The capacity line: from a sweep in the store (`tailtrace sweep`: run ids `<sweep id>-r<rate>`,
 loadgen/sweep.py), the highest rate that holds the P99 TTFT SLO with every lower rate holding it
-too (loadgen.sweep.capacity's rule); without one, what the window shows: achieved vs offered rate
-and whether the engine was saturated."""
+too (loadgen.sweep.capacity's rule); without one, the latest capacity probe's (`tailtrace demo`
+runs one: loadgen/capacity.py) rates applied to this scope's mix, with what the window shows beside
+it; without either, what the window shows: achieved vs offered rate and whether the engine was
+saturated."""
 
 from __future__ import annotations
 
@@ -44,7 +46,48 @@ FROM requests WHERE {win[0]} AND run_id LIKE 'sweep-%-r%' GROUP BY run_id ORDER 
     best = max(sweeps.items(), key=lambda kv: (len(kv[1]), kv[0]), default=None)
     if best and len(best[1]) >= 2:
         return _sweep_line(best[0], sorted(best[1]), slo, sql, params)
-    return _steady(query, ts, [win[0], [sql_time(since), sql_time(until)]])
+    steady = _steady(query, ts, [win[0], [sql_time(since), sql_time(until)]])
+    return _probe_line(query, steady) or steady
+
+
+def _probe_line(query: Query, steady: Capacity) -> Capacity | None:
+    """The latest capacity probe's decode and prefill rates (from its engine steps) applied to the
+    scope's mix (the steady line's mean input and output tokens), the window's own figures after
+    it; None when the store holds no probe, the scope has no lengths, or the probe's steps cannot
+    give a rate (no full-batch step)."""
+    from collector.query.runs import list_runs
+    from loadgen.capacity import capacity_from_steps
+    from semantics.slo import RUN_KIND_PROBE
+    from tailtrace.errors import UserError
+
+    mean_in, mean_out = steady.numbers.get("mean_input_tokens"), steady.numbers.get("mean_output_tokens")
+    if not mean_out:
+        return None
+    try:
+        probes = [r for r in list_runs(query) if r.kind == RUN_KIND_PROBE and r.run_id and r.window()
+                  and not r.run_id.endswith("-pre")]
+    except UserError:
+        return None
+    if not probes:
+        return None
+    probe = max(probes, key=lambda r: r.start or "")
+    t0, t1 = probe.window()
+    epoch = dt.datetime(1970, 1, 1)
+    us = lambda t: int((t - epoch).total_seconds() * 1e6)
+    try:
+        got = capacity_from_steps(query, us(t0), us(t1), float(mean_in or 0), float(mean_out))
+    except (UserError, ValueError, TypeError):
+        return None
+    mix = f"this mix (mean input {float(mean_in or 0):,.0f}, output {float(mean_out):,.0f} tokens)"
+    prefill = (f", prefill {got['prefill_tok_s']:,.0f} prompt tok/s" if got["prefill_tok_s"] else
+               ", prefill not measured: counted as free")
+    window = steady.text.removeprefix("no sweep in the store; ").split("; `tailtrace sweep`")[0]
+    text = (f"this deployment holds ~{got['rps']:.2f} req/s of {mix}, by the capacity probe {probe.run_id} "
+            f"(decode {got['decode_tok_s']:,.0f} output tok/s at batch {got['batch_cap']}{prefill}; at the engine's "
+            f"batch cap, no objective applied); {window}")
+    numbers = {**steady.numbers, "probe_run_id": probe.run_id, "rate_rps": got["rps"], **{
+        k: got[k] for k in ("decode_tok_s", "prefill_tok_s", "batch_cap", "steps_at_cap", "prefill_steps")}}
+    return Capacity("probe", text, numbers, list(steady.evidence))
 
 
 def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) -> Capacity:
@@ -89,8 +132,10 @@ FROM requests WHERE {ts.where}"""
         basis = (f"requests waited in {waiting:.0%} of engine steps" if waiting is not None else
                  f"{queued:.0%} of requests queued in the engine for over 10 ms and a tenth of their service time"
                  if queued is not None else "the engine's queue not measured (no engine spans or steps)")
-        saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or (
-            offered > 0 and achieved < 0.9 * offered)
+        behind = offered > 0 and achieved < 0.9 * offered
+        saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or behind
+        if behind:  # the reason that decided it first: "waited in 0% of steps" alone would contradict it
+            basis = f"it completed under 90% of what arrived; {basis}"
         text = (f"no sweep in the store; this window: offered {offered:.2f} req/s, achieved {achieved:.2f} req/s "
                 f"({'the engine was saturated' if saturated else 'the engine kept up'}: {basis}); "
                 "`tailtrace sweep` measures the capacity")

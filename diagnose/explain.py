@@ -23,7 +23,7 @@ from semantics.catalog import LAYER_NONE, LAYERS
 from semantics.slo import DEFAULT_SLO, parse_slo
 from tailtrace.errors import UserError
 
-__all__ = ["explain"]
+__all__ = ["capacity_line", "explain"]
 
 
 def explain(query: Query, scope: Scope) -> Report:
@@ -35,13 +35,7 @@ def explain(query: Query, scope: Scope) -> Report:
     medium confidence. With `scope.trace_id` the report also holds that request (diagnose/trace.py).
     Raises UserError for an empty store or window, an unknown run id (listing the runs present) or
     trace id."""
-    since, until, _ = resolve_window(query, scope)
-    store_window = (since, until)  # the capacity line reads a sweep's every step, whatever the run
-    runs = resolve_runs(query, scope.run_id, scope.all_runs, windowed=bool(scope.since or scope.until))
-    if runs.where == "run_id = ?" and not (scope.since or scope.until) and runs.run.window():
-        # one run: its own time, so that what is read by time (engine steps, decode steps, device
-        # samples) is the run's, not a probe's before it
-        since, until = runs.run.window()
+    since, until, runs, store_window = _resolve(query, scope)
     spec, spec_note = scope.slo or (runs.run.slo if runs.run is not None else None) or DEFAULT_SLO, None
     try:
         objectives = parse_slo(spec)
@@ -67,6 +61,27 @@ def explain(query: Query, scope: Scope) -> Report:
     if spec_note:
         report.notes.insert(0, spec_note)
     return report
+
+
+def _resolve(query: Query, scope: Scope) -> tuple:
+    """(since, until, RunScope, the store's window) of `scope`: one run is read over its own time."""
+    since, until, _ = resolve_window(query, scope)
+    store_window = (since, until)  # the capacity line reads a sweep's every step, whatever the run
+    runs = resolve_runs(query, scope.run_id, scope.all_runs, windowed=bool(scope.since or scope.until))
+    if runs.where == "run_id = ?" and not (scope.since or scope.until) and runs.run.window():
+        # one run: its own time, so that what is read by time (engine steps, decode steps, device
+        # samples) is the run's, not a probe's before it
+        since, until = runs.run.window()
+    return since, until, runs, store_window
+
+
+def capacity_line(query: Query, scope: Scope):
+    """The capacity line of `scope` alone (report.Capacity, as `explain` gives it in
+    Report.capacity), without the diagnosis: for the dashboard's Overview. Raises UserError as
+    `explain` does (an empty store or window, an unknown run id, too few requests)."""
+    since, until, runs, store_window = _resolve(query, scope)
+    ts = tail_set(query, dataclasses.replace(scope, metric=scope.metric or "e2e"), since, until, runs)
+    return capacity_mod.capacity(query, ts, since, until, store_window)
 
 
 def _slo_first(query: Query, scope: Scope, verdicts: list[Verdict], common: tuple) -> Report:

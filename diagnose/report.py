@@ -132,7 +132,8 @@ class TailSet:
 
 @dataclass
 class Capacity:
-    """The capacity line: `kind` 'sweep' (the store holds several rates of one sweep) or 'steady';
+    """The capacity line: `kind` 'sweep' (the store holds several rates of one sweep), 'probe' (a
+    capacity probe's rates applied to the scope's mix) or 'steady';
     `text` the sentence; `numbers` what it rests on; `evidence` its query."""
 
     kind: str

@@ -256,18 +256,17 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = tuple(
 
 
 def format_ms(x: float | None) -> str:
-    """A duration (ms) as every surface shows it: 'n/a' for None; '3.142 ms' under 10 ms, '42.5 ms'
-    under 1 s, '1,234 ms' under 10 s, then seconds ('550.1 s', not '550,095 ms'). The value is first
-    rounded to 1e-9 ms, below any digit shown: two exact paths to one quantile that differ by float
-    noise (a CI run's P90 ITL: numpy's 24.650000000000006 ms, the step histogram's 24.649999999999995 ms)
-    show the same text, where the noise alone moved '24.6 ms' to '24.7 ms' at a half-way digit."""
+    """A duration (ms) as every surface shows it: 'n/a' for None; one decimal under 10 ms ('3.1 ms'),
+    whole milliseconds under 10 s ('42 ms', '1,234 ms'), then seconds ('12.3 s', '550.1 s', not
+    '550,095 ms'): one rule, so that a table never shows 0.1046 next to 4883.7483. The value is
+    first rounded to 1e-9 ms, below any digit shown: two exact paths to one quantile that differ by
+    float noise (a CI run's P90 ITL: numpy's 24.650000000000006 ms, the step histogram's
+    24.649999999999995 ms) show the same text, where the noise alone could move a half-way digit."""
     if x is None:
         return "n/a"
     x = round(x, 9)
-    if abs(x) < 10:
-        return f"{x:.3f} ms"
-    if abs(x) < 1000:
+    if abs(x) < 9.95:  # 9.96 would round to "10.0 ms": shown whole, as every value from 10 ms on
         return f"{x:.1f} ms"
-    if abs(x) < 10_000:
+    if abs(x) < 9999.5:
         return f"{x:,.0f} ms"
     return f"{x / 1000:,.1f} s"

@@ -103,7 +103,7 @@ def _time_where(col: str, since, until, alias: str = "") -> tuple[str, list]:
 def read_steps(query: Query, service: str, since=None, until=None) -> dict:
     """The fit's table, one entry per engine step of `service` in [since, until) (SQL time strings,
     None = all), as numpy arrays: t_us (step end), cycle_ms (NaN when the engine was idle before it),
-    n_seqs, tokens, prefill_tokens, decode_ctx, prefill_attn."""
+    step_ms, n_seqs, tokens, prefill_tokens, decode_ctx, prefill_attn."""
     where, params = _time_where("time", since, until)
     steps = query(f"""SELECT epoch_us(time), running, waiting, prefill_tokens, decode_tokens, batch_size, step_ms
 FROM engine_steps WHERE service_name = ? AND {where} ORDER BY time""", [service, *params])
@@ -113,7 +113,7 @@ FROM engine_steps WHERE service_name = ? AND {where} ORDER BY time""", [service,
                         "answers): fit from the store itself (--db or --store), or a shorter window with --run-id")
     t = np.array([float(r[0]) for r in steps])
     f = lambda i: np.array([np.nan if r[i] is None else float(r[i]) for r in steps])
-    running, waiting, pre, dec, batch = f(1), f(2), f(3), f(4), f(5)
+    running, waiting, pre, dec, batch, step_ms = f(1), f(2), f(3), f(4), f(5), f(6)
     prev_busy = np.r_[False, (np.nan_to_num(running[:-1]) + np.nan_to_num(waiting[:-1])) > 0]
     cycle = np.r_[np.nan, np.diff(t) / 1e3]
     cycle[~prev_busy] = np.nan
@@ -132,7 +132,7 @@ WHERE d.token_index = 0 AND r.prompt_tokens IS NOT NULL AND {dwhere}""", dparams
     attn, chunks = _prefill_chunks(t, np.nan_to_num(pre), index, firsts)
     n_seqs = np.where(np.isnan(dec), batch, np.nan_to_num(dec) + chunks)
     tokens = np.nan_to_num(pre) + np.nan_to_num(dec)
-    return {"t_us": t, "cycle_ms": cycle, "n_seqs": n_seqs, "tokens": tokens, "prefill_tokens": np.nan_to_num(pre),
+    return {"t_us": t, "cycle_ms": cycle, "step_ms": step_ms, "n_seqs": n_seqs, "tokens": tokens, "prefill_tokens": np.nan_to_num(pre),
             "decode_ctx": dctx, "prefill_attn": attn}
 
 
@@ -225,7 +225,7 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
     vllm = dep.vllm or {}
     identity = {"service": service, "model": model_name[0][0],
                 **{k: vllm.get(k) for k in IDENTITY_KEYS if k not in ("service", "model")}}
-    return StepModel([float(x) for x in coef], resid, _overheads(query, since, until, seed), identity, vllm,
+    return StepModel([float(x) for x in coef], resid, _overheads(query, since, until, seed, s), identity, vllm,
                      dep.gateway, report,
                      {"store": store, "run_id": run_id, "service": service, "first_step": iso(s["t_us"][0]),
                       "last_step": iso(s["t_us"][-1]), "steps": len(y_all), "busy_steps": int(ok.sum())})
@@ -236,24 +236,65 @@ def _span_window(t_us: np.ndarray) -> tuple[str, str]:
     return at(t_us[0]), at(t_us[-1] + 1e6)
 
 
-def _overheads(query: Query, since, until, seed: int, most: int = 5000) -> list:
+# a request reaches the scheduler right after the step it waited for ends: its queue's measured
+# start lies within this of that step's end (the store's phases tile to well under it)
+STEP_WAIT_TOLERANCE_US = 5000
+
+
+def _overheads(query: Query, since, until, seed: int, steps: dict | None = None, most: int = 5000) -> list:
     """[[pre_ms, post_ms, in_flight], …] of up to `most` ok requests with engine phases measured
     (simulate/model.py): in_flight counts the requests between arrival and completion when it
-    arrived, itself included (the API server's share of the time grows with the load it carries)."""
+    arrived, itself included (the API server's share of the time grows with the load it carries).
+
+    pre_ms leaves out the wait for the engine step in progress when the request came in: vLLM's
+    engine core takes new requests between steps, so a request that arrives during a 700 ms
+    prefill step spends that wait in the frontend phase, while the simulator has it wait for the
+    step itself (in its engine queue): counted in both, a long prefill's wait was doubled (the
+    short requests beside 1,800-token prompts: simulated TTFT P50 390 ms, measured 36 ms). The
+    step is the one of `steps` (read_steps) that ended within STEP_WAIT_TOLERANCE_US of the
+    request's queue start; its part after the request reached the API server is taken out."""
     where, params = _time_where("arrival_time", since, until)
     rows = query(f"""WITH r AS (SELECT * FROM requests WHERE {where}),
 ev AS (SELECT arrival_time AS t, 1 AS d, trace_id FROM r WHERE arrival_time IS NOT NULL
        UNION ALL SELECT completion_time AS t, -1 AS d, NULL AS trace_id FROM r WHERE completion_time IS NOT NULL),
 load AS (SELECT trace_id, sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS in_flight FROM ev)
 SELECT r.outer_ttft_ms - coalesce(r.gateway_queue_ms, 0) - r.queue_ms - r.prefill_ms,
-       r.outer_e2e_ms - r.outer_ttft_ms - r.decode_ms, load.in_flight
+       r.outer_e2e_ms - r.outer_ttft_ms - r.decode_ms, load.in_flight, epoch_us(r.arrival_time),
+       coalesce(r.network_in_ms, 0) + coalesce(r.gateway_queue_ms, 0),
+       r.outer_ttft_ms - coalesce(r.network_out_ms, 0) - r.queue_ms - r.prefill_ms
 FROM r JOIN load ON load.trace_id = r.trace_id
 WHERE r.ok AND r.queue_ms IS NOT NULL AND r.prefill_ms IS NOT NULL AND r.decode_ms IS NOT NULL
   AND r.outer_ttft_ms IS NOT NULL AND r.outer_e2e_ms IS NOT NULL""", params)
-    pairs = [[round(float(a), 3), round(max(float(b), 0.0), 3), max(int(n or 1), 1)] for a, b, n in rows
+    pairs = [[round(float(a) - _step_wait_ms(steps, at, reach, queue_at), 3), round(max(float(b), 0.0), 3),
+              max(int(n or 1), 1)] for a, b, n, at, reach, queue_at in rows
              if a is not None and b is not None and float(a) >= 0 and float(b) > -1.0]
     if not pairs:
         raise UserError("no request in the fit's window has its engine phases measured (queue, prefill, decode): "
                         "the simulator needs them to place requests in time")
     random.Random(seed).shuffle(pairs)
     return pairs[:most]
+
+
+def _step_wait_ms(steps: dict | None, arrival_us, reach_ms, queue_at_ms) -> float:
+    """The part of the engine step in progress that a request waited for before the scheduler took
+    it (ms; 0 when no step of `steps` ended within STEP_WAIT_TOLERANCE_US of its queue start):
+    from when it reached the API server (arrival + network in + gateway queue, `reach_ms` after
+    arrival) or the step's start, whichever is later, to the step's end (the cycle's start, or
+    its own start after an idle engine)."""
+    if not steps or arrival_us is None or queue_at_ms is None:
+        return 0.0
+    t = steps["t_us"]
+    queue_at = float(arrival_us) + 1e3 * float(queue_at_ms)
+    k = int(np.searchsorted(t, queue_at))
+    near = [i for i in (k - 1, k) if 0 <= i < len(t)]
+    if not near:
+        return 0.0
+    i = min(near, key=lambda j: abs(t[j] - queue_at))
+    if abs(t[i] - queue_at) > STEP_WAIT_TOLERANCE_US:
+        return 0.0
+    length_ms = steps["cycle_ms"][i] if np.isfinite(steps["cycle_ms"][i]) else steps["step_ms"][i]
+    if not np.isfinite(length_ms):
+        return 0.0
+    start = t[i] - 1e3 * float(length_ms)
+    reach = float(arrival_us) + 1e3 * float(reach_ms or 0.0)
+    return max(0.0, (min(t[i], queue_at) - max(reach, start)) / 1e3)

@@ -40,15 +40,20 @@ else:
 
 st.subheader("Input and output lengths")
 lengths = ctx.side(data.length_distribution, ctx.filters)
-if lengths.ok:
+if lengths.ok and not len(lengths.value):
+    st.info("No token counts in the selection: they come from the engine's spans (llm.request), or the "
+            "load generator's; not measured here.")
+elif lengths.ok:
     st.plotly_chart(charts.lengths(lengths.value), key="dist_len")
 else:
     ui.na_caption("Input and output lengths", lengths)
 st.subheader("Latency against input length")
 st.caption("Outer TTFT and E2E, percentiles over each bin's ok requests; `requests` counts all of the bin.")
 li = ctx.side(data.latency_by_input_length, ctx.filters)
-if li.ok:
+if li.ok and not len(li.value):
+    st.info("No request of the selection has both its input length and its latency measured.")
+elif li.ok:
     st.plotly_chart(charts.latency_vs_input(li.value), key="dist_li")
-    st.dataframe(li.value, hide_index=True)
+    st.dataframe(ui.ms_table(li.value), hide_index=True)
 else:
     ui.na_caption("Latency against input length", li)

@@ -35,6 +35,10 @@ elif not len(dev):
     st.info("No device samples in the selection. Run the device sampler (`tailtrace sample`) next to the "
             "engine to see utilisation, clocks and throttle reasons here.")
 else:
+    sources = sorted({x for v in dev.get("source", pd.Series(dtype=object)).dropna() for x in str(v).split(", ")})
+    if sources and "nvml" not in sources:
+        st.caption("No GPU was sampled on this host: the device rows are its CPU and memory (device samples from "
+                   f"{', '.join(sources)}); GPU clocks and throttle reasons are not measured here.")
     reasons = dev[dev["throttled"] > 0]
     if len(reasons):
         st.warning("Throttling seen: " + ", ".join(sorted({r for x in reasons["throttle_reasons"].dropna()

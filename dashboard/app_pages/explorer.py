@@ -18,12 +18,15 @@ if "trace_id" in st.query_params and "ex_typed" not in st.session_state:  # a li
     st.session_state["ex_typed"] = st.query_params["trace_id"]
 typed = c2.text_input("…or request id / trace id", key="ex_typed").strip()
 slow = data.slowest_requests(ctx.src, ctx.filters, metric, ctx.schema)
-st.dataframe(slow, hide_index=True, height=260)
+st.dataframe(ui.ms_table(slow), hide_index=True, height=260)
 if not len(slow) and not typed:
     ui.show_empty(f"No request with {data.REQUEST_METRICS[metric]} in the selection.")
     st.stop()
-ids = [str(x) for x in slow["request_id"]]
-fmt = {str(r): f"{r} · {ui.fmt_ms(v)}" for r, v in zip(slow["request_id"], slow[metric])}
+# a request whose engine span never came has no request id: it is picked by its trace id (never "nan")
+keys = [rid if isinstance(rid, str) and rid else str(tid) for rid, tid in
+        zip(slow["request_id"] if "request_id" in slow else [None] * len(slow), slow["trace_id"])]
+ids = list(dict.fromkeys(keys))
+fmt = {k: f"{k} · {ui.fmt_ms(ui.safe_float(v))}" for k, v in zip(keys, slow[metric])}
 picked = st.selectbox("Request", ids, format_func=lambda r: fmt.get(r, r), key="ex_pick") if ids else None
 rid = typed or picked
 det = data.request_detail(ctx.src, rid, ctx.schema)
@@ -59,6 +62,6 @@ steps = det["steps"]
 if len(steps):
     st.plotly_chart(charts.itl_timeline(steps), key="ex_itl")
     with st.expander("Decode steps"):
-        st.dataframe(steps, hide_index=True)
+        st.dataframe(ui.ms_table(steps), hide_index=True)
 else:
     st.info("No decode steps recorded for this request.")

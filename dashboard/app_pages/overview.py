@@ -1,15 +1,77 @@
-"""Overview: request rate, token throughput, goodput and SLO attainment, exact P50/P90/P99/P999 of
-TTFT, TPOT, ITL and E2E."""
+"""Overview, objectives first: each objective's P50/P99/P999 against its target (met or missed, the
+ratio) and goodput at the SLO; the capacity line; latency P50/P99 over time beside the arrival rate
+and a latency heatmap ("since when?"); then throughput and the exact percentile table."""
 
 import streamlit as st
 
 from dashboard import charts, data, ui
+from dashboard.queries import why
 
 ctx = ui.require()
-ui.header("Overview", "all four", "Throughput, goodput against the SLOs in the sidebar, and exact latency "
-          "percentiles (quantile_cont over every ok request / every decode step in DuckDB).")
+ui.header("Overview", "all four", "The objectives first, then since when: exact percentiles (quantile_cont over "
+          "every ok request / every decode step), latency over time and throughput.")
 
 s = data.summary(ctx.src, ctx.filters, ctx.slo, ctx.schema)
+pct = data.percentiles(ctx.src, ctx.filters, ctx.schema, include_itl=False)
+# ITL (from the step histogram) is a side figure: within the side budget, else "n/a"
+itl = ctx.side(data.itl_percentile_row, ctx.filters, ctx.schema) if "itl_ms" in ctx.schema.get(
+    "decode_steps", ()) else None
+if itl is not None and itl.ok:
+    pct = data.add_percentile_rows(pct, [itl.value])
+
+# ------------------------------------------------------------------------------------------ objectives
+objectives = data.objectives(pct, ctx.slo)
+run = ctx.runs.run if ctx.runs is not None else None
+judged = (f"run {run.run_id}'s recorded spec" if run is not None and run.slo else "the sidebar's SLOs")
+st.subheader("Objectives")
+if not objectives:
+    st.info("No objective is set: give TTFT, TPOT or E2E bounds in the sidebar.")
+else:
+    cards = []
+    for o in objectives:
+        if o["met"] is None:
+            verdict = "not measured (no request of the selection has it)"
+        else:
+            verdict = f"{'met' if o['met'] else 'MISSED'} · {o['ratio']:.2f}× the target"
+        cards.append((f"{o['name']} P99 ≤ {ui.fmt_ms(o['target_ms'])}", ui.fmt_ms(o["P99"]),
+                      f"{verdict}. P50 {ui.fmt_ms(o['P50'])} · P999 {ui.fmt_ms(o['P999'])}"))
+    cards.append(("Goodput at the SLO", ui.fmt_rate(s["goodput_rps"], "req/s"),
+                  (f"{s['good']:,} of {s['requests']:,} requests ({ui.fmt_pct(s['slo_attainment'])}) finished OK "
+                   "within every objective, per second of serving (vLLM benchmark_serving --goodput; DistServe)")))
+    ui.metric_row(cards)
+    missed = [o for o in objectives if o["met"] is False]
+    lines = [f"**{o['name']} P99 {ui.fmt_ms(o['P99'])}** against {ui.fmt_ms(o['target_ms'])}: "
+             f"{'missed' if o['met'] is False else 'met' if o['met'] else 'not measured'}"
+             + (f" ({o['ratio']:.2f}×)" if o["ratio"] is not None else "") for o in objectives]
+    (st.error if missed else st.success)(" · ".join(lines) + f" — judged by {judged}, worst first"
+                                         + (". The Why page explains the worst." if missed else "."))
+
+cap = ctx.side(why.capacity, ctx.filters)
+if cap.ok and cap.value is not None:
+    st.markdown(f"**Capacity:** {cap.value.text}")
+    spec = why.slo_spec(ctx.slo)
+    st.caption("The rate that holds the objectives, predicted by a simulator fitted to this run's own engine steps:")
+    st.markdown(f"`{ui.simulate_command(ctx, spec)}`")
+elif not cap.ok:
+    ui.na_caption("Capacity", cap)
+
+# ------------------------------------------------------------------------------------------ since when?
+first, last = s["first_time"], s["last_time"]
+width = data.bucket_ms(first, last)
+lt = ctx.side(data.latency_timeline, ctx.filters, width)
+if not lt.ok:
+    ui.na_caption("Latency over time", lt)
+elif len(lt.value) > 1:
+    st.plotly_chart(charts.latency_over_time(lt.value), key="ov_latency")
+heat_col = objectives[0]["column"] if objectives and objectives[0]["met"] is False else "outer_e2e_ms"
+hm = ctx.side(data.latency_heatmap, ctx.filters, heat_col, width)
+if not hm.ok:
+    ui.na_caption("Latency heatmap", hm)
+elif len(hm.value) > 1:
+    st.plotly_chart(charts.latency_heatmap(hm.value, data.REQUEST_METRICS[heat_col]), key="ov_heatmap")
+
+# ------------------------------------------------------------------------------------------ throughput
+st.subheader("Throughput")
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that completed in the window (completion time = arrival + outer E2E)"),
     ("OK requests", f"{s['completed']:,}",
@@ -22,17 +84,8 @@ ui.metric_row([
       "as vLLM's benchmark_serving")),
     ("Output tokens/s", ui.fmt_rate(s["output_tps"], ""), f"{s['output_tokens']:,} output tokens / serving time"),
     ("Input tokens/s", ui.fmt_rate(s["input_tps"], ""), f"{s['input_tokens']:,} prompt tokens / serving time"),
-    ("Goodput (req/s)", ui.fmt_rate(s["goodput_rps"], ""),
-     "requests that finished OK and met every SLO / serving time (vLLM benchmark_serving --goodput; DistServe)"),
-    ("SLO attainment", ui.fmt_pct(s["slo_attainment"]), f"{s['good']:,} of {s['requests']:,} requests met every SLO"),
 ])
 
-pct = data.percentiles(ctx.src, ctx.filters, ctx.schema, include_itl=False)
-# ITL (from the step histogram) is a side figure: within the side budget, else "n/a"
-itl = ctx.side(data.itl_percentile_row, ctx.filters, ctx.schema) if "itl_ms" in ctx.schema.get(
-    "decode_steps", ()) else None
-if itl is not None and itl.ok:
-    pct = data.add_percentile_rows(pct, [itl.value])
 by_metric = {m: r for m, r in zip(pct["metric"], pct.to_dict("records"))}
 cards = []
 # TTFT and E2E: the catalog's outer ones (the store's outer_ttft_ms / outer_e2e_ms: the client's when
@@ -48,14 +101,16 @@ ui.metric_row(cards)
 if itl is not None and not itl.ok:
     ui.na_caption("ITL", itl)
 
-st.subheader("Latency percentiles (ms, exact)")
-st.dataframe(pct.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True,
-             column_config={c: st.column_config.NumberColumn(format="%.3f") for c in
-                            ("mean", "P50", "P90", "P99", "P999", "max")})
-
-tl = ctx.side(lambda src: data.throughput_timeline(src, ctx.filters, ctx.slo,
-                                                  data.bucket_ms(*data.bounds(src, ctx.filters))))
+tl = ctx.side(lambda src: data.throughput_timeline(src, ctx.filters, ctx.slo, width))
 if not tl.ok:
     ui.na_caption("Throughput over time", tl)
 elif len(tl.value) > 1:
     st.plotly_chart(charts.throughput(tl.value), key="ov_tp")
+
+st.subheader("Latency percentiles (exact)")
+table = data.distinct_percentile_rows(pct)
+st.dataframe(ui.ms_table(table.drop(columns=["metric"]).rename(columns={"label": "metric"}),
+                         ("mean", "P50", "P90", "P99", "P999", "max")), hide_index=True)
+if len(table) < len(pct):
+    st.caption("Rows equal to another are shown once: " + ", ".join(
+        f"{r['label']} = {r['same_as']}" for r in data.same_percentile_rows(pct)) + ".")

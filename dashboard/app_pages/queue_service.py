@@ -20,13 +20,20 @@ pct = side.value if side.ok else None
 if pct is None:
     ui.na_caption("Queue and service time percentiles", side)
 elif len(qs := pct[pct["metric"].isin(["queue_time_ms", "service_time_ms"])]):
-    st.dataframe(qs.drop(columns=["metric"]).rename(columns={"label": "metric"}), hide_index=True)
+    st.dataframe(ui.ms_table(qs.drop(columns=["metric"]).rename(columns={"label": "metric"}),
+                             ("mean", "P50", "P90", "P99", "P999", "max")), hide_index=True)
 
 st.subheader("The tail: requests above P99")
 have = set(ctx.schema.get("requests", ()))
 metrics = [m for m in data.METRIC_CHOICES if m in have and m not in ("queue_time_ms", "service_time_ms")]  # outer E2E first
 present = [m for m in metrics if pct is not None and (pct["metric"] == m).any()]
-metric = st.selectbox("Tail of", present or metrics, format_func=lambda m: data.REQUEST_METRICS[m], key="qs_metric")
+choices = present or metrics
+# the worst missed objective's metric first (as explain orders them), else outer E2E
+missed = [o["column"] for o in (data.objectives(pct, ctx.slo) if pct is not None else []) if o["met"] is False]
+first = next((c for c in missed if c in choices), None)
+metric = st.selectbox("Tail of", choices, index=choices.index(first) if first else 0,
+                      format_func=lambda m: data.REQUEST_METRICS[m] + (" (missed objective)" if m in missed else ""),
+                      key="qs_metric")
 tb = data.tail_breakdown(ctx.src, ctx.filters, phases, metric)
 if tb["threshold_ms"] is None:
     ui.show_empty(f"No request has {data.REQUEST_METRICS[metric]}.")
@@ -46,4 +53,4 @@ c1, c2 = st.columns([1, 2])
 c1.caption("Tail requests by their largest phase")
 c1.dataframe(dom[["label", "requests"]].rename(columns={"label": "phase"}), hide_index=True)
 c2.caption("Slowest tail requests (ms)")
-c2.dataframe(tb["slowest"], hide_index=True)
+c2.dataframe(ui.ms_table(tb["slowest"]), hide_index=True)

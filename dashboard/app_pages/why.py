@@ -83,3 +83,5 @@ for f in report.findings:
 if report.capacity is not None:
     st.subheader("Capacity")
     st.markdown(report.capacity.text)
+    st.caption("The rate that holds the objectives, predicted by a simulator fitted to this run's own engine steps:")
+    st.markdown(f"`{ui.simulate_command(ctx, (report.scope or {}).get('slo'))}`")

@@ -278,3 +278,48 @@ def bounds(src: DataSource, f: Filters) -> tuple[dt.datetime | None, dt.datetime
     row = src.df(f"SELECT min(completion_time) AS first_time, max(completion_time) AS last_time FROM requests {w}",
                  p).iloc[0]
     return _ts(row["first_time"]), _ts(row["last_time"])
+
+
+# the store's column each objective metric is judged on (semantics.slo; ITL is not per request)
+_OBJECTIVE_COLUMNS = {"ttft": "outer_ttft_ms", "tpot": "tpot_ms", "e2e": "outer_e2e_ms"}
+
+
+def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
+    """Per run of `runs` (collector.query.runs.Run), its objectives' verdict for the run list: 'met',
+    'missed: TTFT P99 7,910 ms > 2,000 ms, …' (worst ratio first) or 'not measured'; judged by the
+    spec recorded with the run, else semantics.slo.DEFAULT_SLO, over its ok requests (exact
+    quantiles, one grouped query). An ITL objective is left out (its steps are not per run here)."""
+    from semantics.slo import DEFAULT_SLO, parse_slo
+
+    ids = [r.run_id for r in runs if r.run_id is not None]
+    if not ids:
+        return {}
+    qs = "[" + ", ".join(str(q) for q in QUANTILES) + "]"
+    sel = ", ".join(f"quantile_cont({c}, {qs}) FILTER (WHERE {catalog.LATENCY_POPULATION}) AS {m}"
+                    for m, c in _OBJECTIVE_COLUMNS.items())
+    df = src.df(f"SELECT run_id, {sel} FROM requests WHERE run_id IN ({_marks(ids)}) GROUP BY run_id", ids)
+    got = {row["run_id"]: row for row in df.to_dict("records")}
+    out = {}
+    for r in runs:
+        row = got.get(r.run_id)
+        if row is None:
+            continue
+        try:
+            objectives = parse_slo(r.slo or DEFAULT_SLO)
+        except Exception:  # noqa: BLE001 (a spec a later version wrote: the default judges, as explain does)
+            objectives = parse_slo(DEFAULT_SLO)
+        missed, measured = [], 0
+        for o in objectives:
+            if o.metric not in _OBJECTIVE_COLUMNS or o.q not in QUANTILES:
+                continue
+            v = _qlist(row[o.metric])[QUANTILES.index(o.q)]
+            if v is None:
+                continue
+            measured += 1
+            if v > o.limit_ms:
+                label = QUANTILE_LABELS[QUANTILES.index(o.q)]
+                text = f"{o.metric.upper()} {label} {catalog.format_ms(v)} > {catalog.format_ms(o.limit_ms)}"
+                missed.append((v / o.limit_ms, text))
+        out[r.run_id] = ("missed: " + ", ".join(t for _, t in sorted(missed, reverse=True)) if missed else
+                         "met" if measured else "not measured")
+    return out

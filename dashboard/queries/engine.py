@@ -36,7 +36,8 @@ def engine_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
 def device_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], width_ms: int) -> pd.DataFrame:
     """device_samples per bucket and device: bucket, device (host:index), util_pct, mem_util_pct (means),
     sm_clock_mhz (min), power_w (mean), temp_c (max), throttled (share of samples with any throttle
-    reason, 0..1), throttle_reasons (the distinct reasons seen)."""
+    reason, 0..1), throttle_reasons (the distinct reasons seen), source (the samplers: 'nvml' for a
+    GPU, 'cpu' for the host's cores)."""
     cols = set(schema.get("device_samples", ()))
     if not cols:
         return pd.DataFrame()
@@ -55,6 +56,8 @@ def device_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
             agg.append(e)
     agg.append(f"avg({throttled}::INT) AS throttled")
     agg.append(f"string_agg(DISTINCT {thr}, ', ') AS throttle_reasons")
+    if "source" in cols:
+        agg.append("string_agg(DISTINCT d.source, ', ') AS source")
     host = "coalesce(d.host, '')" if "host" in cols else "''"
     idx = "coalesce(CAST(d.device_index AS VARCHAR), '')" if "device_index" in cols else "''"
     return src.df(f"SELECT {_bucket_expr('d.time', width_ms)} AS bucket, {host} || ':' || {idx} AS device, "

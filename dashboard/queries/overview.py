@@ -71,6 +71,31 @@ def _percentile_table(rows: list[tuple]) -> pd.DataFrame:
     return df.sort_values("_o").drop(columns="_o").reset_index(drop=True)
 
 
+# a row equal to the outer one of its metric says the same thing twice (the client's is the outer one
+# whenever the client was traced; the engine's when nothing outside it was)
+_SAME_AS_OUTER = {"client_ttft_ms": "outer_ttft_ms", "ttft_ms": "outer_ttft_ms", "client_e2e_ms": "outer_e2e_ms",
+                  "e2e_ms": "outer_e2e_ms"}
+
+
+def same_percentile_rows(table: pd.DataFrame) -> list[dict]:
+    """The rows of `table` (from `percentiles`) whose count and every value equal their metric's
+    outer row: dicts of metric, label, same_as (the outer row's label)."""
+    rows = {r["metric"]: r for r in table.to_dict("records")}
+    cols = ["count", "mean", *QUANTILE_LABELS, "max"]
+    out = []
+    for m, outer in _SAME_AS_OUTER.items():
+        a, b = rows.get(m), rows.get(outer)
+        if a is not None and b is not None and all(a[c] == b[c] for c in cols):
+            out.append({"metric": m, "label": a["label"], "same_as": b["label"]})
+    return out
+
+
+def distinct_percentile_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` without the rows `same_percentile_rows` finds (each said once, as the outer row)."""
+    drop = {r["metric"] for r in same_percentile_rows(table)}
+    return table[~table["metric"].isin(drop)].reset_index(drop=True)
+
+
 def itl_percentile_row(src: DataSource, f: Filters, schema: dict[str, list[str]] | None = None) -> tuple:
     """(metric, label, count, mean, P50, P90, P99, P999, max) of ITL over the filtered decode steps.
 
@@ -201,3 +226,60 @@ def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) ->
         f"sum(prompt_tokens) / {s} AS input_tps, quantile_cont(outer_ttft_ms, 0.99) FILTER ({ok}) "
         f"AS ttft_p99_ms, quantile_cont(outer_e2e_ms, 0.99) FILTER ({ok}) AS e2e_p99_ms "
         f"FROM requests {w} GROUP BY 1 ORDER BY 1", cp + p)
+
+
+# ------------------------------------------------------------------------------------------ objectives first
+# The objectives the Overview opens with: (the sidebar's Slo field, the percentile table's metric, name)
+OBJECTIVE_METRICS = (("ttft_ms", "outer_ttft_ms", "TTFT"), ("tpot_ms", "tpot_ms", "TPOT"),
+                     ("e2e_ms", "outer_e2e_ms", "E2E"))
+
+
+def objectives(pct: pd.DataFrame, slo: Slo) -> list[dict]:
+    """The sidebar's objectives (P99 bounds) judged on the exact percentiles of `pct` (from
+    `percentiles`), worst ratio first: dicts of name, column, target_ms, P50, P99, P999 (ms, None when
+    the metric has no measured request), ratio (P99 / target), met (True | False | None: not
+    measured). An objective the selection cannot judge stays in the list with met None."""
+    rows = {r["metric"]: r for r in pct.to_dict("records")}
+    out = []
+    for field, col, name in OBJECTIVE_METRICS:
+        target = getattr(slo, field)
+        if not target:
+            continue
+        r = rows.get(col)
+        p99 = _f(r["P99"]) if r else None
+        out.append({"name": name, "column": col, "target_ms": float(target),
+                    **{q: (_f(r[q]) if r else None) for q in ("P50", "P99", "P999")},
+                    "ratio": None if p99 is None else p99 / float(target),
+                    "met": None if p99 is None else p99 <= float(target)})
+    return sorted(out, key=lambda o: -1.0 if o["ratio"] is None else -o["ratio"])
+
+
+def latency_timeline(src: DataSource, f: Filters, width_ms: int) -> pd.DataFrame:
+    """Per bucket of `width_ms` of arrival time ("since when?": a request counts when it arrived,
+    so a burst and the latency it caused share a bucket): bucket, arrival_rps (every request),
+    and exact P50 and P99 over the bucket's ok requests of outer TTFT, TPOT and outer E2E
+    (ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, …; NULL where no request measured it)."""
+    w, p = f.requests_where()
+    ok = f"WHERE {catalog.LATENCY_POPULATION}"
+    cols = ", ".join(f"quantile_cont({col}, {q}) FILTER ({ok}) AS {name.lower()}_p{lab}_ms"
+                     for _, col, name in OBJECTIVE_METRICS for q, lab in ((0.5, "50"), (0.99, "99")))
+    return src.df(f"SELECT {_bucket_expr('arrival_time', width_ms)} AS bucket, count(*) / {width_ms / 1000.0} "
+                  f"AS arrival_rps, {cols} FROM requests {w} GROUP BY 1 ORDER BY 1", p)
+
+
+HEATMAP_BINS_PER_DECADE = 8
+
+
+def latency_heatmap(src: DataSource, f: Filters, column: str, width_ms: int) -> pd.DataFrame:
+    """Requests per (bucket of `width_ms` of arrival time, latency bin of `column`), over ok requests
+    with the metric measured: bucket, low_ms (the bin's lower edge; bins are 1/8 of a decade wide,
+    from 0.01 ms), n. Only bins with requests are returned. Raises ValueError for a column that is
+    not a request metric."""
+    if column not in REQUEST_METRICS:
+        raise ValueError(f"not a request metric: {column}")
+    w, p = f.requests_where()
+    w = _and(_and(w, catalog.LATENCY_POPULATION), f"{column} IS NOT NULL")
+    k = HEATMAP_BINS_PER_DECADE
+    return src.df(f"SELECT {_bucket_expr('arrival_time', width_ms)} AS bucket, "
+                  f"power(10, floor(log10(greatest({column}, 0.01)) * {k}) / {k}) AS low_ms, count(*) AS n "
+                  f"FROM requests {w} GROUP BY 1, 2 ORDER BY 1, 2", p)

@@ -104,6 +104,21 @@ def diagnose(src: DataSource, f: Filters, metric: str, slo=None):
         raise DataError(str(exc)) from None
 
 
+def capacity(src: DataSource, f: Filters):
+    """The capacity line (diagnose.report.Capacity: kind, text, numbers) of the filters' run scope
+    and time range, as `diagnose` reads them, without the diagnosis (diagnose.explain.capacity_line).
+    Raises DataError with the diagnosis' own message."""
+    from diagnose.explain import capacity_line
+    from diagnose.source import Scope
+    from tailtrace.errors import UserError
+
+    try:
+        return capacity_line(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end), run_id=f.run_id,
+                                                      all_runs=f.all_runs and not f.run_id))
+    except UserError as exc:
+        raise DataError(str(exc)) from None
+
+
 def action_line(a) -> str:
     """An action as explain's text shows it: `try: --max-num-batched-tokens 2048 → 512 (TPOT ↓, TTFT ↑)`."""
     from diagnose.actions import render_action

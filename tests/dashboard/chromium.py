@@ -57,54 +57,96 @@ def render(url: str, screenshot: Path, *, selectors=('[data-testid="stMetric"]',
            settle_s: float = 2.0, height: int | None = None) -> dict:
     """Open `url` in headless Chromium, wait until it rendered (see _READY_JS) and stayed so for
     `settle_s`, write a PNG to `screenshot` (the 1400x1000 window, or 1400 x `height`). Returns {'dom': outerHTML, 'ready': bool, 'seconds': float}."""
-    exe = chromium_path()
-    if exe is None:
-        raise FileNotFoundError("chromium is not installed (make sysdeps)")
-    from tailtrace.procs import free_port, start_process, stop_process
+    with Browser(height=height) as b:
+        return b.visit(url, screenshot, selectors=selectors, timeout_s=timeout_s, settle_s=settle_s)
 
-    profile = tempfile.mkdtemp(prefix="tt-chromium-")
-    port = free_port()
-    proc = start_process([exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}", f"--user-data-dir={profile}",
-                          "about:blank"], log_path=Path(profile) / "chromium.log")
-    t0 = time.monotonic()
-    try:
-        pages = []
-        while not pages:
-            if proc.poll() is not None:
-                raise RuntimeError(f"chromium exited with {proc.returncode}")
-            if time.monotonic() - t0 > 60:
-                raise RuntimeError("chromium did not open its DevTools port within 60 s")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
-                    pages = [t for t in json.load(r) if t.get("type") == "page"]
-            except OSError:
-                time.sleep(0.2)
-        from websockets.sync.client import connect
 
-        with connect(pages[0]["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=30) as ws:
-            cdp = _Cdp(ws)
-            cdp.call("Page.enable")
-            cdp.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": int(height or 1000),
-                                                              "deviceScaleFactor": 1, "mobile": False})
-            cdp.call("Page.navigate", {"url": url})
-            ready_since = None
-            ready = False
-            js = _READY_JS % json.dumps(list(selectors))
-            while time.monotonic() - t0 < timeout_s:
-                ok = cdp.call("Runtime.evaluate", {"expression": js, "returnByValue": True})["result"].get("value")
-                if ok:
-                    ready_since = ready_since or time.monotonic()
-                    if time.monotonic() - ready_since >= settle_s:
-                        ready = True
-                        break
-                else:
-                    ready_since = None
-                time.sleep(0.25)
-            shot = cdp.call("Page.captureScreenshot", {"format": "png"}, timeout_s=60)
+class Browser:
+    """One headless Chromium for several pages (a context manager): `visit` each, `wait_for` text to
+    appear without a reload (a live page's refresh)."""
+
+    def __init__(self, height: int | None = None):
+        self.height = height
+
+    def __enter__(self):  # -> the Browser
+        exe = chromium_path()
+        if exe is None:
+            raise FileNotFoundError("chromium is not installed (make sysdeps)")
+        from tailtrace.procs import free_port, start_process
+
+        self.profile = tempfile.mkdtemp(prefix="tt-chromium-")
+        port = free_port()
+        self.proc = start_process([exe, *CHROMIUM_FLAGS, f"--remote-debugging-port={port}",
+                                   f"--user-data-dir={self.profile}", "about:blank"],
+                                  log_path=Path(self.profile) / "chromium.log")
+        try:
+            t0 = time.monotonic()
+            pages = []
+            while not pages:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"chromium exited with {self.proc.returncode}")
+                if time.monotonic() - t0 > 60:
+                    raise RuntimeError("chromium did not open its DevTools port within 60 s")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
+                        pages = [t for t in json.load(r) if t.get("type") == "page"]
+                except OSError:
+                    time.sleep(0.2)
+            from websockets.sync.client import connect
+
+            self._conn = connect(pages[0]["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=30)
+            self.ws = self._conn.__enter__()  # the context manager's way in (a bare connect() is deprecated)
+            self.cdp = _Cdp(self.ws)
+            self.cdp.call("Page.enable")
+            self.cdp.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": int(self.height or 1000),
+                                                                   "deviceScaleFactor": 1, "mobile": False})
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from tailtrace.procs import stop_process
+
+        if getattr(self, "_conn", None) is not None:
+            self._conn.__exit__(None, None, None)
+        stop_process(self.proc, timeout_s=10)
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+    def dom(self) -> str:
+        """The page's HTML now."""
+        return self.cdp.call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
+                                                  "returnByValue": True})["result"]["value"]
+
+    def visit(self, url: str, screenshot: Path | None, *, selectors=('[data-testid="stMetric"]',),
+              timeout_s: float = 90.0, settle_s: float = 2.0) -> dict:
+        """Navigate to `url`, wait until it rendered and stayed so for `settle_s`, write a PNG to
+        `screenshot` (when given). Returns {'dom', 'ready', 'seconds'}."""
+        t0 = time.monotonic()
+        self.cdp.call("Page.navigate", {"url": url})
+        time.sleep(0.5)  # the old page's DOM is not this one's
+        ready_since, ready = None, False
+        js = _READY_JS % json.dumps(list(selectors))
+        while time.monotonic() - t0 < timeout_s:
+            ok = self.cdp.call("Runtime.evaluate", {"expression": js, "returnByValue": True})["result"].get("value")
+            if ok:
+                ready_since = ready_since or time.monotonic()
+                if time.monotonic() - ready_since >= settle_s:
+                    ready = True
+                    break
+            else:
+                ready_since = None
+            time.sleep(0.25)
+        if screenshot is not None:
+            shot = self.cdp.call("Page.captureScreenshot", {"format": "png"}, timeout_s=60)
             screenshot.write_bytes(base64.b64decode(shot["data"]))
-            dom = cdp.call("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
-                                                "returnByValue": True})["result"]["value"]
-        return {"dom": dom, "ready": ready, "seconds": time.monotonic() - t0}
-    finally:
-        stop_process(proc, timeout_s=10)
-        shutil.rmtree(profile, ignore_errors=True)
+        return {"dom": self.dom(), "ready": ready, "seconds": time.monotonic() - t0}
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        """True once `text` is in the page's HTML (polled, no reload), False after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if text in self.dom():
+                return True
+            time.sleep(0.5)
+        return False

@@ -22,18 +22,40 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _emit_demo_traces(otlp_url: str, n_requests: int = 60, seed: int = 7) -> int:
-    """Send `n_requests` traced requests (and their engine steps) to the collector at `otlp_url`.
-    Returns the number of requests. Times are wall-clock, starting 2 minutes ago, 0.5 s apart."""
+ALL_LAYERS = ("client", "gateway", "engine")
+
+
+class _LayerTracer:
+    """A tracer that emits nothing for a layer left out: its spans become non-recording stand-ins
+    carrying their parent's context, so that the next layer down hangs off the nearest one sent
+    (a store of what a deployment without the load generator, the gateway or the plugin sends)."""
+
+    def __init__(self, tracer, on: bool):
+        self.tracer, self.on = tracer, on
+
+    def start_span(self, name, context=None, **kw):
+        from opentelemetry import trace
+
+        if self.on:
+            return self.tracer.start_span(name, context=context, **kw)
+        return trace.NonRecordingSpan(trace.get_current_span(context).get_span_context())
+
+
+def _emit_demo_traces(otlp_url: str, n_requests: int = 60, seed: int = 7, layers=ALL_LAYERS) -> int:
+    """Send `n_requests` traced requests (and their engine steps) to the collector at `otlp_url`:
+    the spans of `layers` (client, gateway, engine) only. Returns the number of requests. Times are
+    wall-clock, starting 2 minutes ago, 0.5 s apart."""
     from opentelemetry import trace
 
     from instrument import semconv as sc
     from instrument.otel import make_tracer_provider
 
     rng = random.Random(seed)
+    layer = {"loadgen": "client", "gateway": "gateway", "vllm-a": "engine", "vllm-b": "engine"}
     providers = {name: make_tracer_provider(name, otlp_url, schedule_delay_ms=100)
                  for name in ("loadgen", "gateway", "vllm-a", "vllm-b")}
-    tracers = {k: p.get_tracer("tailtrace.tests.dashboard") for k, p in providers.items()}
+    tracers = {k: _LayerTracer(p.get_tracer("tailtrace.tests.dashboard"), layer[k] in layers)
+               for k, p in providers.items()}
     ms = 1_000_000
     t0 = time.time_ns() - 120_000 * ms
     step_index = {"vllm-a": 0, "vllm-b": 0}
@@ -114,24 +136,41 @@ def _emit_demo_traces(otlp_url: str, n_requests: int = 60, seed: int = 7) -> int
     return n_requests
 
 
-@pytest.fixture(scope="session")
-def otlp_demo_store(tmp_path_factory) -> Path:
-    """A store written by the real collector from OTLP spans sent with the OpenTelemetry SDK."""
+def _collect(db: Path, n_requests: int = 60, layers=ALL_LAYERS) -> Path:
+    """`db` written by the real collector from `_emit_demo_traces(…, n_requests, layers=layers)`."""
     from collector.testing import start_collector
 
-    db = tmp_path_factory.mktemp("dashboard-store") / "demo.duckdb"
     h = start_collector(db)
     try:
-        n = _emit_demo_traces(h.otlp_url)
+        n = _emit_demo_traces(h.otlp_url, n_requests, layers=layers)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            rows = h.sql("SELECT count(*) FROM requests WHERE request_id IS NOT NULL")
+            rows = h.sql("SELECT count(*) FROM requests" + (" WHERE request_id IS NOT NULL" if "engine" in layers else ""))
             if rows and rows[0][0] >= n:
                 break
             time.sleep(0.5)
+        time.sleep(1.0)  # a late span of the last trace (its engine steps) lands too
     finally:
         h.stop()
     return db
+
+
+@pytest.fixture(scope="session")
+def otlp_demo_store(tmp_path_factory) -> Path:
+    """A store written by the real collector from OTLP spans sent with the OpenTelemetry SDK."""
+    return _collect(tmp_path_factory.mktemp("dashboard-store") / "demo.duckdb")
+
+
+# the stores a deployment that traces only some layers writes: {name: (requests, layers)}
+PARTIAL_STORES = {"client-only": (30, ("client",)), "gateway-only": (30, ("gateway",)),
+                  "engine-only": (30, ("engine",)), "one-request": (1, ALL_LAYERS)}
+
+
+@pytest.fixture(scope="session", params=sorted(PARTIAL_STORES))
+def partial_store(request, tmp_path_factory) -> tuple[str, Path]:
+    """(name, path) of a store of PARTIAL_STORES, written by the real collector."""
+    n, layers = PARTIAL_STORES[request.param]
+    return request.param, _collect(tmp_path_factory.mktemp(request.param) / "s.duckdb", n, layers)
 
 
 try:  # the lead's real-demo store wins when it exists

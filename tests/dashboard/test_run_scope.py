@@ -52,3 +52,35 @@ def test_the_dashboard_opens_on_the_replay_never_the_probe(tmp_path, monkeypatch
     at.sidebar.selectbox(key="tt_run_latest traffic run").set_value(PROBE).run()
     assert _selected(at).startswith("129 of 429 requests selected"), _selected(at)
     assert metrics(goto(at, "overview"))["Requests"] == "129"
+
+
+def test_the_overview_opens_with_the_run_s_objectives_and_the_list_says_each_run_s_verdict(tmp_path, monkeypatch):
+    import duckdb
+
+    from dashboard import ui
+
+    db = _store(tmp_path)
+    con = duckdb.connect(str(db), read_only=True)
+    ttft, tpot = con.execute("SELECT quantile_cont(outer_ttft_ms, 0.99), quantile_cont(tpot_ms, 0.99) FROM requests "
+                             "WHERE run_id = ? AND ok", [REPLAY]).fetchone()
+    probe_ttft = con.execute("SELECT quantile_cont(outer_ttft_ms, 0.99) FROM requests WHERE run_id = ? AND ok",
+                             [PROBE]).fetchone()[0]
+    con.close()
+    at = open_app(monkeypatch, db=db)
+    shown = metrics(goto(at, "overview"))
+    # the replay's recorded spec (ttft_p99=3s,tpot_p99=50ms), judged on its own exact P99s
+    assert shown["TTFT P99 ≤ 3,000 ms"] == ui.fmt_ms(ttft) and shown["TPOT P99 ≤ 50 ms"] == ui.fmt_ms(tpot)
+    assert ttft < 3000 and tpot < 50 and any("TTFT P99" in s.value and "met" in s.value for s in at.success)
+    # the run list: the probe marked, each run with its verdict (the probe by the default spec: its 4 s
+    # queue misses TTFT P99 <= 2 s)
+    options = at.sidebar.selectbox(key="tt_run_latest traffic run").options
+    probe = next(o for o in options if o.startswith(PROBE))
+    assert "[probe]" in probe and f"missed: TTFT P99 {ui.fmt_ms(probe_ttft)} > 2,000 ms" in probe, probe
+    assert next(o for o in options if o.startswith(REPLAY)).endswith(" · met")
+    # a TPOT bound under the replay's: the Overview says it is missed, and Queue vs service opens on it
+    at.sidebar.number_input(key="tt_slo_tpot").set_value(tpot / 2).run()
+    goto(at, "overview")
+    assert any(e.value.startswith(f"**TPOT P99 {ui.fmt_ms(tpot)}** against") and "missed (2.00×)" in e.value
+               for e in at.error), [e.value for e in at.error]
+    goto(at, "queue_service")
+    assert at.selectbox(key="qs_metric").value == "tpot_ms"

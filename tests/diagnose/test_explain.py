@@ -167,6 +167,36 @@ def test_capacity_of_one_steady_run(store):
     assert cap.numbers["achieved_rps"] == pytest.approx(10.0, rel=0.02) and not cap.numbers["saturated"]
 
 
+def test_capacity_from_the_latest_probe_applied_to_the_scope_s_mix(tmp_path):
+    """A store with a capacity probe (the demo's) and a traffic run after it: the line gives the
+    probe's rates applied to the traffic run's mix, 1 / (in / prefill + out / decode)."""
+    from tests.diagnose.store import Req
+
+    probe = [Req(at=0.01 * i, run_id="capacity-probe-20261204T000000-ab12", steps=[(10.0, 8, 0)] * 350)
+             for i in range(8)]
+    # the probe's engine steps: 5 prefill steps of 1,000 prompt tokens, 0.5 s apart (2,000 tok/s), then
+    # 100 full-batch decode steps of 8 tokens, 10 ms apart (800 tok/s)
+    steps = [(0.5 * (k + 1), "vllm", 8, 0, 8, 1000, 0, 499.0, 0.1) for k in range(5)]
+    steps += [(2.5 + 0.01 * (k + 1), "vllm", 8, 0, 8, 0, 8, 9.0, 0.2) for k in range(100)]
+    traffic = baseline(np.random.default_rng(3), n=200, rate=5.0, out=32)  # prompt 64, output 32
+    for r in traffic:
+        r.at += 100.0
+        r.run_id = "demo-20261204T000200-cd34"
+    path = write_store(tmp_path / "probe.duckdb", probe + traffic, engine_steps=steps)
+    query, close = db_query(path)
+    try:
+        cap = explain(query, Scope()).capacity
+    finally:
+        close()
+    want = 1 / (64 / 2000 + 32 / 800)  # 13.9 req/s
+    assert cap.kind == "probe" and cap.numbers["probe_run_id"] == "capacity-probe-20261204T000000-ab12"
+    assert cap.numbers["decode_tok_s"] == pytest.approx(800, rel=1e-6)
+    assert cap.numbers["prefill_tok_s"] == pytest.approx(2000, rel=1e-3)
+    assert cap.numbers["rate_rps"] == pytest.approx(want, rel=1e-3)
+    assert f"holds ~{want:.2f} req/s of this mix (mean input 64, output 32 tokens)" in cap.text
+    assert "; this window: offered 5.03 req/s" in cap.text  # 200 arrivals over 39.8 s: the window after it
+
+
 def test_a_store_without_engine_spans_says_what_it_can_still_tell(tmp_path, capsys):
     rng = np.random.default_rng(5)
     reqs = baseline(rng)

@@ -72,7 +72,7 @@ def _synthetic_store(path, n_req=400, seed=3):
     con.execute("CREATE TABLE requests(trace_id VARCHAR, request_id VARCHAR, prompt_tokens BIGINT, cached_tokens BIGINT,"
                 " output_tokens BIGINT, prefill_ms DOUBLE, model VARCHAR, ok BOOLEAN, queue_ms DOUBLE, decode_ms DOUBLE,"
                 " outer_ttft_ms DOUBLE, outer_e2e_ms DOUBLE, gateway_queue_ms DOUBLE, arrival_time TIMESTAMP,"
-                " run_id VARCHAR, completion_time TIMESTAMP)")
+                " run_id VARCHAR, completion_time TIMESTAMP, network_in_ms DOUBLE, network_out_ms DOUBLE)")
     con.execute("CREATE TABLE spans(phase VARCHAR, start_time TIMESTAMP, resource JSON, service_name VARCHAR)")
     import pyarrow as pa
 
@@ -86,7 +86,7 @@ def _synthetic_store(path, n_req=400, seed=3):
     con.execute("INSERT INTO decode_steps SELECT rid, rid, ti, make_timestamp(t) FROM ds")
     # one arrival a second, each completing 2.5 s later: from the third on, 3 requests in flight at arrival
     con.executemany("INSERT INTO requests VALUES (?, ?, ?, 0, ?, ?, 'm', TRUE, 1.0, 50.0, 80.0, 140.0, 0.0, "
-                    "make_timestamp(?), NULL, make_timestamp(?))",
+                    "make_timestamp(?), NULL, make_timestamp(?), NULL, NULL)",
                     [(rid, rid, p, o, pm, 1_800_000_000_000_000 + k * 10**6, 1_800_000_002_500_000 + k * 10**6)
                      for k, (rid, p, o, pm) in enumerate(reqs)])
     con.close()
@@ -237,3 +237,22 @@ def test_a_store_out_that_is_not_a_store_is_refused_before_simulating_and_kept(m
     cap = capsys.readouterr()
     assert "--store-out" in cap.err and "not a valid DuckDB database" in cap.err and not cap.out
     assert notes.read_text() == "my notes\n"
+
+
+def test_the_wait_for_the_step_in_progress_is_not_counted_as_time_outside_the_engine():
+    """vLLM's engine core takes a request between steps: one that came in during a 700 ms prefill step
+    waited for it in the frontend phase; the simulator has it wait for that step in its queue, so the
+    fit takes it out of the drawn time outside the engine (counted twice before: issue 33's bench)."""
+    from simulate.fit import _step_wait_ms
+
+    steps = {"t_us": np.array([1_000_000.0, 1_700_000.0, 1_704_000.0]),
+             "cycle_ms": np.array([np.nan, 700.0, 4.0]), "step_ms": np.array([3.0, 690.0, 3.5])}
+    # reached the API server 2 ms after arriving at 1.2 s; the scheduler took it 0.5 ms after the step's end
+    assert _step_wait_ms(steps, 1_200_000, 2.0, 500.5) == pytest.approx(498.0)
+    # arrived before the step began: it waited for all of it (the cycle from the step before's end)
+    assert _step_wait_ms(steps, 900_000, 2.0, 800.0) == pytest.approx(700.0)
+    # taken 30 ms after any step ended (an idle engine): no wait to take out
+    assert _step_wait_ms(steps, 1_800_000, 2.0, 30.0) == 0.0
+    # after an idle engine, the step's own time is its length (no cycle): 3 ms before 1.0 s
+    assert _step_wait_ms(steps, 990_000, 0.0, 10.0) == pytest.approx(3.0)
+    assert _step_wait_ms(None, 1_200_000, 2.0, 500.5) == 0.0

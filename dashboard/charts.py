@@ -279,9 +279,13 @@ def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go
     def has(col):
         return bool(len(dev)) and col in dev and bool(dev[col].notna().any())
 
-    # a CPU host (the CPU sampler) has no SM clock and no throttle reasons: no rows for them
-    gpu = has("sm_clock_mhz")
+    # a CPU host (the CPU sampler, source 'cpu': its clock is the cores', it has no throttle reasons)
+    # gets no SM clock or throttle rows: its utilisation and memory only
+    sources = ({x for v in dev["source"].dropna() for x in str(v).split(", ")} if len(dev) and "source" in dev
+               else None)
+    gpu = has("sm_clock_mhz") and (sources is None or "nvml" in sources)
     dev_rows = [(title, col) for title, col, shown in (("Device util (%)", "util_pct", has("util_pct")),
+                                                        ("Memory used (%)", "mem_used_pct", has("mem_used_pct")),
                                                         ("SM clock (MHz)", "sm_clock_mhz", gpu),
                                                         ("Throttled (share)", "throttle_reasons", gpu)) if shown]
     rows += [(title, "dev") for title, _ in dev_rows]
@@ -310,6 +314,9 @@ def engine_device(lat: pd.DataFrame, eng: pd.DataFrame, dev: pd.DataFrame) -> go
         if "util_pct" in row_of:
             fig.add_trace(go.Scatter(x=g["bucket"], y=g["util_pct"], name=f"{d} util", mode="lines"),
                           row=row_of["util_pct"], col=1)
+        if "mem_used_pct" in row_of:
+            fig.add_trace(go.Scatter(x=g["bucket"], y=g["mem_used_pct"], name=f"{d} memory", mode="lines"),
+                          row=row_of["mem_used_pct"], col=1)
         if "sm_clock_mhz" in row_of:
             fig.add_trace(go.Scatter(x=g["bucket"], y=g["sm_clock_mhz"], name=f"{d} SM clock", mode="lines"),
                           row=row_of["sm_clock_mhz"], col=1)

@@ -34,7 +34,8 @@ def engine_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
 
 
 def device_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], width_ms: int) -> pd.DataFrame:
-    """device_samples per bucket and device: bucket, device (host:index), util_pct, mem_util_pct (means),
+    """device_samples per bucket and device: bucket, device (host:index), util_pct, mem_util_pct,
+    mem_used_pct (used / total memory, %; means),
     sm_clock_mhz (min), power_w (mean), temp_c (max), throttled (share of samples with any throttle
     reason, 0..1), throttle_reasons (the distinct reasons seen), source (the samplers: 'nvml' for a
     GPU, 'cpu' for the host's cores)."""
@@ -54,6 +55,8 @@ def device_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], w
                  ("temp_c", "max(d.temp_c) AS temp_c")):
         if c in cols:
             agg.append(e)
+    if {"mem_used_bytes", "mem_total_bytes"} <= cols:
+        agg.append("avg(100.0 * d.mem_used_bytes / nullif(d.mem_total_bytes, 0)) AS mem_used_pct")
     agg.append(f"avg({throttled}::INT) AS throttled")
     agg.append(f"string_agg(DISTINCT {thr}, ', ') AS throttle_reasons")
     if "source" in cols:

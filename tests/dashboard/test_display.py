@@ -46,3 +46,16 @@ def test_a_cpu_host_gets_no_sm_clock_or_throttle_rows():
     # every trace sits on a row that exists
     rows = len([t for t in _titles(gpu) if t])
     assert all((tr.yaxis or "y") in {f"y{i}" if i > 1 else "y" for i in range(1, rows + 1)} for tr in gpu.data)
+
+
+def test_the_cpu_sampler_s_clock_is_not_drawn_as_an_sm_clock():
+    """The CPU sampler (source 'cpu') records its cores' clock in sm_clock_mhz: the page still shows
+    no SM clock or throttle row for it, and its memory when sampled."""
+    cpu = charts.engine_device(*_frames({"util_pct": [50.0, 60.0], "sm_clock_mhz": [2445.5, 2445.5],
+                                         "throttle_reasons": [None, None], "source": ["cpu", "cpu"],
+                                         "mem_used_pct": [41.0, 42.5]}))
+    assert {"Device util (%)", "Memory used (%)"} <= set(_titles(cpu))
+    assert "SM clock (MHz)" not in _titles(cpu) and "Throttled (share)" not in _titles(cpu)
+    gpu = charts.engine_device(*_frames({"util_pct": [50.0, 60.0], "sm_clock_mhz": [1980.0, 1410.0],
+                                         "throttle_reasons": [None, "hw_slowdown"], "source": ["nvml", "nvml"]}))
+    assert {"SM clock (MHz)", "Throttled (share)"} <= set(_titles(gpu)) and "Memory used (%)" not in _titles(gpu)

@@ -42,6 +42,7 @@ from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: d
     bounds,
     bucket_ms,
     count_requests,
+    run_owns_window,
     run_verdicts,
     store_info,
 )

@@ -15,6 +15,7 @@ saying why (`na_caption`), and the rest of the page renders.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import Callable, Sequence
@@ -381,6 +382,8 @@ def build_context() -> Context | None:
                       run_params=tuple(runs.params) if runs is not None else (),
                       run_id=runs.run.run_id if runs is not None and runs.run is not None and runs.where else None,
                       all_runs=runs is None or not runs.where)
+    if data.run_owns_window(src, filters):  # step queries by time: the step histogram answers, no run scan
+        filters = dataclasses.replace(filters, steps_by_time=True)
     selected = data.count_requests(src, filters)
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,

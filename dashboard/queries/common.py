@@ -56,7 +56,8 @@ class Filters:
     of a fleet share one service name); a request selected by replica is one with an engine span
     there. Empty tuples select everything. `run_where`/`run_params`: the run scope (diagnose/runs.py's
     RunScope: the latest traffic run by default, never a probe), a condition on `requests` every query
-    of every page takes from here; `run_id`/`all_runs` the same scope as explain's Scope takes it."""
+    of every page takes from here; `run_id`/`all_runs` the same scope as explain's Scope takes it;
+    `steps_by_time`: see `run_owns_window`."""
 
     start: dt.datetime | None = None
     end: dt.datetime | None = None
@@ -68,6 +69,9 @@ class Filters:
     run_params: tuple = ()
     run_id: str | None = None
     all_runs: bool = True
+    # the run scope selects no decode step the time range does not (no other run's request overlaps
+    # the range: `run_owns_window`): step queries read by time alone, so the step histogram answers
+    steps_by_time: bool = False
 
     def _request_terms(self, alias: str = "") -> tuple[list[str], list[Any]]:
         a = f"{alias}." if alias else ""
@@ -104,7 +108,7 @@ class Filters:
         requests' ids when a model/service/priority/replica filter is set)."""
         a = f"{table_alias}." if table_alias else ""
         terms, params = self._time_terms(f"{a}time")
-        if self.has_request_attrs() or self.run_where:
+        if self.has_request_attrs() or (self.run_where and not self.steps_by_time):
             t2, p2 = self._request_terms()
             terms.append(f"{a}request_id IN (SELECT request_id FROM requests WHERE {' AND '.join(t2)})")
             params += p2
@@ -323,3 +327,18 @@ def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
         out[r.run_id] = ("missed: " + ", ".join(t for _, t in sorted(missed, reverse=True)) if missed else
                          "met" if measured else "not measured")
     return out
+
+
+def run_owns_window(src: DataSource, f: Filters) -> bool:
+    """True when the run scope of `f` adds nothing to its time range for steps: every request that
+    overlaps [start, end) (arrived before its end, completed after its start) is in the scope, so the
+    decode steps in the range are the scope's. Then a step query can read by time alone (the step
+    histogram, its zone maps) rather than by a request-id subquery over the run (a scan). False without
+    a run scope or a bounded range."""
+    if not f.run_where or f.start is None or f.end is None:
+        return False
+    terms, params = f._request_terms()
+    r = src.df(f"SELECT count(*) FILTER (WHERE {' AND '.join(terms)}) AS n_run, count(*) AS n_all FROM requests "
+               "WHERE arrival_time < CAST(? AS TIMESTAMP) AND completion_time > CAST(? AS TIMESTAMP)",
+               [*params, f.end, f.start]).iloc[0]
+    return int(r["n_run"] or 0) == int(r["n_all"] or 0)

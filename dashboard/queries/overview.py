@@ -119,7 +119,8 @@ def _step_rows_sql(f: Filters, schema: dict[str, list[str]], metric: str) -> tup
     `metric`, params) from the collector's reader (collector.store.step_histogram.rows_sql), or None
     when `step_histogram` cannot answer: the store lacks it, or a priority or replica filter is set
     (the histogram is kept per service and model only)."""
-    if "step_histogram" not in schema or f.priorities or f.replicas or f.run_where or "decode_steps" not in schema:
+    if ("step_histogram" not in schema or f.priorities or f.replicas or (f.run_where and not f.steps_by_time)
+            or "decode_steps" not in schema):
         return None
     return step_histogram.rows_sql(metric, start=f.start, end=f.end, models=f.models, services=f.services)
 

@@ -4,12 +4,15 @@ every page; "all runs" and one named run select what they say."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from tests.diagnose.store import baseline, write_store
 from tests.diagnose.test_slo_first import _add_span
 
 from .apptest_util import PAGES, goto, metrics, open_app
+from .conftest import ROOT
 
 PROBE, REPLAY = "capacity-probe-20261204T020000-ab12", "demo-20261204T020100-cd34"
 
@@ -84,3 +87,45 @@ def test_the_overview_opens_with_the_run_s_objectives_and_the_list_says_each_run
                for e in at.error), [e.value for e in at.error]
     goto(at, "queue_service")
     assert at.selectbox(key="qs_metric").value == "tpot_ms"
+
+
+def test_a_run_alone_in_its_window_reads_its_steps_by_time(tmp_path):
+    """The default scope (the latest traffic run, read over its own window) must not turn the step
+    histogram's read into a scan of the run's decode steps: when no other run's request overlaps the
+    window, steps are selected by time alone; when one does, by the run's request ids."""
+    import dataclasses
+    import datetime as dt
+
+    from dashboard import data
+
+    sys.path.insert(0, str(ROOT))
+    from bench.dashboard import ensure_step_histogram
+
+    rng = np.random.default_rng(5)
+    probe = baseline(rng, n=129)
+    for r in probe:
+        r.at, r.queue_ms, r.run_id = r.at / 50, 4000.0, PROBE
+    replay = baseline(rng, n=1500)  # 150 s at 10 req/s: whole minutes for the histogram to answer
+    for r in replay:
+        r.at += 10
+        r.run_id = REPLAY
+    db = write_store(tmp_path / "runs.duckdb", probe + replay)
+    ensure_step_histogram(db)  # as the collector keeps it
+    src = data.DuckDBSource(db)
+    try:
+        assert src.df("SELECT sum(steps) AS n FROM step_histogram").iloc[0]["n"] > 0
+        r = src.df("SELECT min(arrival_time) AS a, max(completion_time) AS c FROM requests WHERE run_id = ?",
+                   [REPLAY]).iloc[0]
+        start, end = r["a"].to_pydatetime(), r["c"].to_pydatetime() + dt.timedelta(milliseconds=1)
+        own = data.Filters(start=start, end=end, run_where="run_id = ?", run_params=(REPLAY,), run_id=REPLAY)
+        assert data.run_owns_window(src, own)
+        by_time = dataclasses.replace(own, steps_by_time=True)
+        assert "request_id IN" not in by_time.steps_where()[0] and "request_id IN" in own.steps_where()[0]
+        # the same ITL percentiles either way (the histogram's are to the microsecond)
+        a, b = data.itl_percentile_row(src, own), data.itl_percentile_row(src, by_time)
+        assert a[2] == b[2] > 0 and all(abs(x - y) <= 1e-3 for x, y in zip(a[4:8], b[4:8]))
+        # a window reaching back over the probe: its requests overlap, so the run's ids select
+        wide = dataclasses.replace(own, start=start - dt.timedelta(seconds=20))
+        assert not data.run_owns_window(src, wide)
+    finally:
+        src.close()

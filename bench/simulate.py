@@ -63,15 +63,34 @@ def _speed(model: StepModel) -> None:
               f"({'6' if n == 100_000 else '60'} s)")
 
 
-def _real(loads: list[float], duration_s: float, out: Path) -> None:
+def _child(cmd: list[str], env: dict | None = None) -> int:
+    """Run a tailtrace command that starts vLLM and a collector (demo, try); on Ctrl-C, pass the
+    interrupt on and wait for it to stop what it started (subprocess.run would kill it 0.25 s later,
+    leaving its vLLM running), then re-raise. Returns its exit status."""
+    import signal
     import subprocess
+
+    # its own session: a terminal's Ctrl-C reaches this process only, which passes it on exactly once
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+
+
+def _real(loads: list[float], duration_s: float, out: Path) -> None:
 
     for load in loads:
         d = out / f"load-{load:g}"
         print(f"== tailtrace demo --load {load:g} --duration {duration_s:g} --out {d}", flush=True)
-        rc = subprocess.run([sys.executable, "-m", "tailtrace", "demo", "--load", str(load), "--duration",
-                             str(duration_s), "--out", str(d), "--no-progress"], check=False,
-                            stdout=subprocess.DEVNULL).returncode
+        rc = _child([sys.executable, "-m", "tailtrace", "demo", "--load", str(load), "--duration",
+                     str(duration_s), "--out", str(d), "--no-progress"])
         if rc != 0:
             print(f"the demo at load {load:g} failed (exit {rc}); its logs are in {d}")
             continue
@@ -168,7 +187,6 @@ def _csv(path: Path, rows) -> str:
 def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None:
     import json
     import os
-    import subprocess
 
     from simulate.settings import apply_sets
 
@@ -183,11 +201,14 @@ def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None
         cmd += ["--priority", case["priority"]] if case["priority"] else []
         print(f"== {case['name']}: tailtrace try --change {case['change']} ({pairs} block pairs)", flush=True)
         env = dict(os.environ, TAILTRACE_VLLM_ARGS=os.environ.get("TAILTRACE_VLLM_ARGS", "--enforce-eager"))
-        if reuse and (d / "try.json").exists():
+        if reuse and not (d / "try.json").exists():
+            print(f"   no measured result in {d} to reuse (try.json): run without --reuse to measure it")
+            continue
+        if reuse:
             print(f"   (its measured result as it stands in {d}: --reuse)")
             rc = 0
         else:
-            rc = subprocess.run(cmd, env=env, check=False, stdout=subprocess.DEVNULL).returncode
+            rc = _child([*cmd], env)
         if rc != 0 or not (d / "try.json").exists():
             print(f"try failed (exit {rc}); its logs are in {d}")
             continue
@@ -243,6 +264,14 @@ def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None
 
 
 def main() -> int:
+    try:
+        return _main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="a model file (default: fitted to --store, else the demo's law)")
     ap.add_argument("--store", help="a store URL or DuckDB path with measured runs: print the error per run")

@@ -11,6 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from semantics.catalog import format_ms
+
 __all__ = [
     "PHASE_COLORS",
     "batch_sizes",
@@ -82,7 +84,7 @@ def latency_over_time(tl: pd.DataFrame) -> go.Figure:
                               secondary_y=False)
     fig.update_layout(title="Latency over time (by arrival): P99 solid, P50 dotted", **_LAYOUT)
     fig.update_yaxes(title_text="ms", type="log", secondary_y=False)
-    fig.update_yaxes(title_text="arrivals/s", secondary_y=True, showgrid=False)
+    fig.update_yaxes(title_text="arrivals/s", secondary_y=True, showgrid=False, rangemode="tozero", nticks=5)
     return fig
 
 
@@ -150,7 +152,7 @@ def _mark_quantiles(fig: go.Figure, quantiles: dict, which=("P99", "P999"), row=
         v = quantiles.get(lab)
         if v is not None:
             kw = {"row": row, "col": col} if row else {}
-            fig.add_vline(x=v, line_dash=dash, line_color="#d62728", annotation_text=f"{lab} {v:.1f} ms",
+            fig.add_vline(x=v, line_dash=dash, line_color="#d62728", annotation_text=f"{lab} {format_ms(v)}",
                           annotation_position="top", **kw)
 
 
@@ -183,7 +185,7 @@ def cdf(c: pd.DataFrame, quantiles: dict, label: str) -> go.Figure:
         if v is not None:
             for k in (1, 2):
                 # a label on the CDF only: an annotation_position without text makes Plotly show "new text"
-                label_kw = ({"annotation_text": f"{lab} {v:.1f} ms",
+                label_kw = ({"annotation_text": f"{lab} {format_ms(v)}",
                              "annotation_position": "bottom left" if lab == "P99" else "top right"} if k == 2 else {})
                 fig.add_vline(x=v, line_dash=dash, line_color="#d62728", row=1, col=k, **label_kw)
     fig.update_layout(margin={"l": 10, "r": 10, "t": 60, "b": 10}, showlegend=False)

@@ -368,13 +368,16 @@ def build_context() -> Context | None:
                             ) if len(replicas) > 1 else []
     sb.subheader("SLOs")
     base = _recorded_slo(runs)
-    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=base.ttft_ms or 0.0, step=100.0,
+    ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=base.ttft_ms or 0.0, step=100.0, format="%.0f",
                            key="tt_slo_ttft",
                            help="0 = no TTFT objective. Outer TTFT: the client's when it was traced, else the engine's.")
     tpot = sb.number_input("TPOT ≤ (ms)", min_value=0.0, value=base.tpot_ms or 0.0, step=5.0, key="tt_slo_tpot",
+                           format="%.0f",
                            help="0 = no TPOT objective.")
     e2e = sb.number_input("E2E ≤ (ms)", min_value=0.0, value=base.e2e_ms or 0.0, step=1000.0, key="tt_slo_e2e",
+                          format="%.0f",
                           help="0 = no E2E objective.")
+    sb.caption("0 turns an objective off.")
     slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
                       priorities=tuple(prios), replicas=tuple(chosen),

@@ -111,6 +111,11 @@ def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) 
                               "input and output tokens", {"rates": per_rate}, sql, params)])
 
 
+def _share(x: float) -> str:
+    """A 0..1 share as a percentage, with a decimal under 1% (0.46% is not "0%")."""
+    return f"{x:.1%}" if 0 < x < 0.01 else f"{x:.0%}"
+
+
 def _steady(query: Query, ts: TailSet, win: list) -> Capacity:
     sql = f"""SELECT count(*), count(*) FILTER (WHERE ok), epoch(max(arrival_time)) - epoch(min(arrival_time)),
        count(*) / greatest(epoch(max(arrival_time)) - epoch(min(arrival_time)), 1e-3),
@@ -129,8 +134,8 @@ FROM requests WHERE {ts.where}"""
         offered = achieved = None
         saturated = None
     else:
-        basis = (f"requests waited in {waiting:.0%} of engine steps" if waiting is not None else
-                 f"{queued:.0%} of requests queued in the engine for over 10 ms and a tenth of their service time"
+        basis = (f"requests waited in {_share(waiting)} of engine steps" if waiting is not None else
+                 f"{_share(queued)} of requests queued in the engine for over 10 ms and a tenth of their service time"
                  if queued is not None else "the engine's queue not measured (no engine spans or steps)")
         behind = offered > 0 and achieved < 0.9 * offered
         saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or behind

@@ -164,7 +164,14 @@ def _capacity(args) -> int:
     from simulate.capacity import capacity, mix_of
     from simulate.render import capacity_lines
 
+    from simulate.report import METRICS
+    from tailtrace.errors import UserError
+
     model, objectives, slo, _, (eb, gb), changes, traffic, name = _prepare(args)
+    unsimulated = [o.label for o in objectives if o.metric not in METRICS]
+    if unsimulated:  # never a rate that "misses at any rate" because of what is not simulated
+        raise UserError(f"--slo {', '.join(unsimulated)}: not simulated (per-token times are not kept); capacity "
+                        f"takes objectives on {', '.join(METRICS)}")
     rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
     doc = {"schema": "tailtrace.simulate-capacity/1", "slo": slo, "traffic": name, "changes": changes,
            "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit}

@@ -64,10 +64,14 @@ def summarize(r, objectives: list[Objective]) -> dict:
                          "why": "not simulated (per-token times are not kept)"})
             continue
         v = _q(getattr(r, f"{o.metric}_ms")[ok], o.q)
+        # a refused request is a miss, as in goodput: a quantile over the answered few must not read as
+        # "met" when most were turned away (the gateway's 429, the engine's 503)
+        refused = n - n_ok
         objs.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "limit_ms": o.limit_ms,
                      "value_ms": v, "ratio": None if v is None else v / o.limit_ms,
-                     "met": None if v is None else bool(v <= o.limit_ms),
-                     "why": None if v is not None else "no request answered"})
+                     "met": None if v is None else bool(v <= o.limit_ms and not refused),
+                     "why": ("no request answered" if v is None else
+                             f"{refused:,} of {n:,} requests refused" if refused else None)})
     good = _good(r, objectives)
     queue = np.nan_to_num(r.gateway_queue_ms) + r.queue_ms
     service = r.prefill_ms + r.decode_ms
@@ -111,7 +115,7 @@ def _arm_lines(name: str, s: dict) -> list[str]:
             out.append(f"    {o['objective']}: {o['why']}")
         else:
             out.append(f"    {o['objective']}: {format_ms(o['value_ms'])} ({o['ratio']:.2f}x the limit) "
-                       f"{'met' if o['met'] else 'MISSED'}")
+                       f"{'met' if o['met'] else 'MISSED'}" + (f" ({o['why']})" if o["why"] else ""))
     for m in METRICS:
         q = s["metrics"][m]
         out.append(f"    {m.upper():5} " + "  ".join(f"{k} {format_ms(v)}" for k, v in q.items()))

@@ -7,12 +7,15 @@ import streamlit as st
 from dashboard import charts, ui
 from dashboard.queries import compare, why
 from experiment.render import comparison_lines
+from semantics.slo import RUN_KIND_PROBE
 
 ctx = ui.require()
 ui.header("Compare", "B against A",
           "What a change bought: per metric and quantile A, B, B − A and its interval by block pair, the shift of "
           "each phase in the tail, goodput at the SLO (the same numbers as `tailtrace compare` and `tailtrace try`).")
 runs = [r.run_id for r in ctx.runs.runs if r.run_id] if ctx.runs is not None else []
+# by default the two latest traffic runs: never a capacity probe (a measurement of the engine, not traffic)
+traffic = [r.run_id for r in ctx.runs.runs if r.run_id and r.kind != RUN_KIND_PROBE] if ctx.runs is not None else []
 if not runs:
     ui.show_empty("No run in this store: compare needs runs (`tailtrace try`, or two `tailtrace replay` runs).")
     st.stop()
@@ -22,8 +25,8 @@ pick = st.selectbox("Experiment", choices, index=0, key="cmp_exp",
                     format_func=lambda e: e if e == "choose runs" else f"{e} ({len(exps[e][0])} block pairs)")
 if pick == "choose runs":
     c1, c2 = st.columns(2)
-    a_runs = c1.multiselect("A (baseline)", runs, default=runs[-2:-1], key="cmp_a")
-    b_runs = c2.multiselect("B (candidate)", runs, default=runs[-1:], key="cmp_b")
+    a_runs = c1.multiselect("A (baseline)", runs, default=traffic[-2:-1], key="cmp_a")
+    b_runs = c2.multiselect("B (candidate)", runs, default=traffic[-1:], key="cmp_b")
 else:
     a_runs, b_runs = exps[pick]
 c1, c2 = st.columns(2)
@@ -36,12 +39,12 @@ if not a_runs or not b_runs:
 doc = compare.comparison(ctx.src, list(a_runs), list(b_runs), why.slo_spec(ctx.slo), priority, level)
 for line in comparison_lines(doc):
     st.markdown(f"- {line.strip()}" if line.startswith("  ") else f"**{line}**")
-st.dataframe(compare.metrics_frame(doc), hide_index=True, column_config={
-    "A_ms": st.column_config.NumberColumn("A (ms)", format="%.1f"),
-    "B_ms": st.column_config.NumberColumn("B (ms)", format="%.1f"),
-    "diff_ms": st.column_config.NumberColumn("B − A (ms)", format="%+.1f"),
-    "low_pct": st.column_config.NumberColumn(f"{level:.1%} interval from", format="%+.1f%%"),
-    "high_pct": st.column_config.NumberColumn("to", format="%+.1f%%")})
+table = ui.ms_table(compare.metrics_frame(doc)).format(  # durations by the one formatter; n/a, never "None"
+    {c: (lambda v: "n/a" if ui.safe_float(v) is None else f"{v:+.1f}%") for c in ("low_pct", "high_pct")})
+st.dataframe(table, hide_index=True, column_config={
+    "A_ms": st.column_config.Column("A"), "B_ms": st.column_config.Column("B"),
+    "diff_ms": st.column_config.Column("B − A"),
+    "low_pct": st.column_config.Column(f"{level:.1%} interval from"), "high_pct": st.column_config.Column("to")})
 shifts = compare.shift_frame(doc)
 if len(shifts):
     st.plotly_chart(charts.phase_shifts(shifts), key="cmp_shifts")

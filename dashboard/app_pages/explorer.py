@@ -45,7 +45,8 @@ ui.metric_row([
     ("TTFT (engine)", ui.fmt_ms(ui.safe_float(req.get("ttft_ms"))), f"{engine.label}: {engine.ttft}"),
     ("Queue time", ui.fmt_ms(ui.safe_float(req.get("queue_time_ms"))), "gateway queue + engine queue + preempted"),
     ("Service time", ui.fmt_ms(ui.safe_float(req.get("service_time_ms"))), "prefill + decode"),
-    ("Tokens in → out", f"{req.get('prompt_tokens')} → {req.get('output_tokens')}", None),
+    ("Tokens in → out", " → ".join("n/a" if ui.safe_float(req.get(k)) is None else f"{int(req.get(k)):,}"
+                                   for k in ("prompt_tokens", "output_tokens")), None),
 ])
 st.caption(f"trace {req.get('trace_id')} · model {req.get('model')} · service {req.get('service_name', 'n/a')} · "
            f"arrived {req.get('arrival_time')} UTC · status {req.get('status')} · engine columns from "

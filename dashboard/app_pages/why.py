@@ -28,10 +28,9 @@ if report is None:
     st.stop()
 if report.objectives:
     st.subheader("Objectives")
-    st.dataframe(why.objectives_frame(report), hide_index=True,
-                 column_config={"value_ms": st.column_config.NumberColumn("value (ms)", format="%.1f"),
-                                "target_ms": st.column_config.NumberColumn("target (ms)", format="%.1f"),
-                                "ratio": st.column_config.NumberColumn(format="%.2fx")})
+    st.dataframe(ui.ms_table(why.objectives_frame(report)).format({"ratio": "{:.2f}x"}, na_rep="n/a"),
+                 hide_index=True, column_config={"value_ms": st.column_config.Column("value"),
+                                                 "target_ms": st.column_config.Column("target")})
     for other in report.also:
         top = other.findings[0] if other.findings else None
         if top is not None:

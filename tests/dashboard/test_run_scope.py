@@ -87,6 +87,9 @@ def test_the_overview_opens_with_the_run_s_objectives_and_the_list_says_each_run
                for e in at.error), [e.value for e in at.error]
     goto(at, "queue_service")
     assert at.selectbox(key="qs_metric").value == "tpot_ms"
+    # Compare never opens on the probe: its default arms are the latest traffic runs (here only one)
+    goto(at, "compare")
+    assert at.multiselect(key="cmp_a").value == [] and at.multiselect(key="cmp_b").value == [REPLAY]
 
 
 def test_a_run_alone_in_its_window_reads_its_steps_by_time(tmp_path):

@@ -256,3 +256,20 @@ def test_the_wait_for_the_step_in_progress_is_not_counted_as_time_outside_the_en
     # after an idle engine, the step's own time is its length (no cycle): 3 ms before 1.0 s
     assert _step_wait_ms(steps, 990_000, 0.0, 10.0) == pytest.approx(3.0)
     assert _step_wait_ms(None, 1_200_000, 2.0, 500.5) == 0.0
+
+
+def test_refused_requests_are_misses_and_capacity_refuses_what_it_does_not_simulate(model_file, tmp_path, capsys):
+    """One queued request allowed (max_num_queued_reqs=1) under a burst: most are refused with 503, and
+    the few answered fast must not read as "met"; capacity at an ITL objective (not simulated) is refused,
+    not "misses at any rate"."""
+    tr = _trace(tmp_path / "t.csv", [(0.001 * i, 400, 50) for i in range(60)])
+    assert main(["simulate", "run", "--model", str(model_file), "--traffic", tr, "--set", "max_num_queued_reqs=1",
+                 "--set", "max_num_seqs=1", "--slo", "ttft_p99=60s", "--format", "json"]) == 0
+    b = json.loads(capsys.readouterr().out)["arms"]["B"]
+    (o,) = b["objectives"]
+    assert b["rejected"] > 30 and o["value_ms"] < 60_000  # the answered few were fast enough
+    assert o["met"] is False and o["why"] == f"{b['rejected']:,} of 60 requests refused"
+    assert main(["simulate", "capacity", "--model", str(model_file), "--traffic", tr,
+                 "--slo", "ttft_p99=2s,itl_p99=50ms"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "itl_p99<=50ms: not simulated" in err, err

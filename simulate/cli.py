@@ -163,7 +163,6 @@ def _run(args) -> int:
 def _capacity(args) -> int:
     from simulate.capacity import capacity, mix_of
     from simulate.render import capacity_lines
-
     from simulate.report import METRICS
     from tailtrace.errors import UserError
 

@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts, data, ui
 from dashboard.queries import why
+from diagnose.capacity import MIN_RATE_REQUESTS, MIN_RATE_SPAN_S
 
 ctx = ui.require()
 ui.header("Overview", "all four", "The objectives first, then since when: exact percentiles (quantile_cont over "
@@ -72,13 +73,18 @@ elif len(hm.value) > 1:
 
 # ------------------------------------------------------------------------------------------ throughput
 st.subheader("Throughput")
+# a burst of a probe's requests sent at once is not "8,000 req/s offered": no rate from a handful of
+# requests or a few seconds (diagnose/capacity.py's rule, as explain says it)
+rate_ok = s["requests"] >= MIN_RATE_REQUESTS and s["arrival_span_s"] >= MIN_RATE_SPAN_S
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that completed in the window (completion time = arrival + outer E2E)"),
     ("OK requests", f"{s['completed']:,}",
      (f"ended ok as the outermost traced layer saw them; {s['requests'] - s['completed']:,} failed. Latency "
       "percentiles are over these")),
-    ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], ""),
-     "the offered load: requests / (last − first arrival)"),
+    ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], "") if rate_ok else "n/a",
+     "the offered load: requests / (last − first arrival)" if rate_ok else
+     (f"not measured: {s['requests']:,} requests over {s['arrival_span_s']:.1f} s of arrivals, too few (under "
+      f"{MIN_RATE_REQUESTS}) or too short (under {MIN_RATE_SPAN_S:g} s) to give a rate (explain's rule)")),
     ("Throughput (req/s)", ui.fmt_rate(s["throughput_rps"], ""),
      (f"requests completed OK / serving time ({s['serving_s']:,.1f} s, first arrival → last completion), "
       "as vLLM's benchmark_serving")),

@@ -132,3 +132,15 @@ def test_a_run_alone_in_its_window_reads_its_steps_by_time(tmp_path):
         assert not data.run_owns_window(src, wide)
     finally:
         src.close()
+
+
+def test_a_probe_s_burst_gets_no_arrival_rate(tmp_path, monkeypatch):
+    """The probe's 129 requests arrived within 0.26 s: too short a span for a rate (explain's rule)."""
+    at = open_app(monkeypatch, db=_store(tmp_path))
+    at.sidebar.selectbox(key="tt_run_latest traffic run").set_value(PROBE).run()
+    goto(at, "overview")
+    assert metrics(at)["Arrival rate (req/s)"] == "n/a"
+    help_ = next(m.help for m in at.metric if m.label == "Arrival rate (req/s)")
+    assert help_.startswith("not measured: 129 requests over 0.3 s of arrivals"), help_
+    at.sidebar.selectbox(key="tt_run_latest traffic run").set_value(REPLAY).run()
+    assert metrics(goto(at, "overview"))["Arrival rate (req/s)"] == "10.03"  # 300 over 29.9 s

@@ -44,7 +44,7 @@ else:
     lines = [f"**{o['name']} P99 {ui.fmt_ms(o['P99'])}** against {ui.fmt_ms(o['target_ms'])}: "
              f"{'missed' if o['met'] is False else 'met' if o['met'] else 'not measured'}"
              + (f" ({o['ratio']:.2f}×)" if o["ratio"] is not None else "") for o in objectives]
-    (st.error if missed else st.success)(" · ".join(lines) + f" — judged by {judged}, worst first"
+    (st.warning if missed else st.success)(" · ".join(lines) + f" — judged by {judged}, worst first"
                                          + (". The Why page explains the worst." if missed else "."))
 
 cap = ctx.side(why.capacity, ctx.filters)

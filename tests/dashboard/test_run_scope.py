@@ -84,7 +84,7 @@ def test_the_overview_opens_with_the_run_s_objectives_and_the_list_says_each_run
     at.sidebar.number_input(key="tt_slo_tpot").set_value(tpot / 2).run()
     goto(at, "overview")
     assert any(e.value.startswith(f"**TPOT P99 {ui.fmt_ms(tpot)}** against") and "missed (2.00×)" in e.value
-               for e in at.error), [e.value for e in at.error]
+               for e in at.warning), [e.value for e in at.warning]
     goto(at, "queue_service")
     assert at.selectbox(key="qs_metric").value == "tpot_ms"
     # Compare never opens on the probe: its default arms are the latest traffic runs (here only one)

@@ -2,8 +2,8 @@
 
 Read with SQL from the store (so a DuckDB file, ClickHouse or a collector's API all answer):
 - `engine_steps` of one engine service, in time order: each step's cycle is the end of the step
-  before to its own end, kept only when the engine had work after the step before (running or
-  waiting > 0: an idle gap is not a cycle);
+  before to its own end when the engine had work after the step before (running or waiting > 0);
+  after an idle gap (not a cycle) its own step_ms plus the busy steps' median rest of a cycle;
 - the decode context of each step: Σ (prompt + token index) over the `decode_steps` rows of that
   step (a decode row's time is its step's end, exactly);
 - the prefill chunks of each step, rebuilt: every request's prefill (prompt − cached tokens) ends
@@ -102,7 +102,8 @@ def _time_where(col: str, since, until, alias: str = "") -> tuple[str, list]:
 
 def read_steps(query: Query, service: str, since=None, until=None) -> dict:
     """The fit's table, one entry per engine step of `service` in [since, until) (SQL time strings,
-    None = all), as numpy arrays: t_us (step end), cycle_ms (NaN when the engine was idle before it),
+    None = all), as numpy arrays: t_us (step end), cycle_ms (after an idle engine: its step_ms plus the
+    busy steps' median rest of a cycle; NaN when neither is known),
     step_ms, n_seqs, tokens, prefill_tokens, decode_ctx, prefill_attn."""
     where, params = _time_where("time", since, until)
     steps = query(f"""SELECT epoch_us(time), running, waiting, prefill_tokens, decode_tokens, batch_size, step_ms
@@ -116,7 +117,12 @@ FROM engine_steps WHERE service_name = ? AND {where} ORDER BY time""", [service,
     running, waiting, pre, dec, batch, step_ms = f(1), f(2), f(3), f(4), f(5), f(6)
     prev_busy = np.r_[False, (np.nan_to_num(running[:-1]) + np.nan_to_num(waiting[:-1])) > 0]
     cycle = np.r_[np.nan, np.diff(t) / 1e3]
-    cycle[~prev_busy] = np.nan
+    # a step after an idle engine has no cycle (the gap before it is idleness): its own execution time
+    # plus the typical rest of a cycle (scheduling, output processing: cycle - step_ms of the busy steps).
+    # Left out, a lightly loaded run fits no prefill at all: its prefill steps nearly all follow idleness
+    rest = cycle[prev_busy] - step_ms[prev_busy]
+    rest = rest[np.isfinite(rest) & (rest >= 0)]
+    cycle[~prev_busy] = step_ms[~prev_busy] + (float(np.median(rest)) if len(rest) else 0.0)
     index = {int(x): i for i, x in enumerate(t)}
     dwhere, dparams = _time_where("time", since, until, "d.")
     dctx = np.zeros(len(t))
@@ -252,7 +258,9 @@ def _overheads(query: Query, since, until, seed: int, steps: dict | None = None,
     step itself (in its engine queue): counted in both, a long prefill's wait was doubled (the
     short requests beside 1,800-token prompts: simulated TTFT P50 390 ms, measured 36 ms). The
     step is the one of `steps` (read_steps) that ended within STEP_WAIT_TOLERANCE_US of the
-    request's queue start; its part after the request reached the API server is taken out."""
+    request's queue start; its part after the request reached the API server, less the API server's
+    own work (done during the step: the median time outside the engine of the requests that came to an
+    idle engine), is taken out."""
     where, params = _time_where("arrival_time", since, until)
     rows = query(f"""WITH r AS (SELECT * FROM requests WHERE {where}),
 ev AS (SELECT arrival_time AS t, 1 AS d, trace_id FROM r WHERE arrival_time IS NOT NULL
@@ -265,9 +273,15 @@ SELECT r.outer_ttft_ms - coalesce(r.gateway_queue_ms, 0) - r.queue_ms - r.prefil
 FROM r JOIN load ON load.trace_id = r.trace_id
 WHERE r.ok AND r.queue_ms IS NOT NULL AND r.prefill_ms IS NOT NULL AND r.decode_ms IS NOT NULL
   AND r.outer_ttft_ms IS NOT NULL AND r.outer_e2e_ms IS NOT NULL""", params)
-    pairs = [[round(float(a) - _step_wait_ms(steps, at, reach, queue_at), 3), round(max(float(b), 0.0), 3),
-              max(int(n or 1), 1)] for a, b, n, at, reach, queue_at in rows
-             if a is not None and b is not None and float(a) >= 0 and float(b) > -1.0]
+    rows = [r for r in rows if r[0] is not None and r[1] is not None and float(r[0]) >= 0 and float(r[1]) > -1.0]
+    waits = [_step_wait_ms(steps, at, reach, queue_at) for _, _, _, at, reach, queue_at in rows]
+    # the API server's own work (tokenising, …) runs while the step is in progress: only the part of the
+    # step beyond it was a wait. Its typical length: the time outside the engine of the requests that came
+    # to an idle engine (no step ended near their queue start)
+    idle = [float(r[0]) for r, w in zip(rows, waits) if w == 0.0]
+    api_ms = float(np.median(idle)) if idle else 0.0
+    pairs = [[round(float(a) - max(0.0, w - api_ms), 3), round(max(float(b), 0.0), 3), max(int(n or 1), 1)]
+             for (a, b, n, *_), w in zip(rows, waits)]
     if not pairs:
         raise UserError("no request in the fit's window has its engine phases measured (queue, prefill, decode): "
                         "the simulator needs them to place requests in time")

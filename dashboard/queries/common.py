@@ -284,10 +284,6 @@ def bounds(src: DataSource, f: Filters) -> tuple[dt.datetime | None, dt.datetime
     return _ts(row["first_time"]), _ts(row["last_time"])
 
 
-# the store's column each objective metric is judged on (semantics.slo; ITL is not per request)
-_OBJECTIVE_COLUMNS = {"ttft": "outer_ttft_ms", "tpot": "tpot_ms", "e2e": "outer_e2e_ms"}
-
-
 def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
     """Per run of `runs` (collector.query.runs.Run), its objectives' verdict for the run list: 'met',
     'missed: TTFT P99 7,910 ms > 2,000 ms, …' (worst ratio first) or 'not measured'; judged by the
@@ -300,7 +296,7 @@ def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
         return {}
     qs = "[" + ", ".join(str(q) for q in QUANTILES) + "]"
     sel = ", ".join(f"quantile_cont({c}, {qs}) FILTER (WHERE {catalog.LATENCY_POPULATION}) AS {m}"
-                    for m, c in _OBJECTIVE_COLUMNS.items())
+                    for m, c in catalog.REQUEST_METRIC_COLUMNS.items())
     df = src.df(f"SELECT run_id, {sel} FROM requests WHERE run_id IN ({_marks(ids)}) GROUP BY run_id", ids)
     got = {row["run_id"]: row for row in df.to_dict("records")}
     out = {}
@@ -314,7 +310,7 @@ def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
             objectives = parse_slo(DEFAULT_SLO)
         missed, measured = [], 0
         for o in objectives:
-            if o.metric not in _OBJECTIVE_COLUMNS or o.q not in QUANTILES:
+            if o.metric not in catalog.REQUEST_METRIC_COLUMNS or o.q not in QUANTILES:
                 continue
             v = _qlist(row[o.metric])[QUANTILES.index(o.q)]
             if v is None:

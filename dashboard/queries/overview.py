@@ -230,9 +230,9 @@ def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) ->
 
 
 # ------------------------------------------------------------------------------------------ objectives first
-# The objectives the Overview opens with: (the sidebar's Slo field, the percentile table's metric, name)
-OBJECTIVE_METRICS = (("ttft_ms", "outer_ttft_ms", "TTFT"), ("tpot_ms", "tpot_ms", "TPOT"),
-                     ("e2e_ms", "outer_e2e_ms", "E2E"))
+# The objectives the Overview opens with: (the sidebar's Slo field, the store's column as the catalog
+# defines it, name)
+OBJECTIVE_METRICS = tuple((f"{m}_ms", catalog.REQUEST_METRIC_COLUMNS[m], m.upper()) for m in ("ttft", "tpot", "e2e"))
 
 
 def objectives(pct: pd.DataFrame, slo: Slo) -> list[dict]:

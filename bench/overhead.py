@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -44,6 +45,10 @@ PINNING = {"pinned": True, "free": False}
 # --compare step-spans: both full; llm.decode.step spans built as OTLP protobuf directly
 # (instrument.step_spans, the default) vs through the OpenTelemetry SDK (TAILTRACE_DIRECT_STEP_SPANS=0).
 STEP_SPANS = {"direct": "1", "sdk": "0"}
+# --compare stats: vLLM with --disable-log-stats, the plugin off (no engine stats at all) vs tail (the
+# plugin registers a stat logger: vLLM collects its stats again, instrument/vllm_admission.py), and
+# both without the flag (vLLM's default: stats on)
+STATS = {"off-nostats": ("off", True), "tail-nostats": ("tail", True), "off": ("off", False), "tail": ("tail", False)}
 
 
 class DiscardSink:
@@ -87,11 +92,22 @@ class DiscardSink:
 
 
 async def _one(client, url, i, out_tokens, prompt_len):
+    """One streamed completion: (output tokens, client TPOT ms = (last chunk - first chunk) / (tokens - 1))."""
     body = {"model": "tiny", "prompt": [3 + (i * 131 + j * 7) % 1990 for j in range(prompt_len)],
-            "max_tokens": out_tokens, "ignore_eos": True}
-    r = await client.post(f"{url}/v1/completions", json=body)
-    r.raise_for_status()
-    return r.json()["usage"]["completion_tokens"]
+            "max_tokens": out_tokens, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            if '"choices":[{' in line:
+                last = time.perf_counter()
+                first = first or last
+            if '"usage":{' in line:
+                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+    return tokens, (1000 * (last - first) / (tokens - 1) if tokens > 1 and first is not None else None)
 
 
 def _itl_histogram(url: str) -> tuple[list[tuple[float, float]], float, float]:
@@ -141,11 +157,15 @@ async def _workload(url, requests, concurrency, out_tokens, prompt_len):
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         t0 = time.perf_counter()
-        counts = await asyncio.gather(*[run(i) for i in range(requests)])
+        done = await asyncio.gather(*[run(i) for i in range(requests)])
         wall = time.perf_counter() - t0
     after = _itl_histogram(url)
-    return {"tok_s": sum(counts) / wall, "itl_mean": 1000 * (after[1] - before[1]) / max(after[2] - before[2], 1),
-            "itl_p50": _quantile(before, after, 0.5), "itl_p99": _quantile(before, after, 0.99)}
+    tpots = sorted(t for _, t in done if t is not None)
+    out = {"tok_s": sum(n for n, _ in done) / wall, "tpot_p99": tpots[min(len(tpots) - 1, int(0.99 * len(tpots)))]}
+    if after[2] > before[2]:  # vLLM's own histogram (none with --disable-log-stats and no stat logger)
+        out.update(itl_mean=1000 * (after[1] - before[1]) / (after[2] - before[2]),
+                   itl_p50=_quantile(before, after, 0.5), itl_p99=_quantile(before, after, 0.99))
+    return out
 
 
 def main() -> int:
@@ -156,15 +176,17 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=256)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--quick", action="store_true", help="1 round of 16 requests x 64 tokens")
-    ap.add_argument("--compare", choices=("plugin", "cpu-binding", "engine-core", "step-spans"), default="plugin",
+    ap.add_argument("--compare", choices=("plugin", "cpu-binding", "engine-core", "step-spans", "stats"),
+                    default="plugin",
                     help="plugin: off/tail/full (default); cpu-binding: VLLM_CPU_NUM_OF_RESERVED_CPU 1 vs 0; "
                          "engine-core: EngineCore pinned beside its worker vs free; "
-                         "step-spans: full mode with decode-step spans built directly vs through the SDK")
+                         "step-spans: full mode with decode-step spans built directly vs through the SDK; "
+                         "stats: --disable-log-stats with the plugin off vs tail (stats forced on), and both without it")
     ap.add_argument("--sink", choices=("collector", "discard"), default="collector",
                     help="where spans go: the real collector on this host (default) or a discarding endpoint")
     a = ap.parse_args()
     modes = {"plugin": MODES, "cpu-binding": tuple(BINDING), "engine-core": tuple(PINNING),
-             "step-spans": tuple(STEP_SPANS)}[a.compare]
+             "step-spans": tuple(STEP_SPANS), "stats": tuple(STATS)}[a.compare]
     base = modes[0]
     if a.quick:
         a.rounds, a.requests, a.output_tokens = 1, 16, 64
@@ -179,11 +201,13 @@ def main() -> int:
     try:
         for mode in modes:
             port = free_port()
-            plugin_mode = mode if mode in MODES else ("full" if mode in STEP_SPANS else "tail")
+            plugin_mode = STATS[mode][0] if a.compare == "stats" else (
+                mode if mode in MODES else ("full" if mode in STEP_SPANS else "tail"))
+            no_stats = a.compare == "stats" and STATS[mode][1]
             cfg = ServeConfig(model=str(model), port=port, otlp_endpoint=otlp,
                               decode_spans="tail" if plugin_mode == "off" else plugin_mode,
                               instrument=plugin_mode != "off", kv_cache_gib=1, pin_engine_core=PINNING.get(mode, True),
-                              extra_args=["--served-model-name", "tiny"])
+                              extra_args=["--served-model-name", "tiny", *(["--disable-log-stats"] if no_stats else [])])
             if mode in BINDING:
                 os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = BINDING[mode]
             if mode in STEP_SPANS:
@@ -200,8 +224,10 @@ def main() -> int:
             for mode in order:
                 res = asyncio.run(_workload(servers[mode][1], a.requests, a.concurrency, a.output_tokens, a.prompt_tokens))
                 results[mode].append(res)
-                print(f"round {r + 1} {mode:>8}: {res['tok_s']:.0f} tok/s, ITL mean {res['itl_mean']:.2f} ms, "
-                      f"P50 {res['itl_p50']:.2f} ms, P99 {res['itl_p99']:.2f} ms", flush=True)
+                itl = (f", vLLM ITL mean {res['itl_mean']:.2f} ms, P50 {res['itl_p50']:.2f} ms, P99 {res['itl_p99']:.2f} ms"
+                       if "itl_mean" in res else ", vLLM ITL not measured (its stats are off)")
+                print(f"round {r + 1} {mode:>12}: {res['tok_s']:.0f} tok/s, client TPOT P99 {res['tpot_p99']:.2f} ms"
+                      + itl, flush=True)
     finally:
         for proc, _ in servers.values():
             stop_process(proc, 20, interrupt_first=True)
@@ -209,15 +235,26 @@ def main() -> int:
             coll.stop()
 
     def med(mode, key):
-        return statistics.median(x[key] for x in results[mode])
+        vals = [x[key] for x in results[mode] if key in x]
+        return statistics.median(vals) if vals else None
+
+    def ratio(mode, key, width):
+        a, b = med(mode, key), med(base, key)
+        return f"{a / b:{width}.3f}" if a is not None and b else f"{'n/a':>{width}}"
 
     if sink:
         print(f"discard sink: {sink.requests} OTLP requests received")
-    print(f"\n{'mode':>8}   tok/s   ratio   ITL mean ratio   ITL P50 ratio   ITL P99 ratio   (medians over rounds, vs {base})")
+    print(f"\n{'mode':>12}   tok/s   ratio   TPOT P99 (client) ratio   ITL mean ratio   ITL P50 ratio   ITL P99 ratio"
+          f"   (medians over rounds, vs {base}; ITL: vLLM's own histogram, n/a when its stats are off)")
     for mode in modes:
-        print(f"{mode:>8} {med(mode, 'tok_s'):7.0f}  {med(mode, 'tok_s') / med(base, 'tok_s'):6.3f}   "
-              f"{med(mode, 'itl_mean') / med(base, 'itl_mean'):14.3f}   "
-              f"{med(mode, 'itl_p50') / med(base, 'itl_p50'):13.3f}   {med(mode, 'itl_p99') / med(base, 'itl_p99'):13.3f}")
+        print(f"{mode:>12} {med(mode, 'tok_s'):7.0f}  {ratio(mode, 'tok_s', 6)}   {med(mode, 'tpot_p99'):8.2f} ms "
+              f"{ratio(mode, 'tpot_p99', 6)}   {ratio(mode, 'itl_mean', 14)}   {ratio(mode, 'itl_p50', 13)}   "
+              f"{ratio(mode, 'itl_p99', 13)}")
+    if a.compare == "stats":
+        for mode, vs in (("tail-nostats", "off-nostats"), ("off", "off-nostats")):
+            loss = 1 - med(mode, "tok_s") / med(vs, "tok_s")
+            print(f"throughput loss, {mode} vs {vs}: {100 * loss:.1f}%")
+        return 0
     if a.compare != "plugin":
         return 0
     for mode, goal in (("tail", 0.01), ("full", 0.03)):

@@ -19,7 +19,7 @@ from diagnose.report import DOMINANT_MIN_SHARE, Report
 from diagnose.runs import RunScope, resolve_runs
 from diagnose.source import Query, Scope, sql_time
 from diagnose.tail import phase_split, resolve_window, tail_set
-from semantics.catalog import LAYER_NONE, LAYERS
+from semantics.catalog import ENGINE_STATS_OFF_WHY, LAYER_NONE, LAYERS
 from semantics.slo import DEFAULT_SLO, parse_slo
 from tailtrace.errors import UserError
 
@@ -121,7 +121,8 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
     scope_d = {"since": scope.since, "until": scope.until, "run_id": scope.run_id, "metric": scope.metric,
                "quantile": scope.quantile, "column": ts.column, "trace_id": scope.trace_id,
                "runs": runs.to_dict(), "slo": spec}
-    phases, ref, _, _ = phase_split(query, ts)
+    engine_why = ENGINE_STATS_OFF_WHY if deployment.get("vllm", "engine_stats") == "off" else None
+    phases, ref, _, _ = phase_split(query, ts, engine_why)
     trace = None
     if scope.trace_id:
         from diagnose.trace import explain_trace
@@ -162,7 +163,7 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
     failed = query(f"SELECT count(*) FILTER (WHERE ok IS NOT TRUE) FROM requests WHERE {ctx.base_where}",
                    ctx.base_params)[0][0] or 0
     latency_weight = ts.n_tail / (ts.n_tail + failed) if ts.n_tail + failed else 1.0
-    findings.sort(key=lambda f: (-f.rank_key() * (1.0 if f.cause == "errors" else latency_weight), f.cause))
+    findings.sort(key=lambda f: (-f.rank_key() * (1.0 if f.cause in _MISS_CAUSES else latency_weight), f.cause))
     for i, f in enumerate(findings, start=1):
         f.rank = i
     if findings:
@@ -174,6 +175,10 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
                      "spans): the actions' current values are unknown ('?')")
     return Report(scope_d, ts, phases, _layers(phases), findings,
                   capacity_mod.capacity(query, ts, since, until, store_window), notes, trace, deployment=deployment.to_dict())
+
+
+# findings ranked by their share of all misses (failed or refused requests + tail), not of the excess
+_MISS_CAUSES = ("errors", "rejections")
 
 
 def _has_table(query: Query, name: str) -> bool:

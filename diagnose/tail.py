@@ -56,8 +56,15 @@ _NOT_MEASURED = {
 }
 
 
-def not_measured_why(column: str) -> str:
-    """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures it)."""
+_ENGINE_PHASES = ("frontend_ms", "queue_ms", "prefill_ms", "decode_ms", "preempted_ms")
+
+
+def not_measured_why(column: str, engine_why: str | None = None) -> str:
+    """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures
+    it). `engine_why`: the deployment's own reason its engine phases are missing (vLLM's stats kept
+    off: semantics.catalog.ENGINE_STATS_OFF_WHY), which then comes first for an engine phase."""
+    if engine_why and column in _ENGINE_PHASES:
+        return engine_why
     return _NOT_MEASURED.get(column, "no engine spans (llm.request: the vLLM plugin, or vLLM's own tracing)")
 
 
@@ -142,9 +149,10 @@ def _us(t: dt.datetime) -> int:
     return round((t - dt.datetime(1970, 1, 1)).total_seconds() * 1e6)
 
 
-def phase_split(query: Query, ts: TailSet) -> tuple[list[PhaseShare], dict[str, float], str, list]:
+def phase_split(query: Query, ts: TailSet, engine_why: str | None = None
+                ) -> tuple[list[PhaseShare], dict[str, float], str, list]:
     """The tail's excess split by phase (shares add up to 1), the median's phase profile
-    {column: ref ms}, and the SQL and params that gave it."""
+    {column: ref ms}, and the SQL and params that gave it. `engine_why`: see not_measured_why."""
     phases = metric_phases(ts.metric)
     col = ts.column
     # one pass over the population for the band's means and the tail's sums (a CTE read once more
@@ -175,5 +183,5 @@ FROM pop, q"""
         out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
                               float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,
                               ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0), bool(m),
-                              None if m else not_measured_why(p.raw or p.column)))
+                              None if m else not_measured_why(p.raw or p.column, engine_why)))
     return out, ref, sql, params

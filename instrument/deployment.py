@@ -46,10 +46,13 @@ def _plain(v):
     return str(getattr(v, "value", v))
 
 
-def vllm_config(config, version: str | None, disable_log_stats: bool | None = None) -> dict:
+def vllm_config(config, version: str | None, disable_log_stats: bool | None = None,
+                engine_stats: str | None = None) -> dict:
     """`{sc.VLLM_CONFIG: json}` for a tracer resource: VLLM_KEYS read from vLLM's `VllmConfig`
     `config` (None where absent), `version`, `kv_cache_tokens` (blocks x block size, when both are
-    known), `disable_log_stats`. Never raises: a config it cannot read gives what it could."""
+    known), `disable_log_stats`, `engine_stats` (on | forced_on | off: whether vLLM collected the
+    engine events the phases are timed from; instrument/vllm_admission.py). Never raises: a config
+    it cannot read gives what it could."""
     out: dict = {"version": version}
     for key, (section, attr) in VLLM_KEYS.items():
         try:
@@ -61,6 +64,7 @@ def vllm_config(config, version: str | None, disable_log_stats: bool | None = No
     else:
         out["kv_cache_tokens"] = None
     out["disable_log_stats"] = disable_log_stats
+    out["engine_stats"] = engine_stats
     return {sc.VLLM_CONFIG: json.dumps(out, sort_keys=True)}
 
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from instrument import semconv as sc
+from semantics.catalog import ENGINE_STATS_OFF_WHY
 
 __all__ = ["MonoClock", "RequestTimeline", "Segment", "SpanSink", "StepInfo", "TailPolicy"]
 
@@ -108,6 +109,8 @@ class RequestTimeline:
     error: str | None = None
     waiting_at_entry: int | None = None
     end_ns: int | None = None
+    rejection: str | None = None  # the vLLM admission limit that refused it (instrument/vllm_admission.py)
+    engine_events: bool = True  # False: vLLM sends no engine events (stats kept off), phases not measured
 
     @property
     def output_tokens(self) -> int:
@@ -115,7 +118,10 @@ class RequestTimeline:
 
     @property
     def status(self) -> str:
-        """ok | abort | error (an HTTP status >= 400 or an exception is an error)."""
+        """ok | abort | error | rejected (an admission limit refused it; else an HTTP status >= 400
+        or an exception is an error)."""
+        if self.rejection is not None:
+            return "rejected"
         if self.error or (self.http_status is not None and self.http_status >= 400):
             return "error"
         if self.finish_reason == "abort" or self.finish_reason is None:
@@ -130,6 +136,8 @@ class RequestTimeline:
         """
         assert self.end_ns is not None
         lo, hi = self.start_ns, self.end_ns
+        if not self.engine_events:  # nothing to split llm.request by: no phase, rather than a wrong one
+            return []
 
         def w(mono: float) -> int:
             return min(max(clock.wall_ns(mono), lo), hi)
@@ -182,8 +190,11 @@ class RequestTimeline:
     def step_arrays(self, clock: MonoClock) -> dict:
         """The compact per-output-token arrays (semconv STEPS_*) that become decode_steps rows."""
         steps = self.token_steps
+        times = [clock.wall_ns(t) for t in self.token_mono]
+        if not self.engine_events or not any(steps):  # no step closed: the batch is not measured (NULL, not 0)
+            return {sc.STEPS_TIME: times}
         return {
-            sc.STEPS_TIME: [clock.wall_ns(t) for t in self.token_mono],
+            sc.STEPS_TIME: times,
             sc.STEPS_BATCH_SIZE: [s.batch_size if s else 0 for s in steps],
             sc.STEPS_PREFILL_TOKENS: [(s.prefill_tokens or 0) if s else 0 for s in steps],
             sc.STEPS_DECODE_TOKENS: [(s.decode_tokens or 0) if s else 0 for s in steps],
@@ -197,8 +208,9 @@ class RequestTimeline:
             sc.STATUS: self.status,
             sc.PREEMPTIONS: len(self.preempted_mono),
             sc.GEN_AI_USAGE_OUTPUT_TOKENS: self.output_tokens,
-            sc.GEN_AI_RESPONSE_FINISH_REASONS: [self.finish_reason or "abort"],
         }
+        if self.rejection is None:  # a refused request has no finish: it never started
+            a[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [self.finish_reason or "abort"]
         if self.request_id:
             a[sc.REQUEST_ID] = self.request_id
             a[sc.GEN_AI_REQUEST_ID] = self.request_id
@@ -215,6 +227,10 @@ class RequestTimeline:
             a["http.response.status_code"] = self.http_status
         if self.error:
             a["error.type"] = self.error
+        if self.rejection is not None:
+            a[sc.REJECTION] = f"vllm.{self.rejection}"
+        if not self.engine_events:
+            a[sc.ENGINE_UNMEASURED] = ENGINE_STATS_OFF_WHY
         # vLLM's own keys, same definitions as vLLM's llm_request span (seconds).
         if self.end_ns is not None:
             a[sc.GEN_AI_LATENCY_E2E] = (self.end_ns - self.start_ns) / 1e9

@@ -81,6 +81,7 @@ class Values:
 _OP = "vllm.v1.engine.output_processor"
 _STATS = "vllm.v1.metrics.stats"
 _ENGINE = "vllm.v1.engine"
+_ASYNC = "vllm.v1.engine.async_llm"
 
 # Every hook point of instrument/vllm_plugin.py, in the order the plugin patches them.
 EXPECTED: tuple[Hook | Fields | Values, ...] = (
@@ -91,6 +92,10 @@ EXPECTED: tuple[Hook | Fields | Values, ...] = (
     Hook(_OP, "OutputProcessor", "abort_requests", ("self", "request_ids")),
     Hook("vllm.entrypoints.launchers.app", None, "init_entrypoints_middleware", ("args", "app"),
          called_in_module=True),
+    # instrument/vllm_admission.py: stats kept on under --disable-log-stats, admission rejections named
+    Hook(_ASYNC, None, "load_stat_logger_plugin_factories", (), called_in_module=True),
+    Hook(_ASYNC, "AsyncLLM", "check_admission", ("self",)),
+    Fields("vllm.v1.metrics.loggers", "AggregateStatLoggerBase", ()),
     # what the hooks read (instrument/vllm_plugin.py: _on_add_request, _on_outputs, _on_scheduler_stats,
     # _install_config_hooks)
     Fields(_STATS, "SchedulerStats", ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs",

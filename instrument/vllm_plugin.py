@@ -16,6 +16,8 @@ serves untraced):
 - `OutputProcessor.process_outputs`    per step: token times, events, finish reasons;
 - `OutputProcessor.update_scheduler_stats`  closes the step: batch size, prefill/decode tokens, KV;
 - `OutputProcessor.abort_requests`     client disconnects: finish reason `abort`;
+- `async_llm.load_stat_logger_plugin_factories`, `AsyncLLM.check_admission`  engine stats kept on under
+  `--disable-log-stats`, admission rejections named (instrument/vllm_admission.py);
 - `launchers.app.init_entrypoints_middleware`  adds the `llm.request` ASGI middleware and
   opentelemetry-instrumentation-fastapi to vLLM's FastAPI app.
 Hooks never raise into vLLM: each is wrapped, and a failure is logged once and counted.
@@ -33,6 +35,7 @@ from typing import ClassVar
 from instrument import semconv as sc
 from instrument import vllm_compat
 from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
+from instrument.step_clock import StepClock
 
 __all__ = ["SUPPORTED_VLLM", "check_vllm_version", "register"]
 
@@ -43,6 +46,11 @@ log = logging.getLogger("tailtrace.vllm_plugin")
 # imported (model_hosting_container_standards does, imported by vLLM 0.30's app module, which the
 # hook-point check imports), and that swallowed the one refusal line on 0.30.
 log.setLevel(logging.INFO)
+if not log.handlers:  # its INFO lines (what it did at start) must show; the root logger has no handler
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [tailtrace] %(message)s", "%m-%d %H:%M:%S"))
+    log.addHandler(_handler)
+    log.propagate = False
 
 _current: contextvars.ContextVar[RequestTimeline | None] = contextvars.ContextVar("tailtrace_request", default=None)
 
@@ -64,6 +72,9 @@ class _State:
     vllm_tracing = False  # vLLM's own tracing is on too (--otlp-traces-endpoint)
     engine_config = None  # vLLM's VllmConfig, as create_engine_config made it (recorded on the resource)
     disable_log_stats: bool | None = None
+    engine_stats = "on"  # on | forced_on | off (instrument/vllm_admission.engine_stats_plan)
+    steps = StepClock()  # the engine's step clock; async scheduling set from the engine config
+    last_output_mono: float | None = None  # the engine's timestamp of the latest outputs received
 
 
 def check_vllm_version(version: str) -> None:
@@ -175,7 +186,8 @@ def _sink() -> SpanSink:
             try:
                 import vllm
 
-                extra = vllm_config(_State.engine_config, getattr(vllm, "__version__", None), _State.disable_log_stats)
+                extra = vllm_config(_State.engine_config, getattr(vllm, "__version__", None), _State.disable_log_stats,
+                                    _State.engine_stats)
             except Exception:
                 log.warning("tailtrace could not record vLLM's configuration (explain's actions will show it "
                             "unknown)", exc_info=True)
@@ -216,6 +228,7 @@ def _on_add_request(request) -> None:
 
 @_guard
 def _on_outputs(outputs, timestamp) -> None:
+    _State.last_output_mono = timestamp
     by_id = _State.by_request_id
     for out in outputs:
         tl = by_id.get(out.request_id)
@@ -227,10 +240,10 @@ def _on_outputs(outputs, timestamp) -> None:
                 if kind == 1:  # QUEUED
                     if tl.queued_mono is None:
                         tl.queued_mono = ev.timestamp
-                elif kind == 2:  # SCHEDULED
-                    tl.scheduled_mono.append(ev.timestamp)
-                elif kind == 3:  # PREEMPTED
-                    tl.preempted_mono.append(ev.timestamp)
+                elif kind == 2:  # SCHEDULED (async scheduling: stamped up to a step before its batch began)
+                    tl.scheduled_mono.append(_State.steps.batch_start(ev.timestamp, timestamp))
+                elif kind == 3:  # PREEMPTED (likewise)
+                    tl.preempted_mono.append(_State.steps.batch_start(ev.timestamp, timestamp))
                     _State.pending_preemptions += 1
         if out.prefill_stats is not None and tl.cached_tokens is None:
             tl.cached_tokens = out.prefill_stats.num_cached_tokens
@@ -251,7 +264,12 @@ def _on_scheduler_stats(stats) -> None:
     details = getattr(stats, "iteration_details", None) if stats is not None else None
     if details is not None and details.is_dummy:
         return
-    time_mono = pending[0][0].token_mono[pending[0][1]] if pending else time.monotonic()
+    time_mono = pending[0][0].token_mono[pending[0][1]] if pending else (_State.last_output_mono or time.monotonic())
+    clock = _State.steps
+    busy_after = stats.num_running_reqs > 0 if stats is not None else None
+    step_ms = clock.close_step(time_mono, busy_after, details.elapsed_ms if details is not None else None)
+    seen = stats
+    stats = clock.stats_for_step(stats)  # async scheduling: the stats that came a step earlier describe this one
     # every waiting request, as vLLM's own `vllm:num_requests_waiting` counts them: vLLM splits them
     # in two fields, and where the split lies changed (0.30: the "waiting" and "skipped waiting"
     # queues; 0.31 on: requests deferred by a transient constraint or not), their sum did not
@@ -259,7 +277,7 @@ def _on_scheduler_stats(stats) -> None:
     step = StepInfo(
         index=details.iteration_index if details is not None else _State.step_index,
         time_mono=time_mono,
-        step_ms=details.elapsed_ms if details is not None else None,
+        step_ms=step_ms,
         batch_size=len({id(tl) for tl, _ in pending}),
         prefill_tokens=details.num_ctx_tokens if details is not None else None,
         decode_tokens=details.num_generation_tokens if details is not None else None,
@@ -270,8 +288,8 @@ def _on_scheduler_stats(stats) -> None:
         preemptions=_State.pending_preemptions,
     )
     _State.step_index = step.index + 1
-    if stats is not None:
-        _State.last_waiting = waiting
+    if seen is not None:  # what a request arriving now finds waiting: the latest stats, whatever step they describe
+        _State.last_waiting = seen.num_waiting_reqs + seen.num_skipped_waiting_reqs
     for tl, k in pending:
         tl.token_steps[k] = step
     _State.pending = []
@@ -353,7 +371,7 @@ class LlmRequestMiddleware:
         sink = _sink()
         span = sink.tracer.start_span(sc.SPAN_LLM_REQUEST, start_time=start_ns,
                                       attributes={sc.PHASE: sc.PHASE_ENGINE})
-        tl = RequestTimeline(start_ns=start_ns, model=_State.model)
+        tl = RequestTimeline(start_ns=start_ns, model=_State.model, engine_events=_State.engine_stats != "off")
         token = _current.set(tl)
         if _State.vllm_tracing:
             scope = _with_traceparent(scope, span)
@@ -457,6 +475,7 @@ def _install_config_hooks(EngineArgs) -> None:
         _State.disable_log_stats = getattr(self, "disable_log_stats", None)
         obs = config.observability_config
         obs.enable_logging_iteration_details = True
+        _State.steps = StepClock(bool(getattr(config.scheduler_config, "async_scheduling", False)))
         return config
 
     EngineArgs.create_engine_config = create_engine_config
@@ -490,7 +509,10 @@ def _hook_points() -> list:
 
 
 def _install_hooks(points: list) -> None:
-    engine_args, output_processor, app_module = points
+    from instrument.vllm_admission import install_admission_hooks
+
+    engine_args, output_processor, app_module, async_llm_module, _async_llm = points
     _install_config_hooks(engine_args)
     _install_output_processor_hooks(output_processor)
     _install_app_hooks(app_module)
+    install_admission_hooks(async_llm_module, _State, _current)

@@ -1027,7 +1027,11 @@ class _Runner:
                         continue
                     if obj.get("error"):
                         err = obj["error"]
-                        rec.error = "stream_error"
+                        # vLLM's admission answers a stream with HTTP 200 and one error event carrying
+                        # the status it would have sent (503: --max-num-queued-reqs/-tokens): an overload
+                        # answer like the gateway's 429, kept by its code
+                        code = err.get("code") if isinstance(err, dict) else None
+                        rec.error = f"http_{code}" if code in (429, 503) else "stream_error"
                         rec.error_message = str(err.get("message") if isinstance(err, dict) else err)[:300]
                         continue
                     if obj.get("choices"):

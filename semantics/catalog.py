@@ -15,6 +15,7 @@ from semantics import semconv as sc
 
 __all__ = [
     "DERIVED",
+    "ENGINE_STATS_OFF_WHY",
     "HISTOGRAM_BUCKETS_PER_DECADE",
     "ITL_POPULATION",
     "LATENCY_BUCKETS_SECONDS",
@@ -38,6 +39,7 @@ __all__ = [
     "STATUS_ABORT",
     "STATUS_ERROR",
     "STATUS_OK",
+    "STATUS_REJECTED",
     "UNATTRIBUTED",
     "Derived",
     "Layer",
@@ -106,9 +108,17 @@ def phase_by_column(column: str) -> Phase:
     raise KeyError(column)
 
 
-# Statuses of a request, as the layer that saw it (`tailtrace.status`).
-STATUS_OK, STATUS_ERROR, STATUS_ABORT = "ok", "error", "abort"
-STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT)
+# Why a request's engine phases (queue, prefill, decode, vLLM's frontend) are not measured when vLLM
+# ran with its stats kept off (`tailtrace.engine.unmeasured` on llm.request; the deployment's
+# `engine_stats` = "off": instrument/vllm_admission.py)
+ENGINE_STATS_OFF_WHY = ("vLLM ran with --disable-log-stats and TAILTRACE_ENGINE_STATS=off: its engine sent no "
+                        "queue/schedule events")
+
+# Statuses of a request, as the layer that saw it (`tailtrace.status`). `rejected`: an admission
+# limit refused it before any work (the gateway's queue, vLLM's --max-num-queued-reqs/-tokens); its
+# reason is `requests.rejection`. Not an error of the engine: counted per reason, apart.
+STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED = "ok", "error", "abort", "rejected"
+STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED)
 
 # Latency percentiles (and tails) are over the requests that are `ok`, as vLLM's benchmark_serving
 # computes its metrics over successful requests; failures are counted apart (and are misses for

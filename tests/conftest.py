@@ -3,6 +3,7 @@ server (tiny local model, tailtrace's plugin on), started once per test session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,20 @@ def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(
         os.environ.clear()
         os.environ.update(old)
     return proc, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def module_vllm(model_dir: Path, collector, tmp_path_factory, name: str, **kwargs):
+    """A real vLLM CPU server of a test module's own (`start_test_vllm`'s `kwargs`), exporting to the
+    session `collector`: yields (base URL, log path), stops it after. Skips without the collector part."""
+    if collector is None:
+        pytest.skip("collector part missing")
+    log = tmp_path_factory.mktemp(name) / "vllm.log"
+    proc, url = start_test_vllm(model_dir, collector.otlp_url, log, **kwargs)
+    try:
+        yield url, log
+    finally:
+        stop_process(proc, 20, interrupt_first=True)
 
 
 @pytest.fixture(scope="session")

@@ -186,6 +186,7 @@ _REQUEST_SPAN_SQL = {
     "queue_s": _native_s(sc.GEN_AI_LATENCY_QUEUE), "prefill_s": _native_s(sc.GEN_AI_LATENCY_PREFILL),
     "decode_s": _native_s(sc.GEN_AI_LATENCY_DECODE), "e2e_s": _native_s(sc.GEN_AI_LATENCY_E2E),
     "client_queue_ms": _num(sc.CLIENT_QUEUE_MS),
+    "rejection": _attr(sc.REJECTION),
 }
 assert tuple(_REQUEST_SPAN_SQL) == REQUEST_SPANS.names
 

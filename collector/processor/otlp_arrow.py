@@ -197,7 +197,8 @@ S_FIRST = 30  # _request_spans.first_byte_ns (gateway.stream's first chunk out)
 S_NQUEUE, S_NPREFILL, S_NDECODE, S_NE2E = range(31, 35)
 S_GEN_AI_RID = 35  # gen_ai.request.id: the request id of a span without tailtrace.request_id (vLLM's own)
 S_CQUEUE = 36  # _request_spans.client_queue_ms (the client's wait for a --concurrency-cap slot)
-N_SLOTS = 37
+S_REJECT = 37  # _request_spans.rejection (tailtrace.rejection: the admission limit that refused it)
+N_SLOTS = 38
 _EMPTY_STATE = [None] * N_SLOTS
 _NO_NATIVE = (None, None, None, None)
 
@@ -219,6 +220,7 @@ _KEY_OPS: dict[str, tuple] = {
     sc.SCHEDULE_LAG_MS: (S_LAG, as_num),
     sc.CLIENT_TTFT_MS: (S_CTTFT, as_num),
     sc.CLIENT_QUEUE_MS: (S_CQUEUE, as_num),
+    sc.REJECTION: (S_REJECT, as_str),
     sc.UPSTREAM: (S_UPSTREAM, as_str),
     sc.FIRST_CHUNK_TIME: (S_FIRST, as_int),
     sc.STEP_INDEX: (S_STEP, as_int),
@@ -389,7 +391,7 @@ class TraceBatchBuilder:
                             state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
                             state[S_FIRST], *((state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE],
                                                state[S_NE2E]) if phase == _NATIVE else _NO_NATIVE),
-                            state[S_CQUEUE], idx))
+                            state[S_CQUEUE], state[S_REJECT], idx))
         if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                  or state[S_APF] is not None or state[S_ADC] is not None
                                  or state[S_AKV] is not None):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collector.store import clock, latency_histogram, totals
 from collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
 from semantics import semconv as sc
-from semantics.catalog import DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE
+from semantics.catalog import DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, STATUS_ABORT, STATUS_REJECTED
 
 __all__ = [
     "COLD_STARTS_VIEW",
@@ -145,6 +145,8 @@ PER_TRACE_AGGREGATES = f"""
         arg_max(model, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_model,
         any_value(model) AS any_model,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_status,
+        -- the admission limit that refused it (the gateway's queue, vLLM's --max-num-queued-*): one layer refuses
+        min(rejection) AS rejection,
         arg_max(finish_reason, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS finish_reason,
         arg_max(prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS prompt_tokens,
         arg_max(output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS output_tokens,
@@ -244,9 +246,14 @@ WITH {{offsets}}, x AS (
              WHEN s_end IS NULL THEN NULL
              WHEN cg_in IS NULL AND gr_in IS NULL THEN NULL
              ELSE coalesce(cg_in, 0) + coalesce(gr_in, 0) END AS network_in_ms,
-        CASE WHEN g IS NULL THEN (c_end - r_end) / 1e6 + cr_theta
+        -- no way out when the client left first (abort): a later layer then ends after an earlier one,
+        -- and a negative hop (only a disconnect makes one on one host) is refused, never stored
+        CASE WHEN coalesce(c_status, g_status, r_status) = '{STATUS_ABORT}' THEN NULL
+             WHEN g IS NULL AND (c_end - r_end) / 1e6 + cr_theta < 0 THEN NULL
+             WHEN g IS NULL THEN (c_end - r_end) / 1e6 + cr_theta
              WHEN s_end IS NULL THEN NULL
              WHEN cg_out IS NULL AND gr_out IS NULL THEN NULL
+             WHEN cg_out < 0 OR gr_out < 0 THEN NULL
              ELSE coalesce(cg_out, 0) + coalesce(gr_out, 0) END AS network_out_ms,
         CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_start) / 1e6 - coalesce(a, 0)
              ELSE g - coalesce(a, 0) - coalesce(u, 0) END AS gateway_ms,
@@ -269,15 +276,19 @@ SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
     make_timestamp(coalesce(c_start - CAST(round(cq * 1e6) AS BIGINT), g_start, e_start) // 1000) AS arrival_time,
     -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did)
-    coalesce(c_status, g_status, r_status) AS status, finish_reason, prompt_tokens, output_tokens,
+    CASE WHEN b2.rejection IS NOT NULL THEN '{STATUS_REJECTED}' ELSE coalesce(c_status, g_status, r_status) END
+        AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
     prefill_ms,
     -- the engine layer was traced: no llm.preempted span means no preemption (0), not unknown
     CASE WHEN r IS NOT NULL THEN coalesce(b2.preempted_ms, 0) END AS preempted_ms,
     decode_ms,
+    -- an abandoned request's phases do not tile what its outermost layer saw (the engine goes on
+    -- after the client left): not measured rather than a negative residual
+    CASE WHEN coalesce(c_status, g_status, r_status) = '{STATUS_ABORT}' THEN NULL ELSE
     coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
-        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) AS unattributed_ms,
+        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) END AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
     CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
     e AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
@@ -290,6 +301,7 @@ SELECT
     network_in_ms, network_out_ms, gateway_after_ms, upstream, source,
     -- as the client reported it: NULL when it did not (or sent an impossible value, refused at ingest)
     CASE WHEN c IS NOT NULL THEN c_queue END AS client_queue_ms,
+    b2.rejection AS rejection,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

@@ -46,7 +46,7 @@ __all__ = [
 
 # The version of the layout below. A column declared with `since` > 1 is added (ALTER TABLE) to a
 # file written before it existed, and every `requests` row is then recomputed once.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # logical type -> pyarrow type factory (arguments)
 _ARROW = {"VARCHAR": ("string",), "JSON": ("string",), "BIGINT": ("int64",), "INTEGER": ("int32",),
@@ -133,6 +133,7 @@ _V2 = 2  # added in schema version 2 (after stores had been written without it)
 _V3 = 3  # added in schema version 3 (clock offsets, the gateway's first byte)
 _V4 = 4  # added in schema version 4 (vLLM's own llm_request span: its latencies, requests.source)
 _V5 = 5  # added in schema version 5 (the client's own queue: --concurrency-cap)
+_V6 = 6  # added in schema version 6 (admission rejections: the limit that refused a request)
 
 SPANS = _table("spans", [
     ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("kind", _S),
@@ -178,6 +179,8 @@ REQUEST_SPANS = _table("_request_spans", [
     ("queue_s", _D, _V4), ("prefill_s", _D, _V4), ("decode_s", _D, _V4), ("e2e_s", _D, _V4),
     # the client's wait for a --concurrency-cap slot before it sent (client.request's tailtrace.client.queue_ms)
     ("client_queue_ms", _D, _V5),
+    # the admission limit that refused the request (`tailtrace.rejection`: gateway.queue_full, vllm.max_num_queued_reqs, ...)
+    ("rejection", _S, _V6),
 ], time="make_timestamp(start_ns // 1000)")
 
 # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
@@ -234,7 +237,7 @@ REQUESTS = _table("requests", [
     ("priority", _S), ("run_id", _S), ("schedule_lag_ms", _D),
     ("outer_e2e_ms", _D, _V2), ("outer_ttft_ms", _D, _V2), ("completion_time", _T, _V2), ("ok", _BOOL, _V2),
     ("network_in_ms", _D, _V2), ("network_out_ms", _D, _V2), ("gateway_after_ms", _D, _V2),
-    ("upstream", _S, _V2), ("source", _S, _V4), ("client_queue_ms", _D, _V5),
+    ("upstream", _S, _V2), ("source", _S, _V4), ("client_queue_ms", _D, _V5), ("rejection", _S, _V6),
 ], time="arrival_time")
 
 # Not stored: the per-token arrays `tailtrace.steps.*` of each llm.request span, one row per span

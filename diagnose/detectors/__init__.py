@@ -17,6 +17,7 @@ from diagnose.detectors.gateway import (
     detect_errors,
     detect_gateway_queue,
     detect_network,
+    detect_rejections,
     detect_upstream_imbalance,
 )
 from diagnose.detectors.scheduling import (
@@ -31,7 +32,8 @@ from diagnose.report import Finding
 
 __all__ = ["BURST_WINDOWS_S", "DETECTORS", "MITIGATIONS", "PRUNE_GAP_S", "Context", "run_detectors"]
 
-DETECTORS = (detect_client_queue, detect_gateway_queue, detect_network, detect_upstream_imbalance, detect_errors, detect_engine_queue,
+DETECTORS = (detect_client_queue, detect_gateway_queue, detect_network, detect_upstream_imbalance, detect_errors,
+             detect_rejections, detect_engine_queue,
              detect_preemption, detect_hol_long_prompt, detect_decode_steps, detect_request_shape)
 
 

@@ -13,8 +13,9 @@ from diagnose.detectors.context import num as _num
 from diagnose.detectors.context import phase_evidence as _phase_evidence
 from diagnose.detectors.context import replicas as _replicas
 from diagnose.report import Evidence, Finding
+from diagnose.source import iso
 from semantics import semconv as sc
-from semantics.catalog import LAYER_GATEWAY
+from semantics.catalog import LAYER_GATEWAY, STATUS_REJECTED
 
 MITIGATIONS.update({
     "client_queue": ["raise the client's concurrency cap (or its connection pool) to what the deployment serves",
@@ -27,7 +28,56 @@ MITIGATIONS.update({
                            "drain or restart the replica out of line with the others"],
     "errors": ["take the failing upstream out of rotation (health checks, circuit breaker)",
                "more replicas, so that a failover does not queue behind the survivors"],
+    "rejections": ["raise the admission limit that refused them, if the engines have room (queue vs service time)",
+                   "add replicas; a client that retries a 429/503 elsewhere turns the refusal into latency"],
 })
+
+# the knob of each admission limit a `requests.rejection` names, and where its value is recorded
+_LIMITS = {"vllm.max_num_queued_reqs": ("max_num_queued_reqs", "vllm", "max_num_queued_reqs"),
+           "vllm.max_num_queued_tokens": ("max_num_queued_tokens", "vllm", "max_num_queued_tokens"),
+           "gateway.queue_full": ("queue_interactive", "gateway", "queue_interactive")}
+
+
+def detect_rejections(ctx: Context) -> list[Finding]:
+    """Admission rejections: requests an admission limit refused before any work (status
+    `rejected`, `requests.rejection` the limit: the gateway's full queue, vLLM's
+    --max-num-queued-reqs/-tokens). Not errors of the engine and outside the latency population, but
+    misses all the same: ranked by their share of all misses (rejections + tail requests); the
+    action doubles the limit that refused most."""
+    sql = f"""SELECT rejection, count(*) AS n FROM requests WHERE {ctx.base_where} AND status = '{STATUS_REJECTED}'
+GROUP BY rejection ORDER BY n DESC, rejection NULLS LAST"""
+    rows = ctx.query(sql, ctx.base_params)
+    refused = sum(r[1] for r in rows)
+    if not refused:
+        return []
+    total = ctx.query(f"SELECT count(*) FROM requests WHERE {ctx.base_where}", ctx.base_params)[0][0]
+    ev = Evidence("requests refused by an admission limit, per limit", {
+        "rejected": refused, "requests": total, "by_reason": [{"reason": r[0], "n": r[1]} for r in rows]},
+        _clean(sql), ctx.base_params)
+    miss_share = refused / (refused + ctx.ts.n_tail) if refused + ctx.ts.n_tail else 0.0
+    per = ", ".join(f"{n} by {reason or 'an unnamed limit'}" for reason, n in rows)
+    top = rows[0][0]
+    acts = []
+    knob, where, key = _LIMITS.get(top, (None, None, None))
+    cur = ctx.deployment.get(where, key) if knob else None
+    if cur:  # the limit's value is recorded: twice it (unrecorded: no number to propose)
+        acts.append(action("rejections", knob, cur, int(cur) * 2 if cur else None, {"errors": "down", "ttft": "up"},
+                           f"{rows[0][1]} requests were refused by {top}: twice the limit admits them (they then "
+                           "wait in the queue instead)"))
+    acts.append(action("rejections", "replicas", _replicas(ctx), _replicas(ctx) + 1, {"errors": "down"},
+                       "one replica more: room for what the limit refuses"))
+    conf = "high" if miss_share >= 0.3 else ("medium" if miss_share >= 0.1 else "low")
+    return [ctx.finding(LAYER_GATEWAY, "rejections", "admission rejections",
+                        f"{refused} of {total} requests were refused before any work ({refused / total:.1%}): {per}",
+                        0.0, conf, [ev], _rejected_examples(ctx), score=miss_share, actions=acts)]
+
+
+def _rejected_examples(ctx: Context) -> tuple[list[str], dict]:
+    """Up to 3 refused requests (the first ones) and the window from the first refusal to the last."""
+    rows = ctx.query(f"""SELECT trace_id, epoch_us(min(arrival_time) OVER ()), epoch_us(max(completion_time) OVER ())
+FROM requests WHERE {ctx.base_where} AND status = '{STATUS_REJECTED}' ORDER BY arrival_time, trace_id LIMIT 3""",
+                     ctx.base_params)
+    return [r[0] for r in rows], {"start": iso(rows[0][1]), "end": iso(rows[0][2])}
 
 
 def detect_gateway_queue(ctx: Context) -> list[Finding]:
@@ -193,7 +243,9 @@ def detect_errors(ctx: Context) -> list[Finding]:
     Ranked by the larger of the excess the retried tail requests hold and the failures' share of
     all misses (failures + tail requests)."""
     ts = ctx.ts
-    sql = f"""SELECT upstream, count(*) AS n, count(*) FILTER (WHERE ok IS NOT TRUE) AS failed
+    # a rejection is no failure of an upstream (detect_rejections counts them)
+    sql = f"""SELECT upstream, count(*) AS n,
+  count(*) FILTER (WHERE ok IS NOT TRUE AND status IS DISTINCT FROM '{STATUS_REJECTED}') AS failed
 FROM requests WHERE {ctx.base_where} GROUP BY upstream ORDER BY failed DESC, upstream NULLS LAST"""
     rows = ctx.query(sql, ctx.base_params)
     failed = sum(r[2] for r in rows)

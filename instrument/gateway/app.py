@@ -44,6 +44,7 @@ from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
 from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
+from semantics.catalog import STATUS_ABORT, STATUS_ERROR, STATUS_OK, STATUS_REJECTED
 from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["create_app", "error_body"]
@@ -59,7 +60,8 @@ _DROP_RESPONSE = frozenset({
     b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"trailer", b"upgrade",
     b"date", b"server",
 })
-_STATUS_OK, _STATUS_ERROR, _STATUS_ABORT = "ok", "error", "abort"
+_STATUS_OK, _STATUS_ERROR, _STATUS_ABORT, _STATUS_REJECTED = STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED
+REJECTION_QUEUE_FULL = "gateway.queue_full"  # `tailtrace.rejection` of a 429 for a full admission queue
 # A client must send its whole body within this many seconds (a trickling client holds a socket,
 # not an upstream slot: admission comes after the body).
 BODY_READ_TIMEOUT_S = 30.0
@@ -266,8 +268,9 @@ class ProxyResponse(Response):
             if up is None:
                 up = await adm.acquire(queue)
         except QueueFull as exc:
-            _end_error(aspan, "queue full")
-            sspan.set_attribute(sc.STATUS, _STATUS_ERROR)
+            _end_error(aspan, "queue full", _STATUS_REJECTED)
+            sspan.set_attribute(sc.STATUS, _STATUS_REJECTED)
+            sspan.set_attribute(sc.REJECTION, REJECTION_QUEUE_FULL)
             await _send_json(send, 429, error_body(str(exc), "rate_limit_exceeded", "queue_full"),
                              [(b"retry-after", str(exc.retry_after_s).encode())])
             return

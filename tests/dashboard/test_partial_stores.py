@@ -21,3 +21,36 @@ def test_every_page_renders_on_a_partial_store(partial_store, monkeypatch):
             assert all("nan" not in str(o) for s in picks for o in s.options), (name, picks[0].options)
     shown = metrics(goto(at, "overview"))
     assert shown["Requests"] == ("1" if name == "one-request" else "30"), (name, shown)
+
+
+def test_metrics_leave_out_the_quantile_of_a_phase_no_request_measured(partial_store):
+    """/metrics' "not measured": a phase with no sample reads `samples 0` and no quantile series (Grafana
+    shows "No data"), never a quantile of 0 s."""
+    import duckdb
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from collector.export.prometheus import METRIC_LATENCY_QUANTILE, METRIC_LATENCY_SAMPLES, make_registry
+
+    name, db = partial_store
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        last_s = con.execute("SELECT epoch_ms(max(completion_time)) / 1000 FROM requests").fetchone()[0]
+        query = lambda sql, params=None: con.execute(sql, params or []).fetchall()
+        text = generate_latest(make_registry(query, now=lambda: last_s + 1)).decode()
+    finally:
+        con.close()
+    samples, quantiles = {}, set()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == METRIC_LATENCY_SAMPLES and s.labels["window"] == "5m":
+                samples[s.labels["phase"]] = s.value
+            elif s.name == METRIC_LATENCY_QUANTILE and s.labels["window"] == "5m":
+                quantiles.add(s.labels["phase"])
+    measured = {"client-only": "e2e", "gateway-only": "gateway", "engine-only": "decode",
+                "one-request": "decode"}[name]
+    missing = {"client-only": "decode", "gateway-only": "engine_queue", "engine-only": "gateway",
+               "one-request": None}[name]
+    assert samples[measured] > 0 and measured in quantiles, (name, samples)
+    if missing is not None:
+        assert samples[missing] == 0 and missing not in quantiles, (name, samples, sorted(quantiles))

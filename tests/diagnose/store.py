@@ -25,7 +25,7 @@ _REQ_COLS = ["trace_id", "request_id", "model", "arrival_time", "status", "promp
              "preemptions", "network_ms", "network_in_ms", "network_out_ms", "gateway_ms", "gateway_queue_ms",
              "frontend_ms", "queue_ms", "prefill_ms", "preempted_ms", "decode_ms", "unattributed_ms", "ttft_ms",
              "tpot_ms", "e2e_ms", "outer_e2e_ms", "outer_ttft_ms", "completion_time", "ok", "upstream",
-             "queue_time_ms", "service_time_ms", "service_name", "run_id"]
+             "queue_time_ms", "service_time_ms", "service_name", "run_id", "rejection"]
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Req:
     preemptions: int = 0
     service_name: str = "vllm"
     run_id: str | None = None
+    rejection: str | None = None  # refused by this admission limit (status `rejected`; its phases are ignored)
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -86,12 +87,14 @@ def write_store(path, reqs: list[Req], engine_steps: list[tuple] = (), device_sa
         outer_ttft = ttft + r.network_out_ms  # the first token's way out: the same path as the last byte's
         engine_e2e = r.frontend_ms + r.queue_ms + r.prefill_ms + r.preempted_ms + d
         out = len(r.steps) + 1
-        rows.append((r.trace_id, "cmpl-" + r.trace_id[:8], "tiny", arrival, "ok" if r.ok else "error", r.prompt_tokens,
+        rows.append((r.trace_id, "cmpl-" + r.trace_id[:8], "tiny", arrival,
+                     "rejected" if r.rejection else "ok" if r.ok else "error", r.prompt_tokens,
                      out, r.preemptions, r.network_in_ms + r.network_out_ms, r.network_in_ms, r.network_out_ms,
                      r.gateway_ms, r.gateway_queue_ms, r.frontend_ms, r.queue_ms, r.prefill_ms, r.preempted_ms, d, 0.0,
                      r.frontend_ms + r.queue_ms + r.prefill_ms, d / (out - 1) if out > 1 else None, engine_e2e, e2e, outer_ttft,
                      arrival + dt.timedelta(milliseconds=e2e), r.ok, r.upstream,
-                     r.gateway_queue_ms + r.queue_ms + r.preempted_ms, r.prefill_ms + d, r.service_name, r.run_id))
+                     r.gateway_queue_ms + r.queue_ms + r.preempted_ms, r.prefill_ms + d, r.service_name, r.run_id,
+                     r.rejection))
         if not engine:
             row = dict(zip(_REQ_COLS, rows[-1]))
             engine_ms = row["e2e_ms"]

@@ -262,3 +262,53 @@ def test_the_quantile_chooses_the_tail(store, capsys):
     assert docs["0.99"]["tail"]["label"] == "P99" and p90_tail["n_tail"] > 5 * docs["0.99"]["tail"]["n_tail"] > 0
     rc, out, _ = cli(capsys, "--db", path, "--quantile", "0.9")
     assert rc == 0 and f"{above} of {n} ok requests above the P90" in out
+
+
+def test_admission_rejections_are_counted_per_limit_and_are_not_errors(tmp_path, capsys):
+    rng = np.random.default_rng(11)
+    reqs = baseline(rng)
+    # 60 refused by vLLM's queue limit and 5 by the gateway's full queue, among 1,000 served ones
+    from tests.diagnose.store import Req
+
+    reqs += [Req(at=10 + i * 0.5, ok=False, rejection="vllm.max_num_queued_reqs") for i in range(60)]
+    reqs += [Req(at=40 + i, ok=False, rejection="gateway.queue_full") for i in range(5)]
+    path = write_store(tmp_path / "rej.duckdb", reqs)
+    from tests.diagnose.test_slo_first import _add_span
+
+    _add_span(path, "engine", 30, resource={"tailtrace.vllm.config": json.dumps({"max_num_queued_reqs": 8})})
+    rc, out, err = cli(capsys, "--db", path, "--format", "json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    jsonschema.validate(doc, SCHEMA)
+    by = {f["cause"]: f for f in doc["findings"]}
+    assert "errors" not in by, by.keys()  # refused, not failed
+    rej = by["rejections"]
+    assert rej["rank"] == 1  # 65 misses against a tail of 10 requests
+    ev = rej["evidence"][0]["numbers"]
+    assert ev["rejected"] == 65 and ev["requests"] == 1065
+    assert ev["by_reason"] == [{"reason": "vllm.max_num_queued_reqs", "n": 60}, {"reason": "gateway.queue_full", "n": 5}]
+    assert "60 by vllm.max_num_queued_reqs, 5 by gateway.queue_full" in rej["summary"]
+    assert [(a["knob"], a["current"], a["proposed"]) for a in rej["actions"]] == [
+        ("max_num_queued_reqs", 8, 16), ("replicas", 1, 2)]
+    assert rej["explained_ms"] == 0
+
+
+def test_engine_phases_kept_off_say_why_from_the_recorded_deployment(tmp_path, capsys):
+    from semantics.catalog import ENGINE_STATS_OFF_WHY
+    from tests.diagnose.test_slo_first import _add_span
+
+    reqs = baseline(np.random.default_rng(5))
+    for r in reqs[100:1000:70]:
+        r.network_out_ms += 400
+    path = write_store(tmp_path / "off.duckdb", reqs, engine=False)
+    # the plugin's engine spans carry the deployment: vLLM ran with its stats kept off
+    _add_span(path, "engine", 30, resource={"tailtrace.vllm.config": json.dumps(
+        {"disable_log_stats": True, "engine_stats": "off"})})
+    rc, out, err = cli(capsys, "--db", path, "--format", "json")
+    assert rc == 0, err
+    phases = {p["column"]: p for p in json.loads(out)["phases"]}
+    for col in ("queue_ms", "prefill_ms"):
+        assert phases[col]["measured"] is False and phases[col]["why"] == ENGINE_STATS_OFF_WHY, phases[col]
+    assert phases["gateway_ms"]["measured"] is True
+    rc, out, _ = cli(capsys, "--db", path)
+    assert "not measured (vLLM ran with --disable-log-stats and TAILTRACE_ENGINE_STATS=off" in out, out

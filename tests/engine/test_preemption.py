@@ -11,7 +11,7 @@ import pytest
 
 from chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
 from tailtrace.procs import free_port, start_process, stop_process, wait_http
-from tests.conftest import native_tracing, start_test_vllm
+from tests.conftest import module_vllm, native_tracing
 from tests.engine.test_vllm_plugin import _stream
 from tests.helpers import poll_sql, sql
 
@@ -20,19 +20,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def small_kv_server(tiny_model_dir, session_collector, tmp_path_factory):
-    if session_collector is None:
-        pytest.skip("collector part missing")
-    log = tmp_path_factory.mktemp("vllm-small-kv") / "vllm.log"
     # 40 blocks of 32 tokens = 1,280 tokens of KV cache for 8 requests of 400 tokens each: the
     # engine `tailtrace chaos kv-pressure` starts (one definition, in its registry entry)
     # vLLM's own tracing on too: its llm_request span beside the plugin's (the preemption case below)
-    args, env = native_tracing(session_collector.otlp_url)
-    proc, url = start_test_vllm(tiny_model_dir, session_collector.otlp_url, log, decode_spans="off",
-                                extra_args=[*EXPERIMENTS["kv-pressure"].vllm_args, *args], env=env)
-    try:
+    args, env = native_tracing(session_collector.otlp_url) if session_collector else ([], {})
+    with module_vllm(tiny_model_dir, session_collector, tmp_path_factory, "vllm-small-kv", decode_spans="off",
+                     extra_args=[*EXPERIMENTS["kv-pressure"].vllm_args, *args], env=env) as (url, _):
         yield url
-    finally:
-        stop_process(proc, 20, interrupt_first=True)
 
 
 def test_forced_preemption_yields_preempted_spans_and_counts(small_kv_server, session_collector):

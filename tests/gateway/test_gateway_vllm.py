@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 import time
+import uuid
 
 import httpx
 import pytest
@@ -196,6 +197,11 @@ def test_priorities_reorder_a_full_queue_and_429(vllm_server, collector, gateway
         _priorities_with_blocker(gw, vllm_server, blocker, payload, send, done, results)
     finally:
         blocker.close()  # never leave the 16000-token request running for the next test
+    # its row: refused by the gateway's full queue, not an error
+    gw.flush()
+    row = _wait(lambda: collector.sql("SELECT status, rejection, ok FROM requests WHERE trace_id = ?",
+                                      [results["full_tid"]]), 30)
+    assert row == [["rejected", "gateway.queue_full", False]], row
     # bad priority: 400 with the OpenAI shape
     r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server), headers={"x-priority": "urgent"}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "x-priority"
@@ -215,8 +221,11 @@ def _priorities_with_blocker(gw, vllm_server, blocker, payload, send, done, resu
         want = {"b1": (0, 1), "b2": (0, 2), "i1": (1, 2)}[name]
         assert _wait(lambda w=want: (gw.status()["queued"]["interactive"], gw.status()["queued"]["batch"]) == w, 120)
     # the batch queue is full: 429, Retry-After, OpenAI error shape
-    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server), headers={"x-priority": "batch"}, timeout=30)
+    full_tid = uuid.uuid4().hex
+    r = httpx.post(gw.url + "/v1/completions", json=_body(vllm_server), timeout=30,
+                   headers={"x-priority": "batch", "traceparent": f"00-{full_tid}-{'1' * 16}-01"})
     assert r.status_code == 429
+    results["full_tid"] = full_tid
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["code"] == "queue_full" and "batch" in r.json()["error"]["message"]
     assert done == []  # nothing ran while the slot was held
@@ -255,6 +264,19 @@ def test_disconnect_mid_stream_aborts_upstream(vllm_server, collector, gateway):
     assert {r[0] for r in rows} == {sc.SPAN_GATEWAY_UPSTREAM, sc.SPAN_GATEWAY_STREAM}
     for _, status_code, _, attrs in rows:
         assert status_code == "ERROR" and json.loads(attrs)[sc.STATUS] == "abort"
+    # its row: abandoned (abort, not error), and no phase negative: the way out is not measured (the
+    # client left before the last byte), where gateway.stream - llm.request once read -8.7 ms
+    tid = collector.sql("SELECT trace_id FROM spans WHERE service_name = 'tailtrace-gateway' AND name = ? AND "
+                        "status_message = 'cancelled' ORDER BY start_time DESC LIMIT 1", [sc.SPAN_GATEWAY_STREAM])[0][0]
+    cols = ("network_in_ms", "network_out_ms", "gateway_ms", "frontend_ms", "queue_ms", "prefill_ms", "decode_ms",
+            "unattributed_ms", "outer_e2e_ms")
+    row = _wait(lambda: collector.sql(f"SELECT status, {', '.join(cols)} FROM requests WHERE trace_id = ? AND "
+                                      "decode_ms IS NOT NULL", [tid]), 30)
+    assert row, "the request's row with its engine phases"
+    got = dict(zip(cols, row[0][1:]))
+    assert row[0][0] == "abort", row
+    assert got["network_out_ms"] is None and got["unattributed_ms"] is None, got
+    assert all(v is None or v >= 0 for v in got.values()), got
 
 
 def test_upstream_timeout_gives_504_and_aborts(vllm_server, collector, gateway):

@@ -67,6 +67,7 @@ from dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages:
 from dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
     OBJECTIVE_METRICS,
     add_percentile_rows,
+    data_loss,
     distinct_percentile_rows,
     itl_percentile_row,
     latency_heatmap,

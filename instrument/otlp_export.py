@@ -140,7 +140,8 @@ class DirectOTLPSpanExporter(SpanExporter):
     `encode_spans` then `instrument.otlp_http.OtlpHttpSender` with a `timeout_s` budget per batch, retries
     included. Drop-in for the SDK's OTLPSpanExporter behind a BatchSpanProcessor. `exported` and
     `failed` count spans; a failed batch is logged at WARNING (at most one line per 30 s, with
-    the spans dropped since). Raises ValueError for a URL that is not http(s)."""
+    the spans dropped since), and the count reaches the store after the next export that succeeds
+    (`instrument.drops.DropReport`). Raises ValueError for a URL that is not http(s)."""
 
     LOG_EVERY_S = 30.0
 
@@ -150,6 +151,9 @@ class DirectOTLPSpanExporter(SpanExporter):
         self._sender = OtlpHttpSender(endpoint.rstrip("/") + "/v1/traces", timeout_s, signal="traces")
         self.url = self._sender.url
         self.exported = self.failed = 0
+        from instrument.drops import DropReport
+
+        self._drops = DropReport(endpoint, "spans")
         self._unlogged = 0
         self._last_log = float("-inf")
         self._shutdown = False
@@ -167,6 +171,8 @@ class DirectOTLPSpanExporter(SpanExporter):
             res, detail = None, f"{type(exc).__name__}: {exc}"
         if res:
             self.exported += len(spans)
+            if self.failed:  # the collector answers again: tell it what was dropped before (instrument/drops.py)
+                self._drops.report(dict(spans[0].resource.attributes), {"export_failed": self.failed})
             return SpanExportResult.SUCCESS
         self.failed += len(spans)
         self._unlogged += len(spans)

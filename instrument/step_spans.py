@@ -24,6 +24,7 @@ import random
 import threading
 
 from instrument import semconv as sc
+from instrument.drops import DropReport
 from instrument.otlp_export import fill_attributes
 
 __all__ = ["DecodeStepWriter"]
@@ -56,6 +57,7 @@ class DecodeStepWriter:
         self.max_pending_spans = max_pending_spans
         self.timeout_s = timeout_s
         self.exported = self.dropped = self.failed = 0
+        self._drops = DropReport(endpoint, "decode_steps")
         self._lock = threading.Lock()
         self._req, self._spans, self._pending = self._new_request()
         self._stop = threading.Event()
@@ -158,6 +160,8 @@ class DecodeStepWriter:
                 log.debug("decode-step export failed", exc_info=True)
             if ok:
                 self.exported += n
+                if self.dropped or self.failed:  # the collector answers: tell it what was lost before
+                    self._drops.report(self._resource, {"queue_full": self.dropped, "export_failed": self.failed})
             else:
                 self.failed += n
 

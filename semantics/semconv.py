@@ -89,6 +89,10 @@ PREEMPTED_MS = "tailtrace.preempted_ms"          # on llm.prefill / llm.decode: 
 STATUS = "tailtrace.status"                      # ok | error | abort | rejected
 REJECTION = "tailtrace.rejection"                # the admission limit that refused it: <layer>.<limit>
 ENGINE_UNMEASURED = "tailtrace.engine.unmeasured"  # on llm.request: why its engine phases are not measured
+# an exporter's count of the spans it dropped (instrument/drops.py): a cumulative OTLP Sum and its attributes
+DROPPED_SPANS_METRIC = "tailtrace.exporter.dropped_spans"
+EXPORTER = "tailtrace.exporter"                  # spans | decode_steps
+DROP_REASON = "tailtrace.drop.reason"            # export_failed | queue_full
 PRIORITY = "tailtrace.priority"                  # interactive | batch
 DECODE_SPANS_MODE = "tailtrace.decode_spans"     # full | tail | off (on llm.request)
 WAITING_AT_ENTRY = "tailtrace.queue.waiting_at_entry"

@@ -56,6 +56,22 @@ if cap.ok and cap.value is not None:
 elif not cap.ok:
     ui.na_caption("Capacity", cap)
 
+# ------------------------------------------------------------------------------------------ what was lost
+loss = ctx.side(data.data_loss, ctx.filters)
+if loss.ok and (loss.value["dropped"] or loss.value["engine_missing"]):
+    parts = []
+    if loss.value["dropped"]:
+        parts.append("the exporters reported " + ", ".join(
+            f"{n:,} spans dropped by {svc or '?'}'s {exp or '?'} exporter ({reason or '?'})"
+            for svc, exp, reason, n in loss.value["dropped"]))
+    if loss.value["engine_missing"]:
+        parts.append(f"{loss.value['engine_missing']:,} of {loss.value['requests']:,} requests ended ok with no "
+                     "engine span (their engine's spans never arrived: a killed process or a dropped batch): "
+                     "their engine phases are not measured")
+    st.warning("Spans lost: " + "; ".join(parts) + ".")
+elif not loss.ok:
+    ui.na_caption("Spans lost", loss)
+
 # ------------------------------------------------------------------------------------------ since when?
 first, last = s["first_time"], s["last_time"]
 width = data.bucket_ms(first, last)

@@ -25,6 +25,7 @@ from dashboard.queries.common import (
 )
 from dashboard.source import DataError, DataSource
 from semantics import catalog
+from semantics import semconv as sc
 
 
 # ------------------------------------------------------------------------------------------ overview
@@ -284,3 +285,28 @@ def latency_heatmap(src: DataSource, f: Filters, column: str, width_ms: int) -> 
     return src.df(f"SELECT {_bucket_expr('arrival_time', width_ms)} AS bucket, "
                   f"power(10, floor(log10(greatest({column}, 0.01)) * {k}) / {k}) AS low_ms, count(*) AS n "
                   f"FROM requests {w} GROUP BY 1, 2 ORDER BY 1, 2", p)
+
+
+def data_loss(src: DataSource, f: Filters) -> dict:
+    """What the store knows it lost in the window, never shown as "0 ms": `dropped`, the exporters'
+    own counts (instrument/drops.py: rows of service, exporter, reason, spans; the largest cumulative
+    count each sent in the window), and `engine_missing`, the requests that ended ok with no engine span
+    in a selection where other requests have them (an engine served them, its spans never arrived: a
+    killed process, a batch dropped), of `requests`."""
+    terms, params = [f"name = '{sc.DROPPED_SPANS_METRIC}'"], []
+    if f.start is not None:
+        terms.append("time >= ?")
+        params.append(f.start)
+    if f.end is not None:
+        terms.append("time < ?")
+        params.append(f.end)
+    dropped = src.df("SELECT json_extract_string(labels, '$.service_name') AS service, "
+                     f"json_extract_string(labels, '$.\"{sc.EXPORTER}\"') AS exporter, "
+                     f"json_extract_string(labels, '$.\"{sc.DROP_REASON}\"') AS reason, max(value) AS spans "
+                     f"FROM metric_points WHERE {' AND '.join(terms)} GROUP BY ALL ORDER BY 4 DESC", params)
+    w, p = f.requests_where()
+    row = src.df(
+        f"SELECT count(*) AS n, CASE WHEN count(source) > 0 THEN count(*) FILTER (WHERE "
+        f"{catalog.LATENCY_POPULATION} AND source IS NULL) ELSE 0 END AS missing FROM requests {w}", p).iloc[0]
+    return {"dropped": [(s, e, r, int(v)) for s, e, r, v in dropped.itertuples(index=False)],
+            "engine_missing": int(row["missing"] or 0), "requests": int(row["n"] or 0)}

@@ -118,8 +118,13 @@ $(COMPAT_SRC):
 model: $(STAMP)
 	$(VENV)/bin/tailtrace model tiny
 
+# ruff over every package, script and test; then the floors (import-linter, the contracts in pyproject.toml:
+# imports only look down) and no Python file over 600 lines
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tailtrace semantics instrument collector dashboard loadgen diagnose chaos experiment simulate bench tests
+	$(VENV)/bin/ruff check tailtrace plumbing embedded semantics instrument collector dashboard loadgen diagnose chaos experiment simulate grafana bench tests
+	$(VENV)/bin/lint-imports
+	@long=$$(git ls-files '*.py' | xargs wc -l | awk '$$2 != "total" && $$1 > 600'); \
+		if [ -n "$$long" ]; then echo "files over 600 lines:"; echo "$$long"; exit 1; fi
 
 bench: $(STAMP)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
-from tailtrace.procs import free_port
-from tailtrace.stack import StackConfig, preflight, start_stack
+from embedded.stack import StackConfig, preflight, start_stack
+from plumbing.procs import free_port
 
 NET_DELAY_MS = 50.0
 

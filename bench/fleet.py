@@ -326,8 +326,8 @@ def time_per_trace(url: str, repeats: int, shares=(0.01, 0.1)) -> dict[str, floa
     kept, and a backfill's refresh), all of `requests` (the kept table); then one run each: the
     refreshes of clock_offsets and `requests` with no trace arrived, and after each share of `shares`
     of the traces arrived again (marked in _trace_arrivals, as an insert of their spans does)."""
+    from collector.clickhouse.ddl import SETTINGS as _SETTINGS
     from collector.clickhouse.dialect import to_clickhouse
-    from collector.clickhouse.objects import _SETTINGS
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from collector.store.schema import per_trace_sql, requests_sql
 

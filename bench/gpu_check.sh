@@ -61,12 +61,12 @@ print("backend OK")
 PYEOF
 
 echo "== 3. end to end through the collector"
-read -r OTLP_PORT API_PORT < <("$PY" -c "from tailtrace.procs import free_port as f; a=f(); b=f()
+read -r OTLP_PORT API_PORT < <("$PY" -c "from plumbing.procs import free_port as f; a=f(); b=f()
 while b == a: b = f()
 print(a, b)")
 "$PY" -m tailtrace collect --db "$TMP/gpu.duckdb" --otlp-port "$OTLP_PORT" --api-port "$API_PORT" >"$TMP/collector.log" 2>&1 &
 COLLECTOR_PID=$!
-"$PY" -c "from tailtrace.procs import wait_http; wait_http('http://127.0.0.1:$API_PORT/healthz', 60, what='collector')"
+"$PY" -c "from plumbing.procs import wait_http; wait_http('http://127.0.0.1:$API_PORT/healthz', 60, what='collector')"
 "$PY" -m tailtrace sample --source nvml --interval 0.1 --duration 6 --otlp-endpoint "http://127.0.0.1:$OTLP_PORT" &
 SAMPLER_PID=$!
 HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadgen.pacing import PacedSpanExporter, SchedulePace
 from loadgen.replay import ReplayConfig, run_replay
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 GOAL_P99_MS = 2.0
 BURST_REQUESTS, BURST_WINDOW_MS = 50, 100.0

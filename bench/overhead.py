@@ -31,16 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from tailtrace.model import build_tiny_model
-from tailtrace.procs import free_port, stop_process
-from tailtrace.serve import ServeConfig, start_vllm
+from embedded.model import build_tiny_model
+from embedded.serve import ServeConfig, start_vllm
+from plumbing.procs import free_port, stop_process
 
 MODES = ("off", "tail", "full")
 # --compare cpu-binding: both with the plugin (tail); vLLM bound to 1 of the 2 cores (one left to
 # the collector, gateway and load generator) vs to both.
 BINDING = {"reserve1": "1", "reserve0": "0"}
 # --compare engine-core: both with the plugin (tail) and one core reserved; vLLM's EngineCore
-# pinned beside its worker (tailtrace.serve.pin_engine_core, the default) vs left free.
+# pinned beside its worker (embedded.serve.pin_engine_core, the default) vs left free.
 PINNING = {"pinned": True, "free": False}
 # --compare step-spans: both full; llm.decode.step spans built as OTLP protobuf directly
 # (instrument.step_spans, the default) vs through the OpenTelemetry SDK (TAILTRACE_DIRECT_STEP_SPANS=0).

@@ -67,7 +67,7 @@ def main() -> int:
     from instrument.device.backends import open_backend
     from instrument.device.otlp import encode_samples
     from instrument.device.sampler import DeviceSampler
-    from tailtrace.procs import free_port, start_process, stop_process, wait_http
+    from plumbing.procs import free_port, start_process, stop_process, wait_http
 
     port = free_port()
     recv = start_process([sys.executable, "-c", _RECEIVER, str(port)])

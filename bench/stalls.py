@@ -1,7 +1,7 @@
 """Scheduling stalls on a small CPU host while vLLM's CPU build generates: probes that sleep 10 ms
 in a loop (one on each core and one unpinned) report the longest gap they saw, while one long
 non-streaming request runs against vLLM with its EngineCore pinned beside the worker
-(tailtrace.serve.pin_engine_core, the default) and against vLLM with it free. Servers side by side,
+(embedded.serve.pin_engine_core, the default) and against vLLM with it free. Servers side by side,
 rounds interleaved. See docs/operations.md, "CPU placement".
 
     .venv/bin/python bench/stalls.py [--rounds 2] [--tokens 8000]
@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from tailtrace.model import build_tiny_model
-from tailtrace.procs import free_port, stop_process
-from tailtrace.serve import ServeConfig, start_vllm
+from embedded.model import build_tiny_model
+from embedded.serve import ServeConfig, start_vllm
+from plumbing.procs import free_port, stop_process
 
 PROBE = """
 import sys, time

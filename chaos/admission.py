@@ -32,9 +32,7 @@ import itertools
 
 import httpx
 
-from chaos.load import burst_config, run_streams, shape_trace
-from chaos.proxy import read_log, request_holds, start_proxy
-from chaos.runner import (
+from chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -45,10 +43,12 @@ from chaos.runner import (
     layer_of,
     median,
 )
+from chaos.load import burst_config, run_streams, shape_trace
+from chaos.proxy import read_log, request_holds, start_proxy
+from embedded.stack import tailtrace_command, wait_for_store
 from loadgen.replay import discover_target, new_run_id, normalize_target
-from tailtrace.errors import UserError
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
-from tailtrace.stack import tailtrace_command, wait_for_store
+from plumbing.errors import UserError
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 __all__ = ["BURST_SPACING_MS", "run"]
 

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["register"]
 
@@ -42,7 +42,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         raise UserError(f"--burst must be at least 2, not {args.burst}")
     if args.experiment == "long-prompt":  # N must fit the model (the engine's max_model_len is checked again)
         from chaos.long_prompt import check_prompt_tokens
-        from tailtrace.model import TINY
+        from embedded.model import TINY
 
         check_prompt_tokens(args.prompt_tokens, TINY["max_position_embeddings"] if (args.model or "tiny") == "tiny"
                             else None)
@@ -60,7 +60,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C (see tailtrace demo)
         signal.raise_signal(signal.SIGINT)
 
-    from tailtrace.procs import stop_on_sigint
+    from plumbing.procs import stop_on_sigint
 
     stop_on_sigint()
     signal.signal(signal.SIGTERM, _on_term)
@@ -97,7 +97,7 @@ def _run(args, options, remote: bool):
     out = Path(args.out or f".tailtrace/chaos/{args.experiment}")
     if remote:
         from instrument.otel import otlp_endpoint
-        from tailtrace.urls import check_http_url
+        from plumbing.urls import check_http_url
 
         if not args.collector_api:
             raise UserError("--gateway needs --collector-api URL (the collector's SQL API, where the store is read)")
@@ -109,8 +109,8 @@ def _run(args, options, remote: bool):
         target = Target(gateway_url=gateway, otlp_url=otlp, api_url=api, out_dir=out, model=args.model)
         return run_experiment(args.experiment, target, options)
     from chaos.runner import experiment_named
-    from tailtrace.procs import free_port
-    from tailtrace.stack import StackConfig, preflight, start_stack
+    from embedded.stack import StackConfig, preflight, start_stack
+    from plumbing.procs import free_port
 
     cfg = StackConfig(out_dir=out, model=args.model or "tiny", vllm_port=free_port(), gateway_port=free_port(),
                       otlp_port=free_port(), api_port=free_port(), grpc_port=0, sampler=False,

@@ -2,9 +2,9 @@
 
 Embedded engine only: the experiment needs the engine's process (`Target.vllm_pid`) to find the
 cores vLLM's CPU build bound its `VLLM::Worker`'s OpenMP threads to
-(`tailtrace.serve.worker_cores`; `pin_engine_core` has moved the EngineCore there too).
+(`embedded.serve.worker_cores`; `pin_engine_core` has moved the EngineCore there too).
 
-Fault. One hog process per such core (`chaos/hog.py`, started with `tailtrace.procs.start_process`,
+Fault. One hog process per such core (`chaos/hog.py`, started with `plumbing.procs.start_process`,
 stopped by `target.cleanup`): it pins itself to the core and, centred on the load ((duration -
 T) / 2 after its first request: a third of the way for the defaults), spins for T s as
 SCHED_FIFO (priority 1) the first `HOG_BUSY_MS` (1 ms) of every `HOG_PERIOD_MS` (2 ms): it takes
@@ -85,8 +85,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from chaos.runner import (
+from chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -97,10 +96,11 @@ from chaos.runner import (
     layer_of,
     median,
 )
+from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from embedded.stack import sql_api, wait_for_store
 from loadgen.replay import discover_target, new_run_id, normalize_target
-from tailtrace.errors import UserError
-from tailtrace.procs import start_process, stop_process
-from tailtrace.stack import sql_api, wait_for_store
+from plumbing.errors import UserError
+from plumbing.procs import start_process, stop_process
 
 __all__ = ["COMPUTE", "HOG_BUSY_MS", "HOG_PERIOD_MS", "FoundWindow", "check_options", "check_realtime", "find_window",
            "mean_shift", "run"]
@@ -335,7 +335,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     without the engine's pid, an engine whose worker is bound to no core (nothing to pin the hog
     to), `--seconds` not in (0, duration), a hog that failed, a load with no control or no
     treated request, or requests that all failed."""
-    from tailtrace.serve import worker_cores
+    from embedded.serve import worker_cores
 
     check_options(options)
     if target.vllm_pid is None:

@@ -21,7 +21,7 @@ traceparent in its inbound bytes.
 
 Per phase, over the pairs (both twins ok, stored and logged): attributed = the mean of the
 centre of (delayed - control) over the pairs with the control second and over those with it
-first, the centre being the Hodges-Lehmann estimate (`chaos.runner.hodges_lehmann`: robust as a
+first, the centre being the Hodges-Lehmann estimate (`chaos.contract.hodges_lehmann`: robust as a
 median, nearly as precise as a mean); injected = the same of the holds in the delayed direction's
 phase (network_in_ms for `in`, network_out_ms for `out`), 0 in every other phase. outer_e2e_ms is
 shown too (it grows by the sum).
@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import time
 
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from chaos.proxy import read_log, request_holds, start_proxy
-from chaos.runner import (
+from chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -44,10 +42,12 @@ from chaos.runner import (
     layer_of,
     median,
 )
+from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from chaos.proxy import read_log, request_holds, start_proxy
+from embedded.stack import wait_for_store
 from loadgen.replay import discover_target, new_run_id, normalize_target
-from tailtrace.errors import UserError
-from tailtrace.procs import stop_process
-from tailtrace.stack import wait_for_store
+from plumbing.errors import UserError
+from plumbing.procs import stop_process
 
 __all__ = ["DIRECTIONS", "run"]
 

@@ -287,12 +287,12 @@ def start_proxy(upstream_url: str, delay_in_ms: float, delay_out_ms: float, log_
                 out_log: Path | None = None, timeout_s: float = 30.0):
     """Start `python -m chaos.proxy` in front of `upstream_url` (http://HOST:PORT) on a free
     loopback port, in its own process group; return (Popen, proxy base URL) once it listens.
-    Stop it with `tailtrace.procs.stop_process` (SIGTERM: it flushes its log). Raises
+    Stop it with `plumbing.procs.stop_process` (SIGTERM: it flushes its log). Raises
     `UserError` if it does not come up within `timeout_s`."""
     import socket
 
-    from tailtrace.errors import UserError
-    from tailtrace.procs import free_port, start_process, stop_process
+    from plumbing.errors import UserError
+    from plumbing.procs import free_port, start_process, stop_process
 
     port = free_port()
     proc = start_process([sys.executable, "-m", "chaos.proxy", "--listen-port", str(port), "--upstream", upstream_url,

@@ -2,7 +2,7 @@
 
 Apparatus (embedded engine only: it starts and kills a vLLM). Replica A is the target's engine
 (`target.vllm_url`), never touched. The experiment starts replica B itself
-(`tailtrace.serve.start_vllm`: A's model and served name, read from A's `/v1/models`, the same
+(`embedded.serve.start_vllm`: A's model and served name, read from A's `/v1/models`, the same
 collector endpoint, a free port; about 70 s on a 2-core box) and its own gateway with both
 upstreams (least outstanding requests, fail-over on a connect error), and registers both on
 `target.cleanup`. Then:
@@ -69,14 +69,14 @@ from dataclasses import dataclass
 
 import httpx
 
+from chaos.contract import AttributionRow, ChaosOptions, ExperimentResult, Target
 from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from chaos.runner import AttributionRow, ChaosOptions, ExperimentResult, Target
+from embedded.stack import sql_api, tailtrace_command, wait_for_store
 from loadgen.replay import discover_target, new_run_id
+from plumbing.errors import UserError
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 from semantics import catalog
 from semantics import semconv as sc
-from tailtrace.errors import UserError
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
-from tailtrace.stack import sql_api, tailtrace_command, wait_for_store
 
 __all__ = ["ENGINE_COLUMNS", "EXPORT_WINDOW_S", "OUTPUT_TOKENS", "PROMPT_TOKENS", "RECOVERY_S", "run"]
 
@@ -100,7 +100,7 @@ class _Replica:
     """Replica B: its URL, how it is started, and the process now running (None while dead)."""
 
     url: str
-    cfg: object  # tailtrace.serve.ServeConfig
+    cfg: object  # embedded.serve.ServeConfig
     log: object  # Path
     proc: object | None = None
 
@@ -123,7 +123,7 @@ def _engine_model(vllm_url: str) -> tuple[str, str, int | None]:
 
 def _start_replica(target: Target, vllm_url: str) -> _Replica:
     """Start replica B (A's model, a free port) and register its stop on `target.cleanup`."""
-    from tailtrace.serve import ServeConfig, start_vllm
+    from embedded.serve import ServeConfig, start_vllm
 
     model, served, mml = _engine_model(vllm_url)
     port = free_port()
@@ -282,7 +282,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     k = killer.kill_unix_ns
 
     restart_ns = time.time_ns()
-    from tailtrace.serve import start_vllm
+    from embedded.serve import start_vllm
 
     rep.proc = start_vllm(rep.cfg, log_path=rep.log, timeout_s=600)
     ready_ns = time.time_ns()

@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 
 from collector.query.auth import bearer_headers
-from tailtrace.errors import UserError
-from tailtrace.procs import env_port_default
-from tailtrace.urls import check_http_url
+from plumbing.errors import UserError
+from plumbing.procs import env_port_default
+from plumbing.urls import check_http_url
 
 __all__ = ["register"]
 
@@ -158,8 +158,8 @@ def _sql(args) -> int:
     elif args.db:
         import duckdb
 
-        from collector.query.readonly import QueryRefused, QueryTimeout, run_guarded
         from collector.store.duckdb_store import open_readonly
+        from collector.store.readonly import QueryRefused, QueryTimeout, run_guarded
 
         con = open_readonly(args.db)
         try:

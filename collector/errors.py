@@ -28,7 +28,7 @@ Errors cross a stage as one of these kinds (as the OpenTelemetry Collector's con
 | StoreUnavailable | retryable | 503 | 1 |
 | InternalError | internal | 500 | - |
 
-Errors raised by shared code outside the collector map too: `tailtrace.http_body`'s body errors
+Errors raised by shared code outside the collector map too: `plumbing.http_body`'s body errors
 (their own `status`: 400, 408, 413), DuckDB's `PermissionException` (403: external access is off)
 and any other `duckdb.Error` (400: the SQL's mistake); anything else is a 500.
 
@@ -239,13 +239,13 @@ class HttpError:
 def http_error(exc: BaseException) -> HttpError:
     """The HTTP answer for any error a collector stage raises (see the module docstring's table).
 
-    A `CollectorError` answers its class's status with `str(exc)`; `tailtrace.http_body.BodyError`
+    A `CollectorError` answers its class's status with `str(exc)`; `plumbing.http_body.BodyError`
     its `status`; DuckDB's `PermissionException` 403 (first line of its message), any other
     `duckdb.Error` 400; anything else 500 "internal error: <class>: <message>". Never raises."""
     if isinstance(exc, CollectorError):
         retry = exc.retry_after_s if exc.kind == RETRYABLE else None
         return HttpError(exc.status, str(exc), retry, getattr(exc, "allow", None))
-    from tailtrace.http_body import BodyError
+    from plumbing.http_body import BodyError
 
     if isinstance(exc, BodyError):
         return HttpError(exc.status, str(exc))

@@ -66,8 +66,8 @@ def run_collector(cfg: CollectorConfig) -> int:
     from collector.receiver.otlp_grpc import OtlpGrpcReceiver
     from collector.receiver.otlp_http import make_otlp_app
     from collector.store.duckdb_store import DuckDBStore
-    from tailtrace.errors import UserError
-    from tailtrace.procs import check_port_free
+    from plumbing.errors import UserError
+    from plumbing.procs import check_port_free
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -85,9 +85,10 @@ def run_collector(cfg: CollectorConfig) -> int:
         if cfg.retention_s:
             store.run_retention_now()
         if cfg.scrape:
+            from collector.processor.enrich import scrape_sink
             from collector.scrape import Scraper  # checked importable by the CLI
 
-            scraper = Scraper(list(cfg.scrape), store.sink, cfg.scrape_interval_s, keep_buckets=cfg.scrape_buckets)
+            scraper = Scraper(list(cfg.scrape), scrape_sink(store), cfg.scrape_interval_s, keep_buckets=cfg.scrape_buckets)
             scraper.start()
         grpc_rx = (OtlpGrpcReceiver(store, limiter, cfg.host, cfg.grpc_port, cfg.max_body_bytes)
                    if cfg.grpc_port else None)

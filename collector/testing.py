@@ -17,8 +17,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from instrument.otel import set_any_value  # re-exported for tests and benches
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.otlp_values import set_any_value  # re-exported for tests and benches
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 __all__ = ["CollectorHandle", "set_any_value", "start_collector"]
 

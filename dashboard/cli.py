@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tailtrace.urls import check_http_url
+from plumbing.urls import check_http_url
 
 __all__ = ["register", "streamlit_command"]
 
@@ -61,7 +61,7 @@ def _check_clickhouse_store(store) -> None:
     clickhouse) before the app opens it. A server: reached and its schema checked (then closed). A chdb
     directory: it exists (opened only by the app: chdb allows one process per directory, and the
     app's schema check shows there as one line). Raises UserError."""
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     if store.kind == "chdb":
         if not store.path.is_dir():
@@ -92,8 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         time_budgets,
     )
     from dashboard.source import parse_timeout_s
-    from tailtrace.errors import UserError
-    from tailtrace.procs import check_port_free, stop_on_sigint
+    from plumbing.errors import UserError
+    from plumbing.procs import check_port_free, stop_on_sigint
 
     host = args.host or os.environ.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
     try:

@@ -35,7 +35,7 @@ from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: d
     QUANTILES,
     REQUEST_METRICS,
     Filters,
-    Slo,
+    GoodputBounds,
     StoreOutdated,
     _f,
     available,
@@ -141,7 +141,7 @@ If you set filters in the sidebar, widen them: they may exclude every request.
 # ------------------------------------------------------------------------------------------ per page
 def _overview(src: DataSource, f: Filters, schema=None) -> None:
     schema = schema or src.schema()
-    slo = Slo()
+    slo = GoodputBounds()
     s = summary(src, f, slo, schema)
     objectives(percentiles(src, f, schema), slo)
     width = bucket_ms(s["first_time"], s["last_time"])
@@ -180,7 +180,7 @@ def _engine(src: DataSource, f: Filters, schema=None) -> None:
     width = bucket_ms(first, last)
     engine_timeline(src, f, schema, width)
     device_timeline(src, f, schema, width)
-    throughput_timeline(src, f, Slo(), width)
+    throughput_timeline(src, f, GoodputBounds(), width)
 
 
 def _replicas(src: DataSource, f: Filters, schema=None) -> None:

@@ -150,7 +150,7 @@ class DuckDBSource(DataSource):
     (`collector.store.duckdb_store.open_readonly`: read-only, external access disabled,
     configuration locked, so that no statement — not even `read_csv('/etc/passwd')`, `ATTACH` or
     `COPY` — can touch the file system), each statement run by the API's own guard
-    (`collector.query.readonly.run_guarded`: exactly one SELECT, in a transaction rolled back,
+    (`collector.store.readonly.run_guarded`: exactly one SELECT, in a transaction rolled back,
     interrupted past its budget) and read as Arrow, as the API serves it, so that a page shows the
     same frame from the file as through the collector.
 
@@ -162,7 +162,7 @@ class DuckDBSource(DataSource):
 
     def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None):
         from collector.store.duckdb_store import open_readonly
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
 
         self.path = Path(path)
         self.label = f"store file {self.path}"
@@ -191,7 +191,7 @@ class DuckDBSource(DataSource):
 
         from collector.errors import QueryInvalid, QueryRefused
         from collector.errors import QueryTimeout as GuardTimeout
-        from collector.query.readonly import run_guarded
+        from collector.store.readonly import run_guarded
 
         t0 = time.perf_counter()
         try:
@@ -321,7 +321,7 @@ class ClickHouseSource(DataSource):
 
     def __init__(self, url: str):
         from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
 
         try:
             self.store = parse_store_url(url)
@@ -343,7 +343,7 @@ class ClickHouseSource(DataSource):
 
         from collector.clickhouse.dialect import bind, to_clickhouse
         from collector.clickhouse.query import run_readonly
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
 
         try:
             text = bind(to_clickhouse(sql), params)
@@ -391,7 +391,7 @@ def open_source(kind: str, target: str) -> DataSource:
         return ApiSource(target)
     if kind == "store":
         from collector.clickhouse.store_url import parse_store_url
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
 
         try:
             store = parse_store_url(target)

@@ -25,7 +25,15 @@ from typing import Any
 import streamlit as st
 
 from dashboard import data
-from dashboard.data import BudgetedSource, DataError, DataSource, Filters, QueryResult, QueryTimeout, Slo
+from dashboard.data import (
+    BudgetedSource,
+    DataError,
+    DataSource,
+    Filters,
+    GoodputBounds,
+    QueryResult,
+    QueryTimeout,
+)
 from semantics import catalog
 
 __all__ = [
@@ -73,7 +81,7 @@ class Context:
 
     src: DataSource
     filters: Filters
-    slo: Slo
+    slo: GoodputBounds
     schema: dict[str, list[str]]
     info: dict
     live: bool
@@ -206,7 +214,7 @@ def _auto_refresh(interval_s: int) -> None:
     _tick()
 
 
-_DEFAULT_SLO = Slo()  # semantics.catalog.SLO_DEFAULTS_MS
+_DEFAULT_SLO = GoodputBounds()  # semantics.catalog.SLO_DEFAULTS_MS
 
 
 def _link_time(params, key: str) -> dt.datetime | None:
@@ -378,7 +386,7 @@ def build_context() -> Context | None:
                           format="%.0f",
                           help="0 = no E2E objective.")
     sb.caption("0 turns an objective off.")
-    slo = Slo(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
+    slo = GoodputBounds(ttft_ms=ttft or None, tpot_ms=tpot or None, e2e_ms=e2e or None)
     filters = Filters(start=start, end=end, models=tuple(models), services=tuple(services),
                       priorities=tuple(prios), replicas=tuple(chosen),
                       run_where=runs.where if runs is not None else "",
@@ -394,7 +402,7 @@ def build_context() -> Context | None:
                    replicas_why=listed.why, runs=runs)
 
 
-def _recorded_slo(runs) -> Slo:
+def _recorded_slo(runs) -> GoodputBounds:
     """The sidebar's objectives to start from: the P99 bounds of the SLO spec the selected run was
     judged by (recorded on its run span, semantics/slo.py), else the catalog's defaults."""
     from semantics.slo import parse_slo
@@ -406,7 +414,7 @@ def _recorded_slo(runs) -> Slo:
         p99 = {o.metric: o.limit_ms for o in parse_slo(spec) if o.q == 0.99}
     except Exception:  # noqa: BLE001 (a spec a later version wrote: the defaults, not a broken page)
         return _DEFAULT_SLO
-    return Slo(ttft_ms=p99.get("ttft"), tpot_ms=p99.get("tpot"), e2e_ms=p99.get("e2e"))
+    return GoodputBounds(ttft_ms=p99.get("ttft"), tpot_ms=p99.get("tpot"), e2e_ms=p99.get("e2e"))
 
 
 _LATEST, _WINDOW, _ALL = "latest traffic run", "every run in the time range but probes", "all runs"
@@ -419,8 +427,8 @@ def _run_scope(src, windowed: bool):
     runs cannot be listed."""
     from dashboard.queries.why import source_query
     from diagnose.runs import list_runs, resolve_runs
+    from plumbing.errors import UserError
     from semantics.slo import RUN_KIND_ARM, RUN_KIND_PROBE
-    from tailtrace.errors import UserError
 
     query = source_query(src)
     try:

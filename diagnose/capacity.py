@@ -57,8 +57,8 @@ def _probe_line(query: Query, steady: Capacity) -> Capacity | None:
     give a rate (no full-batch step)."""
     from collector.query.runs import list_runs
     from loadgen.capacity import capacity_from_steps
+    from plumbing.errors import UserError
     from semantics.slo import RUN_KIND_PROBE
-    from tailtrace.errors import UserError
 
     mean_in, mean_out = steady.numbers.get("mean_input_tokens"), steady.numbers.get("mean_output_tokens")
     if not mean_out:

@@ -19,9 +19,9 @@ from diagnose.report import DOMINANT_MIN_SHARE, Report
 from diagnose.runs import RunScope, resolve_runs
 from diagnose.source import Query, Scope, sql_time
 from diagnose.tail import phase_split, resolve_window, tail_set
+from plumbing.errors import UserError
 from semantics.catalog import ENGINE_STATS_OFF_WHY, LAYER_NONE, LAYERS
 from semantics.slo import DEFAULT_SLO, parse_slo
-from tailtrace.errors import UserError
 
 __all__ = ["capacity_line", "explain"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
 from diagnose.source import Query
+from plumbing.errors import UserError
 from semantics.slo import RUN_KIND_PROBE
-from tailtrace.errors import UserError
 
 __all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 
 from collector.query.reader import Query, api_query, db_query, iso, store_query
+from plumbing.errors import UserError
 from semantics.catalog import REQUEST_METRIC_COLUMNS
-from tailtrace.errors import UserError
 
 __all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "evidence_for_store", "iso", "parse_time", "sql_time",
            "store_query"]  # the readers: collector/query/reader.py

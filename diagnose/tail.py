@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from diagnose.report import PhaseShare, TailSet
 from diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
+from plumbing.errors import UserError
 from semantics.catalog import (
     LATENCY_POPULATION,
     LAYER_GATEWAY,
@@ -28,7 +29,6 @@ from semantics.catalog import (
     UNATTRIBUTED,
     phase_by_column,
 )
-from tailtrace.errors import UserError
 
 __all__ = ["MetricPhase", "metric_phases", "not_measured_why", "phase_split", "resolve_window", "tail_set"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from diagnose.report import Evidence, TailSet, TraceReport
 from diagnose.source import Query, iso
 from diagnose.tail import metric_phases
+from plumbing.errors import UserError
 from semantics.catalog import (
     LAYER_COMPUTE,
     LAYER_GATEWAY,
@@ -14,7 +15,6 @@ from semantics.catalog import (
     LAYER_SHAPE,
     phase_by_column,
 )
-from tailtrace.errors import UserError
 
 __all__ = ["WATERFALL", "explain_trace"]
 

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plumbing.errors import UserError
 from semantics.knobs import KNOBS, TRY_FLAGS
-from tailtrace.errors import UserError
 
 __all__ = ["Arm", "Change", "action_change", "check_gateway_args", "known_changes", "parse_change"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from tailtrace.argtypes import positive
+from plumbing.argtypes import positive
 
 __all__ = ["register"]
 
@@ -106,7 +106,7 @@ def _emit(doc: dict, args) -> None:
 def _runs(spec: str, present: list[str]) -> list[str]:
     import fnmatch
 
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     out = []
     for part in filter(None, (s.strip() for s in spec.split(","))):
@@ -143,7 +143,7 @@ def _try(args) -> int:
 
     from experiment.changes import Arm, action_change, parse_change
     from experiment.trial import TrialConfig, run_trial
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     changes = [parse_change(c) for c in args.change]
     if args.action:
@@ -175,7 +175,7 @@ def _try(args) -> int:
 
     from rich.console import Console
 
-    from tailtrace.procs import stop_on_sigint
+    from plumbing.procs import stop_on_sigint
 
     def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C: everything try started is stopped
         signal.raise_signal(signal.SIGINT)

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, field
 
 from collector.query.reader import Query
 from experiment.stats import paired_log_ratio
+from plumbing.errors import UserError
 from semantics.catalog import LATENCY_POPULATION, PHASES, REQUEST_METRIC_COLUMNS, UNATTRIBUTED, quantile_label
 from semantics.slo import DEFAULT_SLO, Objective, format_slo, goodput_sql, parse_slo
-from tailtrace.errors import UserError
 
 __all__ = ["COLUMNS", "SCHEMA", "Comparison", "compare"]
 

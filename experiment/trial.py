@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiment.changes import Arm, Change
+from plumbing.errors import UserError
 from semantics.slo import DEFAULT_SLO, RUN_KIND_ARM
-from tailtrace.errors import UserError
 
 __all__ = ["TrialConfig", "block_order", "run_trial"]
 
@@ -111,8 +111,8 @@ class _Embedded:
         self.restarts = 0
 
     def start(self, first: str) -> None:
-        from tailtrace.procs import free_port
-        from tailtrace.stack import StackConfig, preflight, start_stack
+        from embedded.stack import StackConfig, preflight, start_stack
+        from plumbing.procs import free_port
 
         arm = self.arms[first]
         if self.stack is None:
@@ -137,7 +137,7 @@ class _Embedded:
             self.targets[name] = by_args[args]
 
     def _gateway(self, args: list[str], name: str) -> str:
-        from tailtrace.procs import free_port, start_process, wait_http
+        from plumbing.procs import free_port, start_process, wait_http
 
         port = free_port()
         st = self.stack
@@ -155,8 +155,8 @@ class _Embedded:
         return self.targets[arm_name]
 
     def _restart(self, args: list[str], tag: str) -> None:
-        from tailtrace.procs import stop_process
-        from tailtrace.serve import start_vllm
+        from embedded.serve import start_vllm
+        from plumbing.procs import stop_process
 
         st = self.stack
         t0 = time.monotonic()
@@ -194,7 +194,7 @@ class _Embedded:
                 time.sleep(0.25)
 
     def stop(self) -> None:
-        from tailtrace.procs import stop_process
+        from plumbing.procs import stop_process
 
         while self.extra_gateways:
             stop_process(self.extra_gateways.pop(), 5)
@@ -212,9 +212,9 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
     bad input, a refused start or an unreachable target; KeyboardInterrupt after stopping what it
     started. `stack`: a running embedded Stack to use (its vLLM and gateway are the baseline's)."""
     from collector.query.reader import DEFAULT_API, api_query
+    from embedded.stack import wait_for_store
     from experiment.compare import compare
     from loadgen.replay import ReplayConfig, run_replay
-    from tailtrace.stack import wait_for_store
 
     if cfg.pairs < 1:
         raise UserError("--blocks must be at least 1 (pairs of blocks; 2+ for an interval)")
@@ -242,7 +242,7 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         from collector.query.reader import sql_api
         from instrument.otel import otlp_endpoint
         from loadgen.replay import discover_target, normalize_target
-        from tailtrace.urls import check_http_url
+        from plumbing.urls import check_http_url
 
         targets = {"A": check_http_url(cfg.baseline_url, "--baseline"), "B": check_http_url(cfg.candidate_url, "--candidate")}
         api, otlp = (cfg.api or DEFAULT_API).rstrip("/"), otlp_endpoint(cfg.otlp_endpoint)

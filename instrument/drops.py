@@ -17,6 +17,7 @@ import logging
 import time
 
 from instrument import semconv as sc
+from plumbing.otlp_values import set_any_value
 
 __all__ = ["DropReport"]
 
@@ -63,11 +64,9 @@ class DropReport:
         from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
         from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
-        from instrument.otlp_export import fill_attributes
-
         req = ExportMetricsServiceRequest()
         rm = req.resource_metrics.add()
-        fill_attributes(rm.resource.attributes, resource)
+        _fill(rm.resource.attributes, resource)
         sm = rm.scope_metrics.add()
         sm.scope.name = "tailtrace.exporter"
         m = sm.metrics.add()
@@ -80,5 +79,13 @@ class DropReport:
                 continue
             dp = m.sum.data_points.add()
             dp.start_time_unix_nano, dp.time_unix_nano, dp.as_int = self.start_ns, now, int(n)
-            fill_attributes(dp.attributes, {sc.EXPORTER: self.name, sc.DROP_REASON: reason})
+            _fill(dp.attributes, {sc.EXPORTER: self.name, sc.DROP_REASON: reason})
         return req.SerializeToString()
+
+
+def _fill(repeated, attributes: dict) -> None:
+    for k, v in attributes.items():
+        kv = repeated.add()
+        kv.key = str(k)
+        set_any_value(kv.value, v)
+

@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from semantics.semconv import HOST_NAME
 
-__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint", "set_any_value"]
+__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint"]
 
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
 
@@ -27,9 +27,9 @@ def otlp_endpoint(flag: str | None = None) -> str:
     """The collector's OTLP/HTTP base URL: `flag`, else TAILTRACE_OTLP_ENDPOINT, else
     OTEL_EXPORTER_OTLP_ENDPOINT, else http://127.0.0.1:4318. No trailing slash.
 
-    Raises `tailtrace.errors.UserError` (naming where the value came from) when it is not an
+    Raises `plumbing.errors.UserError` (naming where the value came from) when it is not an
     http(s) URL with a host and a valid port."""
-    from tailtrace.urls import check_http_url
+    from plumbing.urls import check_http_url
 
     sources = (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", os.environ.get("TAILTRACE_OTLP_ENDPOINT")),
                ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -84,35 +84,3 @@ def make_tracer_provider(
         )
     )
     return provider
-
-
-def set_any_value(v, value) -> None:
-    """Fill an OTLP `AnyValue` protobuf message `v` from a Python value: bool, int, float, str,
-    bytes, list or tuple (array_value) or dict (kvlist_value), recursively; None gives an empty
-    (but present) value. Used by instrument.otlp_export (whose fill_attributes serves
-    instrument.step_spans too) and to build test and benchmark payloads by hand. Raises TypeError for any other type and ValueError for an int outside
-    int64 (protobuf's own check)."""
-    if isinstance(value, bool):
-        v.bool_value = value
-    elif isinstance(value, int):
-        v.int_value = value
-    elif isinstance(value, float):
-        v.double_value = value
-    elif isinstance(value, str):
-        v.string_value = value
-    elif isinstance(value, bytes):
-        v.bytes_value = value
-    elif isinstance(value, (list, tuple)):  # the SDK keeps sequence attributes as tuples
-        v.array_value.SetInParent()
-        for x in value:
-            set_any_value(v.array_value.values.add(), x)
-    elif isinstance(value, dict):
-        v.kvlist_value.SetInParent()
-        for k, x in value.items():
-            kv = v.kvlist_value.values.add()
-            kv.key = k
-            set_any_value(kv.value, x)
-    elif value is None:  # the empty AnyValue, present, as the SDK encodes it
-        v.SetInParent()
-    else:
-        raise TypeError(f"an OTLP AnyValue cannot hold a {type(value).__name__}")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from instrument.otel import set_any_value
+from plumbing.otlp_values import set_any_value
 
 __all__ = ["DirectOTLPSpanExporter", "encode_spans", "fill_attributes"]
 

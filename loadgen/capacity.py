@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["Capacity", "capacity_from_steps", "client_decode_rate", "probe_capacity", "probe_trace", "wave_size"]
 

@@ -29,7 +29,7 @@ def check_writable(path: str, flag: str = "--out") -> None:
     creating it; a file that did not exist is removed again)."""
     from pathlib import Path
 
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     p = Path(path)
     if not str(path).strip():
@@ -148,16 +148,16 @@ def _replay(args) -> int:
     from loadgen.report import print_summary
 
     if args.arrival and args.rate is None:
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
         raise UserError("--arrival needs --rate R")
     if args.arrival and args.duration is None and args.max_requests is None:
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
         raise UserError("--arrival needs --duration S or --max-requests N")
     if args.burstiness != 1.0 and args.arrival != "gamma":
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
         raise UserError("--burstiness shapes gamma arrivals only: add --arrival gamma --rate R")
     if args.api and not args.trace.startswith("store:"):
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
         raise UserError("--api reads a traced run: give TRACE as store: or store:#RUN_ID")
     if args.export_trace is not None:
         from loadgen.replay import export_plan
@@ -187,7 +187,7 @@ def _sweep(args) -> int:
     rates = parse_rates(args.rates)
     console = Console()
     if args.duration is None and args.max_requests is None:
-        from tailtrace.errors import UserError
+        from plumbing.errors import UserError
         raise UserError("sweep needs --duration S (seconds per rate) or --max-requests N")
 
     def step(rate, res):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 
 from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
-from loadgen.traces import PRIORITIES, Trace, TraceRequest
+from loadgen.trace_model import PRIORITIES, Trace, TraceRequest
+from plumbing.errors import UserError
 from semantics import semconv as sc
-from tailtrace.errors import UserError
 
 __all__ = ["load_store_trace", "parse_store_spec", "store_requests"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from loadgen.replay import ReplayConfig, new_run_id, run_replay
 from loadgen.stats import parse_slo
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["capacity", "parse_rates", "run_sweep"]
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
-from tailtrace.errors import UserError
+from loadgen.trace_model import PRIORITIES, Trace, TraceRequest
+from plumbing.errors import UserError
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -49,47 +49,7 @@ SHIPPED_TRACES = {
 }
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-PRIORITIES = ("interactive", "batch")  # the optional `priority` column's values (the gateway's classes)
 _MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length")  # hash_ids optional
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRequest:
-    """One request of a trace.
-
-    offset_s: arrival time in trace seconds (before --speed): from the first row for Azure, the
-    file's own `timestamp` / 1000 (plus jitter) for Mooncake. Replay starts at the window's first.
-    input_tokens / output_tokens: prompt and generated lengths from the trace (tokens).
-    hash_ids: Mooncake prefix-block ids (one per 512 tokens), empty for Azure (no sharing).
-    priority: the request's class (`interactive` | `batch`, sent as `x-priority`) when the trace
-    gives one (an optional `priority` column; a store run's recorded class); None: the replay's
-    --priority.
-    """
-
-    offset_s: float
-    input_tokens: int
-    output_tokens: int
-    hash_ids: tuple[int, ...] = ()
-    priority: str | None = None
-
-
-@dataclass(slots=True)
-class Trace:
-    """A loaded trace: `requests` sorted by offset_s, plus how it was obtained.
-
-    `fmt` is "azure", "mooncake" or "store"; `notes` are lines the summary prints (jitter choice, ...).
-    """
-
-    name: str
-    fmt: str
-    requests: list[TraceRequest]
-    notes: list[str] = field(default_factory=list)
-    start_unix_s: float = 0.0  # the first request's wall-clock time where the trace records one (else 0)
-
-    @property
-    def duration_s(self) -> float:
-        """Trace time from the first to the last arrival (s)."""
-        return self.requests[-1].offset_s - self.requests[0].offset_s if self.requests else 0.0
 
 
 def trace_source_file(spec: str | Path, api: str | None = None) -> Path | None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from plumbing.errors import UserError
 from semantics.catalog import LATENCY_POPULATION, REQUEST_METRIC_COLUMNS, SLO_DEFAULTS_MS
-from tailtrace.errors import UserError
 
 __all__ = [
     "DEFAULT_SLO",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from tailtrace.argtypes import positive
+from plumbing.argtypes import positive
 
 __all__ = ["register"]
 
@@ -94,9 +94,9 @@ def _emit(doc: dict, lines: list[str], args) -> None:
 def _fit(args) -> int:
     from collector.query.reader import open_store
     from loadgen.cli import check_writable
+    from plumbing.errors import UserError
     from simulate.fit import fit_model
     from simulate.render import fit_lines
-    from tailtrace.errors import UserError
 
     check_writable(args.out, "--out")
     query, close = open_store(args)
@@ -161,10 +161,10 @@ def _run(args) -> int:
 
 
 def _capacity(args) -> int:
+    from plumbing.errors import UserError
     from simulate.capacity import capacity, mix_of
     from simulate.render import capacity_lines
     from simulate.report import METRICS
-    from tailtrace.errors import UserError
 
     model, objectives, slo, _, (eb, gb), changes, traffic, name = _prepare(args)
     unsimulated = [o.label for o in objectives if o.metric not in METRICS]

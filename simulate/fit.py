@@ -31,8 +31,8 @@ import numpy as np
 from collector.query.deployment import read_deployment
 from collector.query.reader import Query, iso
 from collector.query.runs import list_runs, runs_present
+from plumbing.errors import UserError
 from simulate.model import IDENTITY_KEYS, StepModel
-from tailtrace.errors import UserError
 
 __all__ = ["TARGETS", "fit_model", "nnls_exact", "read_steps"]
 

@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
+from plumbing.errors import UserError
 from simulate.cluster import GatewaySpec, Traffic
 from simulate.engine import EngineConfig
-from tailtrace.errors import UserError
 
 __all__ = ["ENGINE_KNOBS", "GATEWAY_KNOBS", "apply_sets", "deployment_of", "load_traffic", "tile"]
 

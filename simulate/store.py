@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from instrument.otel import set_any_value
+from plumbing.errors import UserError
+from plumbing.otlp_values import set_any_value
 from semantics import semconv as sc
-from tailtrace.errors import UserError
 
 __all__ = ["check_store_out", "write_store"]
 

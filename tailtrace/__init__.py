@@ -1,7 +1,7 @@
 """tailtrace: the latency of LLM serving, traced through every layer and explained.
 
-This package holds the command line and the orchestration of `tailtrace demo`; each part's
-logic lives in its own top-level package (instrument, collector, loadgen, dashboard).
+The top floor: the command line and `tailtrace demo` only. Each part's logic lives in its own
+top-level package (docs/DESIGN.md, "The floors"); no part imports this one.
 """
 
 __all__ = ["__version__"]

@@ -9,15 +9,15 @@ import argparse
 import importlib
 import sys
 
+from plumbing.errors import UserError
 from tailtrace import __version__
-from tailtrace.errors import UserError
 
 # module path -> the part that owns the sub-commands it registers. Each module defines
 # `register(subparsers)`, adding parsers whose `func(args) -> int` runs the command.
 # Registration must stay cheap: heavy imports happen inside `func`.
 _COMMAND_MODULES = (
-    "tailtrace.model",      # model tiny
-    "tailtrace.serve",      # serve
+    "embedded.model",      # model tiny
+    "embedded.serve",      # serve
     "collector.cli",        # collect, sql, export
     "collector.clickhouse.cli",  # clickhouse init
     "collector.export.metrics_cli",  # metrics (the Prometheus exporter on a store URL)

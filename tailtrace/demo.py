@@ -26,13 +26,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedded.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
+from embedded.stack import StackConfig, preflight, start_stack, tailtrace_command
+from embedded.stack import sql_api as _sql  # _report's queries (tests point it at a store)
+from embedded.stack import wait_for_store as _wait_for_store
+from plumbing.errors import UserError
+from plumbing.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 from semantics.catalog import QUANTILE_LABELS, format_ms
-from tailtrace.errors import UserError
-from tailtrace.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
-from tailtrace.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
-from tailtrace.stack import StackConfig, preflight, start_stack, tailtrace_command
-from tailtrace.stack import sql_api as _sql  # _report's queries (tests point it at a store)
-from tailtrace.stack import wait_for_store as _wait_for_store
 
 __all__ = ["DemoConfig", "register", "run_demo"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tailtrace.procs import free_port, stop_process
+from plumbing.procs import free_port, stop_process
 
 # vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
 # stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
@@ -36,7 +36,7 @@ class VllmServer:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The tiny model, built once per session (offline, deterministic)."""
-    from tailtrace.model import build_tiny_model
+    from embedded.model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -68,7 +68,7 @@ def native_tracing(otlp_url: str, service_name: str = "vllm") -> tuple[list[str]
 def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
                     kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
     """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
-    from tailtrace.serve import ServeConfig, start_vllm
+    from embedded.serve import ServeConfig, start_vllm
 
     port = free_port()
     cfg = ServeConfig(model=str(model_dir), port=port, otlp_endpoint=otlp_endpoint, decode_spans=decode_spans,

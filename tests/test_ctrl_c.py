@@ -20,7 +20,7 @@ import uuid
 import psutil
 import pytest
 
-from tailtrace.procs import free_port, wait_http
+from plumbing.procs import free_port, wait_http
 from tests.conftest import EAGER, kill_marked, marked_env, marked_processes
 
 _IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']

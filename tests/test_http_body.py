@@ -1,4 +1,4 @@
-"""tailtrace.http_body.read_body on real Starlette requests: each bad body gets its own error."""
+"""plumbing.http_body.read_body on real Starlette requests: each bad body gets its own error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.requests import Request
 
-from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
+from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 
 def _request(messages, content_length=None, delay_s=0.0):

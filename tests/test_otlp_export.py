@@ -189,7 +189,7 @@ def test_sender_trusts_the_ca_of_otel_exporter_otlp_certificate(tmp_path, monkey
 
 
 def test_exporter_counts_and_logs_a_collector_that_is_down(caplog):
-    from tailtrace.procs import free_port
+    from plumbing.procs import free_port
 
     exporter = DirectOTLPSpanExporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     spans = _varied_spans()[:3]

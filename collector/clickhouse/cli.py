@@ -44,7 +44,7 @@ def _ttl_of_store(client, store, asked: int | None) -> int:
     the TTL its otel_traces was created with (what repaired or new tables get too). UserError when
     `asked` differs from it: init does not change an existing store's TTL."""
     from collector.clickhouse.exporter_schema import TRACES_TABLE, ttl_hours_of
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     rows = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = {t:String}",
                         parameters={"db": store.database, "t": TRACES_TABLE}).result_rows
@@ -61,7 +61,7 @@ def _ttl_of_store(client, store, asked: int | None) -> int:
 def _clickhouse_target(url: str):
     """The parsed --url of a ClickHouse command; UserError for a DuckDB URL."""
     from collector.clickhouse.store_url import parse_store_url
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     store = parse_store_url(url, "--url")
     if store.kind == "duckdb":
@@ -81,7 +81,7 @@ def _load(args) -> int:
     open_source(source).close()          # a bad source is one line before the target is touched
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     client = connect_clickhouse(store)
     try:
@@ -105,7 +105,7 @@ def _init(args) -> int:
         stale_trace_state,
     )
     from collector.clickhouse.store_url import check_schema, connect_clickhouse
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     store = _clickhouse_target(args.url)
     if args.ttl_hours is not None and args.ttl_hours < 0:
@@ -119,7 +119,8 @@ def _init(args) -> int:
         ttl_hours = _ttl_of_store(client, store, args.ttl_hours)
 
         fresh = not int(client.command("EXISTS TABLE decode_steps"))
-        from collector.clickhouse.rollups import BACKFILLED, backfill_statements
+        from collector.clickhouse.objects import backfill_statements
+        from collector.clickhouse.rollups import BACKFILLED
 
         new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
         fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))

@@ -56,8 +56,8 @@ from collector.store.tables import (
     STEP_HISTOGRAM,
     STEP_ROLLUP,
 )
+from plumbing.errors import UserError
 from semantics import semconv as sc
-from tailtrace.errors import UserError
 
 __all__ = ["PART_ROWS", "load_duckdb", "open_source"]
 
@@ -210,7 +210,7 @@ def _traces_table(plain: dict, resources: _Maps, attrs: _Maps, events: _Events):
 
 def _span_tables(con, batch_rows: int):
     """The spans of `con` as exporter rows, in Arrow tables of at most `batch_rows` rows."""
-    from collector.query.readonly import stream_batches
+    from collector.store.readonly import stream_batches
 
     for batch in stream_batches(con, _SPANS_SQL, batch_rows):
         resources, attrs, events = _Maps(), _Maps(), _Events()
@@ -229,7 +229,7 @@ def _step_tables(con, batch_rows: int):
     their `time`), in Arrow tables of at most `batch_rows` rows."""
     import pyarrow as pa
 
-    from collector.query.readonly import stream_batches
+    from collector.store.readonly import stream_batches
 
     for batch in stream_batches(con, _STEPS_SQL, batch_rows):
         rows = list(zip(*(c.to_pylist() for c in batch.columns)))
@@ -271,7 +271,7 @@ def _metric_tables(con, batch_rows: int):
     by metric_points (false)."""
     import pyarrow as pa
 
-    from collector.query.readonly import stream_batches
+    from collector.store.readonly import stream_batches
 
     def table(name: str, rows: list[tuple]):
         """rows: (resource kv, attributes kv, name, t_ns, value[, temporality])."""
@@ -314,7 +314,7 @@ def _metric_tables(con, batch_rows: int):
 
 def _table_batches(con, spec, batch_rows: int):
     """Every row of table `spec` of `con`, DuckDB's Arrow batches as they are."""
-    from collector.query.readonly import stream_batches
+    from collector.store.readonly import stream_batches
 
     yield from stream_batches(con, f"SELECT {', '.join(spec.names)} FROM {spec.name}", batch_rows)
 

@@ -58,9 +58,14 @@ twice. Every column keeps the DuckDB store's name, unit and meaning (docs/schema
 
 from __future__ import annotations
 
-from collector.clickhouse.dialect import CH_TYPES, aggregate_state, select_items, to_clickhouse
+from collector.clickhouse import rollups
+from collector.clickhouse.ddl import SETTINGS as _SETTINGS
+from collector.clickhouse.ddl import ch_type
+from collector.clickhouse.ddl import cols as _cols
+from collector.clickhouse.ddl import in_list as _in
+from collector.clickhouse.dialect import aggregate_state, select_items, to_clickhouse
 from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE, render_table, ttl_clause
-from collector.clickhouse.rollups import ROLLUP_OBJECTS, backfill_statements, rollup_statements
+from collector.clickhouse.rollups import ROLLUP_OBJECTS
 from collector.processor.enrich import DEVICE_COLUMNS
 from collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
 from collector.store import clock
@@ -89,11 +94,6 @@ __all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "REFRESH_MARGIN_S", "
            "arrived_again_since", "ch_type", "init_statements", "merge_kept_requests", "refresh_requests",
            "server_now", "stale_kept_requests", "stale_trace_state"]
 
-# Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
-# over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
-# apply them, so the SQL does not depend on them: shadowed columns are qualified (schema.py) and every
-# joined value is read through coalesce.
-_SETTINGS = "SETTINGS prefer_column_name_to_alias = 1, join_use_nulls = 1"
 
 # The exporter's columns tailtrace reads, with their types in the pinned exporter version (an older
 # exporter had `Duration Int64`): `tailtrace clickhouse init` and every reader check them.
@@ -119,12 +119,6 @@ TAILTRACE_OBJECTS = ("spans", "_engine_spans", "_engine_spans_mv", "request_repl
                      "decode_steps_mv", "step_rollup", "step_rollup_mv", *ROLLUP_OBJECTS)
 
 
-def ch_type(logical: str, nullable: bool = True) -> str:
-    """The ClickHouse type of a tables.py logical type (Nullable unless `nullable` is False)."""
-    t = CH_TYPES[logical]
-    return f"Nullable({t})" if nullable else t
-
-
 def _attr(key: str, m: str = "SpanAttributes") -> str:
     """The attribute's text (AsString), NULL when the span has none (an empty string stays '')."""
     return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
@@ -146,10 +140,6 @@ _FINISH = (f"multiIf({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)} IS NULL, NULL, "
            f"startsWith({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)}, '['), "
            f"nullIf(JSONExtractString({_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)}, 1), ''), "
            f"{_attr(sc.GEN_AI_RESPONSE_FINISH_REASONS)})")
-
-
-def _in(values) -> str:
-    return "(" + ", ".join(f"'{v}'" for v in sorted(values)) + ")"
 
 
 _IS_NATIVE = f"phase = '{sc.PHASE_VLLM_REQUEST}'"
@@ -195,12 +185,6 @@ _ARRAYS = {"t": (sc.STEPS_TIME, "Int64"), "bs": (sc.STEPS_BATCH_SIZE, "Int64"),
            "pf": (sc.STEPS_PREFILL_TOKENS, "Int64"), "dc": (sc.STEPS_DECODE_TOKENS, "Int64"),
            "kv": (sc.STEPS_KV_USAGE, "Float64")}
 assert tuple(_ARRAYS) == DECODE_ARRAYS.names[2:]  # after trace_id, request_id
-
-
-def _cols(spec, exprs: dict[str, str], not_null: tuple[str, ...] = ()) -> str:
-    return ",\n    ".join(
-        f"CAST({'assumeNotNull(' + exprs[c.name] + ')' if c.name in not_null else exprs[c.name]} "
-        f"AS {ch_type(c.type, c.name not in not_null)}) AS {c.name}" for c in spec.columns)
 
 
 # Each `spans` column from one exporter row (otlp_arrow: every span but phase engine_step; the per-token
@@ -537,7 +521,7 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS decode_steps_mv TO decode_steps AS {_decode_steps_select()}",
              _step_rollup_table(ttl_hours),
              f"CREATE MATERIALIZED VIEW IF NOT EXISTS step_rollup_mv TO step_rollup AS {_step_rollup_select()}",
-             *rollup_statements(ttl_hours)]   # step_histogram, latency_histogram, totals, metric_points
+             *rollups.rollup_statements(ttl_hours, *_rollup_sources())]   # step_histogram, latency_histogram, totals, metric_points
     if margin_s < 0:
         raise ValueError(f"margin_s must be >= 0 s, not {margin_s}")
     traces = backfill if backfill_traces is None else backfill_traces   # the default: as decode_steps
@@ -551,3 +535,15 @@ def init_statements(database: str, ttl_hours: int = 72, *, backfill: bool = Fals
         stmts += [f"INSERT INTO decode_steps {_decode_steps_select()}", f"INSERT INTO step_rollup {_step_rollup_select()}",
                   *backfill_statements()]
     return stmts
+
+
+def _rollup_sources() -> tuple[str, str]:
+    """What the rollups read from one insert into otel_traces: the decode_steps rows (with the engine
+    span's service) and the engine_steps view (rollups.py builds on both, without importing this module)."""
+    return _decode_steps_select(with_service=True), _engine_steps_view()
+
+
+def backfill_statements(tables=None) -> list[str]:
+    """rollups.backfill_statements over this module's decode_steps and engine_steps (see there)."""
+    return rollups.backfill_statements(*_rollup_sources(), tables)
+

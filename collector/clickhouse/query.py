@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["DIALECT_SETTINGS", "GUARD_SETTINGS", "guard_settings", "open_query", "run_readonly", "server_settings"]
 

@@ -34,6 +34,8 @@ label values are the exporter's strings (AsString), where DuckDB keeps their OTL
 
 from __future__ import annotations
 
+from collector.clickhouse.ddl import SETTINGS, ch_type, cols, in_list
+
 __all__ = ["BACKFILLED", "ROLLUP_OBJECTS", "backfill_statements", "rollup_statements"]
 
 ROLLUP_OBJECTS = ("step_histogram", "step_histogram_mv", "_latency_histogram_itl", "_latency_histogram_itl_mv",
@@ -45,38 +47,33 @@ def _named(spec, select: str, not_null: tuple[str, ...] = ()) -> str:
     """`select` (DuckDB's dialect, columns named as in `spec`) in ClickHouse's, each column cast to
     its spec type."""
     from collector.clickhouse.dialect import to_clickhouse
-    from collector.clickhouse.objects import _cols
 
-    return f"SELECT {_cols(spec, {c: c for c in spec.names}, not_null)} FROM ({to_clickhouse(select)})"
+    return f"SELECT {cols(spec, {c: c for c in spec.names}, not_null)} FROM ({to_clickhouse(select)})"
 
 
 def _table(spec, engine: str, keys: tuple[str, ...], ttl: str = "", not_null: tuple[str, ...] = (),
            name: str | None = None) -> str:
-    from collector.clickhouse.objects import ch_type
-
-    cols = ", ".join(f"{c.name} {ch_type(c.type, c.name not in not_null)}" for c in spec.columns)
+    columns = ", ".join(f"{c.name} {ch_type(c.type, c.name not in not_null)}" for c in spec.columns)
     part = f" PARTITION BY toDate({not_null[0]})" if not_null else ""
-    return (f"CREATE TABLE IF NOT EXISTS {name or spec.name} ({cols}) ENGINE = {engine}{part} ORDER BY ({', '.join(keys)}) "
+    return (f"CREATE TABLE IF NOT EXISTS {name or spec.name} ({columns}) ENGINE = {engine}{part} ORDER BY ({', '.join(keys)}) "
             f"{ttl} SETTINGS allow_nullable_key = 1")
 
 
-def _engine_steps_rows() -> str:
+def _engine_steps_rows(engine_steps_view: str) -> str:
     """The `engine_steps` rows of the spans of one insert into otel_traces (the view's SELECT)."""
-    from collector.clickhouse.objects import _engine_steps_view
-
-    head, select = _engine_steps_view().split(" AS\n", 1)
+    head, select = engine_steps_view.split(" AS\n", 1)
     assert head == "CREATE OR REPLACE VIEW engine_steps", head
     return f"({select})"
 
 
-def _sources() -> dict[str, str]:
-    """{rollup table: SELECT of its rows from one insert}, in ClickHouse's dialect (one per materialized view)."""
-    from collector.clickhouse.objects import _decode_steps_select
+def _sources(decode_steps: str, engine_steps_view: str) -> dict[str, str]:
+    """{rollup table: SELECT of its rows from one insert}, in ClickHouse's dialect (one per materialized view),
+    from `decode_steps` (objects.py's decode_steps SELECT with the service) and `engine_steps_view`."""
     from collector.store import latency_histogram, step_histogram, totals
     from collector.store.tables import ENGINE_HISTOGRAM, ENGINE_TOTALS, LATENCY_HISTOGRAM, STEP_HISTOGRAM
 
-    steps = f"({_decode_steps_select(with_service=True)})"
-    (_, etot), (_, ebatch), (_, estep) = totals.engine_selects(_engine_steps_rows())
+    steps = f"({decode_steps})"
+    (_, etot), (_, ebatch), (_, estep) = totals.engine_selects(_engine_steps_rows(engine_steps_view))
     return {
         "step_histogram": _named(STEP_HISTOGRAM, step_histogram.step_histogram_select(steps, "", meta="s"),
                                  ("minute",)),
@@ -91,7 +88,6 @@ def _sources() -> dict[str, str]:
 def _metric_points_view() -> str:
     """metric_points over the exporter's gauge and sum tables (enrich.metrics_to_batch's rows); `source`
     'otlp', or the resource attribute semconv.METRIC_POINTS_SOURCE (the rows `clickhouse load` moved)."""
-    from collector.clickhouse.objects import _cols, _in
     from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
     from collector.processor.otlp_arrow import MAX_TIME_NS, MIN_TIME_NS
     from collector.store.tables import METRIC_POINTS
@@ -107,22 +103,21 @@ def _metric_points_view() -> str:
              "labels": "toJSONString(labels)", "value": "if(isFinite(Value), Value, NULL)"}
     parts = []
     for table, labels in (("otel_metrics_gauge", base), ("otel_metrics_sum", f"mapUpdate({base}, {temporality})")):
-        device = f" AND MetricName NOT IN {_in(DEVICE_COLUMNS)}" if table == "otel_metrics_gauge" else ""
-        parts.append(f"SELECT {_cols(METRIC_POINTS, exprs)} FROM (SELECT *, toUnixTimestamp64Nano(TimeUnix) AS t_ns, "
+        device = f" AND MetricName NOT IN {in_list(DEVICE_COLUMNS)}" if table == "otel_metrics_gauge" else ""
+        parts.append(f"SELECT {cols(METRIC_POINTS, exprs)} FROM (SELECT *, toUnixTimestamp64Nano(TimeUnix) AS t_ns, "
                      f"{labels} AS labels FROM {table}) WHERE t_ns >= {MIN_TIME_NS} AND t_ns < {MAX_TIME_NS}{device}")
     return "CREATE OR REPLACE VIEW metric_points AS\n" + "\nUNION ALL\n".join(parts)
 
 
-def rollup_statements(ttl_hours: int) -> list[str]:
+def rollup_statements(ttl_hours: int, decode_steps: str, engine_steps_view: str) -> list[str]:
     """The statements creating the rollups and metric_points (after objects.py's decode_steps and
-    requests), in order; see the module docstring."""
+    requests), in order; see the module docstring. `decode_steps`, `engine_steps_view`: see _sources."""
     from collector.clickhouse.dialect import to_clickhouse
     from collector.clickhouse.exporter_schema import ttl_clause
-    from collector.clickhouse.objects import _SETTINGS
     from collector.store import latency_histogram, totals
     from collector.store.tables import ENGINE_HISTOGRAM, ENGINE_TOTALS, LATENCY_HISTOGRAM, STEP_HISTOGRAM
 
-    src = _sources()
+    src = _sources(decode_steps, engine_steps_view)
     lh = ", ".join(LATENCY_HISTOGRAM.names)
     mv = "CREATE MATERIALIZED VIEW IF NOT EXISTS {0}_mv TO {1} AS {2}"
     return [
@@ -133,8 +128,8 @@ def rollup_statements(ttl_hours: int) -> list[str]:
         mv.format("_latency_histogram_itl", "_latency_histogram_itl", src["_latency_histogram_itl"]),
         (f"CREATE OR REPLACE VIEW latency_histogram AS SELECT {lh} FROM "
          f"({_named(LATENCY_HISTOGRAM, latency_histogram.request_phases_select())}) "
-         f"UNION ALL SELECT {lh} FROM _latency_histogram_itl {_SETTINGS}"),
-        f"CREATE OR REPLACE VIEW request_totals AS {to_clickhouse(totals.requests_select('true'))} {_SETTINGS}",
+         f"UNION ALL SELECT {lh} FROM _latency_histogram_itl {SETTINGS}"),
+        f"CREATE OR REPLACE VIEW request_totals AS {to_clickhouse(totals.requests_select('true'))} {SETTINGS}",
         _table(ENGINE_TOTALS, "MergeTree", ("service_name", "last_time")),
         mv.format("engine_totals", "engine_totals", src["engine_totals"]),
         _table(ENGINE_HISTOGRAM, "SummingMergeTree", ("service_name", "metric", "value")),
@@ -148,13 +143,13 @@ def rollup_statements(ttl_hours: int) -> list[str]:
 BACKFILLED = ("step_histogram", "_latency_histogram_itl", "engine_totals", "engine_histogram")
 
 
-def backfill_statements(tables=None) -> list[str]:
+def backfill_statements(decode_steps: str, engine_steps_view: str, tables=None) -> list[str]:
     """INSERTs filling insert-fed rollup tables (of BACKFILLED) from the rows already there: a store
     whose tables are new (a materialized view sees only later inserts). `tables` None: every one but
     `_latency_histogram_itl`, for a fresh store, where its view counts the decode steps that
     objects.py's backfill inserts; else those named (an older store's new tables: the ITL counted from
     `decode_steps` as it is)."""
-    src = _sources()
+    src = _sources(decode_steps, engine_steps_view)
     names = [t for t in BACKFILLED if t != "_latency_histogram_itl"] if tables is None else list(tables)
     unknown = set(names) - set(BACKFILLED)
     if unknown:

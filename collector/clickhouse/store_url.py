@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["DEFAULT_DATABASE", "StoreUrl", "check_schema", "connect_clickhouse", "parse_store_url"]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["register", "serve", "store_query"]
 
@@ -27,8 +27,8 @@ def store_query(url: str, timeout_s: float = 10.0):
 
     store = parse_store_url(url)
     if store.kind == "duckdb":
-        from collector.query.readonly import run_guarded
         from collector.store.duckdb_store import open_readonly
+        from collector.store.readonly import run_guarded
 
         con = open_readonly(store.path)
 
@@ -80,7 +80,7 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
 
 def register(sub) -> None:
     """Add `metrics` to the `tailtrace` sub-parsers."""
-    from tailtrace.procs import env_port_default
+    from plumbing.procs import env_port_default
 
     p = sub.add_parser("metrics", help="serve the Prometheus /metrics of a store (ClickHouse, chdb or a DuckDB file)",
                        description=__doc__.split("\n\n", 1)[1])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from collector.store.schema import TIME_COLUMNS
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["export_from_api", "export_from_db"]
 
@@ -52,7 +52,7 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
             if n == 0:
                 continue
             cur.close()
-            from collector.query.readonly import stream_batches
+            from collector.store.readonly import stream_batches
 
             _write(stream_batches(con, f"SELECT *, strftime({col}, '%Y-%m-%dT%H') AS hour FROM {t}", 100_000), outp, t)
     finally:

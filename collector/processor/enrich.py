@@ -35,7 +35,7 @@ from collector.processor.otlp_arrow import (
     table_from_rows,
 )
 from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS
-from instrument import semconv as sc
+from semantics import semconv as sc
 
 __all__ = ["DEVICE_COLUMNS", "TEMPORALITY_LABEL", "metrics_to_batch", "traces_to_batch"]
 
@@ -166,3 +166,24 @@ def metrics_to_batch(req) -> Batch:
     if mp:
         b.tables[METRIC_POINTS.name] = table_from_rows(METRIC_POINTS, mp)
     return b
+
+
+def scrape_sink(store):
+    """The scraper's sink (collector/scrape/scraper.py) into `store`: `sink(table, rows)` appends `rows`
+    to `metric_points` or `device_samples` without waiting. Row keys are the table's columns; `time` may
+    be a datetime (UTC if naive), ns since the epoch (int > 1e14) or seconds (float); `labels` may be a
+    dict. The sink raises `ValueError` for another table."""
+    from collector.processor.otlp_arrow import Batch
+
+    def sink(table: str, rows: list[dict]) -> None:
+        spec = {"metric_points": METRIC_POINTS, "device_samples": DEVICE_SAMPLES}.get(table)
+        if spec is None:
+            raise ValueError(f"sink accepts metric_points or device_samples, not {table!r}")
+        if not rows:
+            return
+        b = Batch()
+        b.tables[table] = table_from_dicts(spec, rows)
+        store.submit(b)
+
+    return sink
+

@@ -27,9 +27,9 @@ from starlette.routing import Route
 
 from collector.errors import BadRequest, BodyTimedOut, NotFound, PayloadTooLarge, Unauthorized, http_error
 from collector.query.auth import api_token
-from collector.query.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
+from collector.store.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
 from collector.store.schema import USER_TABLES
-from tailtrace.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
+from plumbing.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
 
 __all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
 

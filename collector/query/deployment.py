@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 
 from collector.query.reader import Query
+from plumbing.errors import UserError
 from semantics import semconv as sc
-from tailtrace.errors import UserError
 
 __all__ = ["Deployment", "read_deployment"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["DEFAULT_API", "Query", "add_store_flags", "api_query", "db_query", "iso", "open_store", "sql_api",
            "store_query"]
@@ -56,15 +56,15 @@ def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
 def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
     """(query, close) over a store file opened read-only as the collector's `--db` readers open it
     (`collector.store.duckdb_store.open_readonly`), each statement run by the SQL API's own guard
-    (`collector.query.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`).
+    (`collector.store.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`).
     Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (missing file, held by a
     running collector, a failed statement)."""
     import duckdb
 
     from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
     from collector.query.api import to_json_value
-    from collector.query.readonly import run_guarded
     from collector.store.duckdb_store import open_readonly
+    from collector.store.readonly import run_guarded
 
     con = open_readonly(path)
 
@@ -83,7 +83,7 @@ def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None
 def api_query(url: str, *, timeout_s: float = 60.0) -> Query:
     """query over a live collector's `/api/sql` at base URL `url` (`sql_api`).
     Raises UserError when the URL is not http(s) or the API cannot be reached or refuses."""
-    from tailtrace.urls import check_http_url
+    from plumbing.urls import check_http_url
 
     base = check_http_url(url, "--api", "http://127.0.0.1:9464").rstrip("/")
 

@@ -10,9 +10,9 @@ import datetime as dt
 from dataclasses import dataclass
 
 from collector.query.reader import Query, iso
+from plumbing.errors import UserError
 from semantics import semconv as sc
 from semantics.slo import TRAFFIC_KINDS, run_kind_of
-from tailtrace.errors import UserError
 
 __all__ = ["Run", "latest_traffic_run", "list_runs", "runs_present"]
 

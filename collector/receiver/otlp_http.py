@@ -33,7 +33,7 @@ from collector.errors import (
 )
 from collector.processor.limiter import AdmissionLimiter
 from collector.receiver.otlp_export import export_request, new_stats
-from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
+from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
 

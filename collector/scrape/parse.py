@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from instrument.device.reasons import throttle_reasons_label
+from semantics.throttle import throttle_reasons_label
 
 __all__ = [
     "DEFAULT_EXCLUDE",

@@ -25,7 +25,7 @@ from typing import Self
 
 from collector.scrape.parse import DEFAULT_EXCLUDE, ParsedExposition, parse_exposition, utc_naive
 from collector.scrape.targets import ScrapeTarget, parse_target
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["ScrapeError", "Scraper", "TargetStatus"]
 

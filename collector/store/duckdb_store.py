@@ -38,8 +38,8 @@ from collector.store.step_histogram import (
     REBUILD_STEP_HISTOGRAM,
     step_histogram_insert,
 )
-from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS, STORED_TABLES
-from tailtrace.errors import UserError
+from collector.store.tables import STORED_TABLES
+from plumbing.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
 
@@ -275,22 +275,6 @@ class DuckDBStore:
         self._q.put(("batch", batch, fut, n))
         return fut
 
-    def sink(self, table: str, rows: list[dict]) -> None:
-        """Append `rows` to `metric_points` or `device_samples` without waiting (the scraper's
-        sink). Row keys are the table's columns; `time` may be a datetime (UTC if naive), ns
-        since the epoch (int > 1e14) or seconds (float); `labels` may be a dict. Raises
-        `ValueError` for another table."""
-        from collector.processor.otlp_arrow import Batch, table_from_dicts
-
-        spec = {"metric_points": METRIC_POINTS, "device_samples": DEVICE_SAMPLES}.get(table)
-        if spec is None:
-            raise ValueError(f"sink accepts metric_points or device_samples, not {table!r}")
-        if not rows:
-            return
-        b = Batch()
-        b.tables[table] = table_from_dicts(spec, rows)
-        self.submit(b)
-
     def refresh(self, timeout_s: float = 10.0) -> bool:
         """Bring `requests` up to date with everything committed before this call. Returns False
         on timeout."""
@@ -312,8 +296,8 @@ class DuckDBStore:
     def read_query(self, sql: str, params: list | None = None, timeout_s: float = 10.0) -> list[tuple]:
         """Run one read-only SELECT on the store, after refreshing `requests`. For the Prometheus
         exporter and the dashboard. Raises `ValueError` for anything but one SELECT,
-        `collector.query.readonly.QueryTimeout` past `timeout_s`, and duckdb.Error on SQL errors."""
-        from collector.query.readonly import run_guarded
+        `collector.store.readonly.QueryTimeout` past `timeout_s`, and duckdb.Error on SQL errors."""
+        from collector.store.readonly import run_guarded
 
         self.refresh(timeout_s)
         res = run_guarded(self.cursor, sql, params, timeout_s=timeout_s, max_rows=None)

@@ -1,5 +1,5 @@
 """What every page's queries share: the metric and phase tables (from the catalog), the sidebar's
-`Filters` and `Slo`, SQL helpers, and the store's extent."""
+`Filters` and `GoodputBounds`, SQL helpers, and the store's extent."""
 
 from __future__ import annotations
 
@@ -152,8 +152,9 @@ def _and(where: str, term: str) -> str:
 
 
 @dataclass(frozen=True)
-class Slo:
-    """Service-level objectives in ms; None = no objective on that metric. A request is *good* when it
+class GoodputBounds:
+    """The sidebar's per-request bounds for goodput, in ms (not an objective on a quantile: that is
+    semantics.slo.Objective); None = no bound on that metric. A request is *good* when it
     is `ok` and meets every objective set: TTFT and E2E as the user felt them (the store's outer
     columns), TPOT from the engine (a request with one output token has no TPOT and meets any TPOT
     objective). Defaults: semantics.catalog.SLO_DEFAULTS_MS."""

@@ -35,7 +35,7 @@ def comparison(src: DataSource, a_runs: list[str], b_runs: list[str], slo: str |
     DataError)."""
     from dashboard.queries.why import source_query
     from experiment.compare import compare
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     try:
         return compare(source_query(src), a_runs, b_runs, slo=slo, priority=priority, level=level).to_dict()

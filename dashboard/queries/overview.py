@@ -15,7 +15,7 @@ from dashboard.queries.common import (
     QUANTILES,
     REQUEST_METRICS,
     Filters,
-    Slo,
+    GoodputBounds,
     _and,
     _bucket_expr,
     _f,
@@ -174,7 +174,7 @@ def step_summary(src: DataSource, f: Filters, schema: dict[str, list[str]], metr
     return out
 
 
-def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] | None = None) -> dict:
+def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, list[str]] | None = None) -> dict:
     """Throughput and SLO figures of the filtered requests (`schema`: `src.schema()`, read when None).
 
     Keys: requests, completed (`ok`), good, input_tokens, output_tokens (sums), first_time, last_time (arrivals), arrival_span_s
@@ -213,7 +213,7 @@ def summary(src: DataSource, f: Filters, slo: Slo, schema: dict[str, list[str]] 
     }
 
 
-def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) -> pd.DataFrame:
+def throughput_timeline(src: DataSource, f: Filters, slo: GoodputBounds, width_ms: int) -> pd.DataFrame:
     """Per time bucket of `width_ms` of completion time (tokens count when their request completed,
     so an overloaded run's throughput shows while it is served, not while it arrives): bucket,
     request_rate_rps (completions), goodput_rps, output_tps, input_tps, ttft_p99_ms, e2e_p99_ms
@@ -231,12 +231,12 @@ def throughput_timeline(src: DataSource, f: Filters, slo: Slo, width_ms: int) ->
 
 
 # ------------------------------------------------------------------------------------------ objectives first
-# The objectives the Overview opens with: (the sidebar's Slo field, the store's column as the catalog
+# The objectives the Overview opens with: (the sidebar's GoodputBounds field, the store's column as the catalog
 # defines it, name)
 OBJECTIVE_METRICS = tuple((f"{m}_ms", catalog.REQUEST_METRIC_COLUMNS[m], m.upper()) for m in ("ttft", "tpot", "e2e"))
 
 
-def objectives(pct: pd.DataFrame, slo: Slo) -> list[dict]:
+def objectives(pct: pd.DataFrame, slo: GoodputBounds) -> list[dict]:
     """The sidebar's objectives (P99 bounds) judged on the exact percentiles of `pct` (from
     `percentiles`), worst ratio first: dicts of name, column, target_ms, P50, P99, P999 (ms, None when
     the metric has no measured request), ratio (P99 / target), met (True | False | None: not

@@ -77,7 +77,7 @@ def _iso(t: dt.datetime | None) -> str | None:
 
 
 def slo_spec(slo) -> str | None:
-    """The sidebar's objectives (dashboard.data.Slo: per-request bounds in ms) as an SLO spec at P99
+    """The sidebar's objectives (dashboard.data.GoodputBounds: per-request bounds in ms) as an SLO spec at P99
     (semantics/slo.py), None when it sets none."""
     from semantics.slo import Objective, format_slo
 
@@ -88,12 +88,12 @@ def slo_spec(slo) -> str | None:
 def diagnose(src: DataSource, f: Filters, metric: str, slo=None):
     """The diagnosis (diagnose.report.Report) of the requests that completed in the filters' time
     range, of the filters' run scope, by `metric` (a key of METRICS; OBJECTIVES_FIRST: the missed
-    objectives of `slo`, a dashboard.data.Slo, worst first). The other sidebar filters (model,
+    objectives of `slo`, a dashboard.data.GoodputBounds, worst first). The other sidebar filters (model,
     service, priority) are not applied: the diagnosis reads the whole window. Raises DataError with
     the diagnosis' own message (an empty window, a store without engine spans is a note, not an error)."""
     from diagnose.explain import explain
     from diagnose.source import Scope
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     try:
         return explain(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end),
@@ -110,7 +110,7 @@ def capacity(src: DataSource, f: Filters):
     Raises DataError with the diagnosis' own message."""
     from diagnose.explain import capacity_line
     from diagnose.source import Scope
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     try:
         return capacity_line(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end), run_id=f.run_id,

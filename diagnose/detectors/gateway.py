@@ -182,7 +182,7 @@ def _replica_of(ctx: Context, upstream: str) -> str | None:
     """The replica (`request_replicas.replica`: the engine's service.instance.id, else its service
     name) that served most of `upstream`'s requests in the tail set's scope; None when none did or
     the store has no `request_replicas` (a store written before it: a secondary figure, never an error)."""
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     ts = ctx.ts
     try:

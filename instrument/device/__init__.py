@@ -16,7 +16,7 @@ def __getattr__(name):
 
         return DeviceSample
     if name == "decode_throttle_reasons":
-        from instrument.device.reasons import decode_throttle_reasons
+        from semantics.throttle import decode_throttle_reasons
 
         return decode_throttle_reasons
     raise AttributeError(name)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from instrument.device.reasons import throttle_reasons_label
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
+from semantics.throttle import throttle_reasons_label
 
 __all__ = ["SOURCES", "CpuBackend", "DeviceSample", "NvmlBackend", "open_backend"]
 
@@ -41,7 +41,7 @@ class DeviceSample:
     sm_clock_mhz / mem_clock_mhz: current SM and memory clocks (CPU: core frequency; no
       memory clock). power_w: board power draw in watts. temp_c: GPU die temperature in °C.
     throttle_mask: the NVML clock-event reason bitmask; throttle_reasons: its decoded names
-      joined by ',' (see instrument.device.reasons). None where the source has none (CPU).
+      joined by ',' (see semantics.throttle). None where the source has none (CPU).
     Any field a device does not support is None (a NULL column), never 0.
     """
 

@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
     import threading
 
     from instrument.device.sampler import DeviceSampler
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be > 0 seconds, got {args.duration}")

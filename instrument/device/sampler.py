@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Self
 
 from instrument.device.backends import DeviceSample, open_backend
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["DeviceSampler", "SamplerStats"]
 

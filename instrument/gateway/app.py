@@ -44,8 +44,8 @@ from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
 from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
+from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 from semantics.catalog import STATUS_ABORT, STATUS_ERROR, STATUS_OK, STATUS_REJECTED
-from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["create_app", "error_body"]
 
@@ -437,7 +437,7 @@ def _classify(exc, url: str) -> tuple[int, str, str, str]:
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
-    """The request body (tailtrace.http_body.read_body), its errors as OpenAI-shaped `LimitError`s."""
+    """The request body (plumbing.http_body.read_body), its errors as OpenAI-shaped `LimitError`s."""
     try:
         return await read_body(request, limit, BODY_READ_TIMEOUT_S)
     except BodyTooLarge as exc:

@@ -39,7 +39,7 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     from instrument.gateway.config import GatewayConfig
-    from tailtrace.procs import check_port_free
+    from plumbing.procs import check_port_free
 
     config = GatewayConfig.from_args(args).validate()
     check_port_free(config.host, config.port, "gateway")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from tailtrace.errors import UserError
-from tailtrace.urls import check_http_url
+from plumbing.errors import UserError
+from plumbing.urls import check_http_url
 
 __all__ = ["BATCH", "INTERACTIVE", "PRIORITIES", "SETTINGS", "GatewayConfig", "Setting"]
 

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["LimitError", "TokenCounter", "cap_output", "check_input"]
 

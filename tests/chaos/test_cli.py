@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
+from plumbing.procs import free_port, start_process, stop_process
 from tailtrace.cli import main
-from tailtrace.procs import free_port, start_process, stop_process
 from tests.conftest import kill_marked, marked_env, marked_processes
 
 pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace chaos` installs its own

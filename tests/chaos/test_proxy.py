@@ -14,7 +14,7 @@ import time
 import pytest
 
 from chaos.proxy import parse_traceparent, read_log, request_holds
-from tailtrace.procs import free_port, start_process, stop_process
+from plumbing.procs import free_port, start_process, stop_process
 
 TID_A = "4bf92f3577b34da6a3ce929d0e0e4736"
 TID_B = "0af7651916cd43dd8448eb211c80319c"

@@ -9,7 +9,7 @@ import pytest
 
 from collector.clickhouse.query import guard_settings, run_readonly, server_settings
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ class _FlakyProxy:
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if proxy.refused < refuse:
                     proxy.refused += 1

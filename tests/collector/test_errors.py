@@ -8,9 +8,9 @@ import pytest
 
 from collector import errors as e
 from collector.processor.limiter import AdmissionLimiter, Refusal
-from collector.query.readonly import QueryInvalid, QueryRefused, QueryTimeout, run_guarded
 from collector.store.duckdb_store import StoreUnavailable
-from tailtrace.http_body import BadContentLength, BodyTimeout, BodyTooLarge
+from collector.store.readonly import QueryInvalid, QueryRefused, QueryTimeout, run_guarded
+from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge
 
 # the table of docs/collector.md and collector/errors.py: error -> (HTTP status, retryable)
 TABLE = {

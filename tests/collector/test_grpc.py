@@ -356,8 +356,8 @@ def test_sigterm_drains_in_flight_rpcs_and_keeps_every_acknowledged_batch(tmp_pa
 
 # ------------------------------------------------------------------------ CLI
 def test_grpc_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+    from plumbing.procs import free_port
     from tailtrace.cli import main
-    from tailtrace.procs import free_port
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -94,7 +94,7 @@ def test_an_older_file_gets_every_added_column_in_order(tmp_path):
 ], ids=["decode_steps", "spans"])
 def test_a_table_of_ours_without_a_v1_column_is_refused(tmp_path, ddl):
     """The contract of a store file is every column of schema v1 (older checks named a few)."""
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     path = tmp_path / "partial.duckdb"
     with duckdb.connect(str(path)) as con:

@@ -9,7 +9,7 @@ import time
 import pytest
 from PIL import Image
 
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 from .chromium import chromium_path, render
 

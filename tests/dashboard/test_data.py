@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from dashboard import data
-from dashboard.data import DataError, DuckDBSource, Filters, QueryTimeout, Slo
+from dashboard.data import DataError, DuckDBSource, Filters, GoodputBounds, QueryTimeout
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_step_counts_equal_a_scan_of_decode_steps(src, small_store):
 
 
 def test_summary_goodput_and_attainment(src, small_store):
-    slo = Slo(ttft_ms=300.0, tpot_ms=25.0, e2e_ms=None)
+    slo = GoodputBounds(ttft_ms=300.0, tpot_ms=25.0, e2e_ms=None)
     s = data.summary(src, Filters(), slo)
     raw = _col(small_store, "SELECT * FROM requests")
     ttft = raw["client_ttft_ms"].fillna(raw["ttft_ms"])

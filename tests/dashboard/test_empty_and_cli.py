@@ -8,7 +8,7 @@ import sys
 
 import duckdb
 
-from tailtrace.procs import free_port
+from plumbing.procs import free_port
 
 from .apptest_util import PAGES, goto, open_app
 

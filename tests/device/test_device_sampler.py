@@ -13,7 +13,7 @@ from fake_nvml import FakeGpu, FakeNVML
 
 from instrument import semconv
 from instrument.device.sampler import DeviceSampler
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 
 def _wait(pred, timeout_s=10.0):

@@ -13,8 +13,8 @@ from device_helpers import serve_text
 
 from collector.scrape import Scraper, load_targets, parse_target
 from collector.scrape.targets import ScrapeTarget
-from tailtrace.errors import UserError
-from tailtrace.procs import free_port
+from plumbing.errors import UserError
+from plumbing.procs import free_port
 
 
 class ListSink:

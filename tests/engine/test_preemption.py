@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 from tests.conftest import module_vllm, native_tracing
 from tests.engine.test_vllm_plugin import _stream
 from tests.helpers import poll_sql, sql

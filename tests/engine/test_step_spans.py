@@ -73,7 +73,7 @@ def test_direct_step_spans_equal_the_sdk_spans(collector):
 
 
 def test_writer_drops_and_counts_past_its_bound_and_when_the_collector_is_down():
-    from tailtrace.procs import free_port
+    from plumbing.procs import free_port
 
     w = DecodeStepWriter(f"http://127.0.0.1:{free_port()}", {"service.name": "vllm"}, "t", max_pending_spans=10,
                          flush_interval_s=60, timeout_s=1.0)

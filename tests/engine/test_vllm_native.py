@@ -31,7 +31,7 @@ def native_server(tiny_model_dir, session_collector, tmp_path_factory):
     protocol) to the session collector's gRPC receiver; (base URL, start time in ns, ready time in ns)."""
     if session_collector is None or session_collector.grpc_target is None:
         pytest.skip("the collector part (with its gRPC receiver) is missing")
-    from tailtrace.procs import stop_process
+    from plumbing.procs import stop_process
     from tests.conftest import start_test_vllm
 
     log = tmp_path_factory.mktemp("vllm-native") / "vllm.log"

@@ -12,7 +12,7 @@ from collector.query.reader import db_query
 from experiment.compare import compare
 from experiment.render import comparison_lines
 from experiment.stats import paired_log_ratio, t_quantile
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 from tests.diagnose.store import Req, write_store
 
 

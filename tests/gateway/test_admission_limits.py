@@ -11,7 +11,7 @@ import pytest
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, SETTINGS, GatewayConfig
 from instrument.gateway.limits import LimitError, TokenCounter, check_input
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import pytest
 
 from instrument.gateway.config import GatewayConfig
 from instrument.gateway.testing import start_gateway_thread
-from tailtrace.procs import free_port
+from plumbing.procs import free_port
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ from instrument.gateway.admission import UpstreamPool
 from instrument.gateway.config import GatewayConfig
 from instrument.gateway.discovery import resolve_upstreams, urls_for_addresses
 from instrument.gateway.testing import start_gateway_thread
-from tailtrace.errors import UserError
-from tailtrace.procs import free_port
+from plumbing.errors import UserError
+from plumbing.procs import free_port
 
 
 def test_one_upstream_per_address():

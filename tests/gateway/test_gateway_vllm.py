@@ -25,7 +25,7 @@ import pytest
 from instrument import semconv as sc
 from instrument.gateway.config import SETTINGS
 from instrument.otel import make_tracer_provider
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from instrument import semconv as sc
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 class Prometheus:

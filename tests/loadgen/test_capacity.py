@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from embedded.stack import wait_for_store
 from loadgen.capacity import probe_capacity
-from tailtrace.stack import wait_for_store
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from loadgen.capacity import probe_capacity
-from tailtrace.errors import UserError
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.errors import UserError
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 def _never_queried(sql, params=None):

@@ -12,7 +12,7 @@ import pytest
 
 from loadgen.pacing import PacedSpanExporter, SchedulePace
 from loadgen.replay import ReplayConfig, run_replay
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 def test_wait_gap_waits_for_the_scheduler_and_gives_up_at_its_deadline():

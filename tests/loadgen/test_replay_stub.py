@@ -14,8 +14,8 @@ import pytest
 
 from instrument import semconv as sc
 from loadgen.replay import ReplayConfig, run_replay
+from plumbing.procs import free_port, start_process, stop_process, wait_http
 from tailtrace.cli import main as cli_main
-from tailtrace.procs import free_port, start_process, stop_process, wait_http
 
 
 @pytest.fixture(scope="module")

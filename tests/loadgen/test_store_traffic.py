@@ -11,8 +11,8 @@ import pytest
 
 from loadgen.replay import ReplayConfig, build_plan, export_plan, prompt_seed
 from loadgen.traces import load_trace
+from plumbing.errors import UserError
 from tailtrace.cli import main
-from tailtrace.errors import UserError
 from tests.diagnose.store import Req, write_store
 
 

@@ -12,7 +12,7 @@ import pytest
 from loadgen.prompts import PromptBuilder
 from loadgen.stats import RequestRecord, parse_slo, percentiles, summarize
 from loadgen.traces import load_trace, select_window, synthetic_trace
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 
 def test_azure_trace_offsets_and_lengths():

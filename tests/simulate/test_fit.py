@@ -120,7 +120,7 @@ def test_the_time_outside_the_engine_is_drawn_at_the_load_it_was_measured_at():
 
 
 def test_a_model_file_of_another_version_or_shape_is_refused(tmp_path):
-    from tailtrace.errors import UserError
+    from plumbing.errors import UserError
 
     p = tmp_path / "m.json"
     p.write_text(json.dumps({"schema": "tailtrace.simulate-model/0"}))

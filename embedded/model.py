@@ -4,7 +4,7 @@ The model is a normal Hugging Face directory (config.json, model.safetensors, to
 tokenizer_config.json, generation_config.json) that vLLM loads like any other. Its weights are
 noise: the model exists to exercise the serving stack with exact prompt/output lengths, not to
 say anything. Two builds give byte-identical files (numpy's PCG64 with a fixed seed; the
-tokenizer is trained on text kept in the repo, `tailtrace/corpus/`).
+tokenizer is trained on text kept in the repo, `embedded/corpus/`).
 
 Shape: 2 layers, hidden 256, 4 heads of head_dim 64 (vLLM's CPU attention rejects head_dim 16),
 intermediate 512, vocab 2048, max_position_embeddings 16384 (the Azure conversation trace's
@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["TINY", "build_tiny_model", "default_model_dir", "register"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collector.query.reader import sql_api
-from tailtrace.errors import UserError
-from tailtrace.procs import check_port_free, start_process, stop_process, wait_http
+from plumbing.errors import UserError
+from plumbing.procs import check_port_free, start_process, stop_process, wait_http
 
 __all__ = ["MIN_FREE_MEMORY_GIB", "Stack", "StackConfig", "preflight", "sql_api", "start_stack", "tailtrace_command",
            "wait_for_store"]
@@ -76,9 +76,9 @@ class Stack:
         return next((proc.pid for name, proc in self.procs if name == "vllm"), None)
 
     def serve_config(self, vllm_args: list[str]):
-        """The `tailtrace.serve.ServeConfig` of this stack's vLLM with these extra vLLM arguments
+        """The `embedded.serve.ServeConfig` of this stack's vLLM with these extra vLLM arguments
         (start_stack's, and `try`'s restarts with an arm's arguments)."""
-        from tailtrace.serve import ServeConfig
+        from embedded.serve import ServeConfig
 
         c = self.cfg
         return ServeConfig(model=c.model, host=c.host, port=c.vllm_port, otlp_endpoint=self.otlp_url,
@@ -91,7 +91,7 @@ class Stack:
                                  "--otlp-endpoint", self.otlp_url, *gateway_args)
 
     def add(self, name: str, proc) -> None:
-        """Own `proc` (a Popen started with `tailtrace.procs.start_process`): `stop()` ends it."""
+        """Own `proc` (a Popen started with `plumbing.procs.start_process`): `stop()` ends it."""
         self.procs.append((name, proc))
 
     def stop(self) -> None:
@@ -114,7 +114,7 @@ def preflight(cfg: StackConfig, flags: dict[str, str] | None = None, min_free_gi
     "otlp", "grpc", "api") to the flag that moves its port, named in the message. Raises `UserError`."""
     import psutil
 
-    from tailtrace.serve import require_vllm
+    from embedded.serve import require_vllm
 
     require_vllm()
     avail = psutil.virtual_memory().available / 2**30
@@ -140,7 +140,7 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
     Replaces a previous store in `cfg.out_dir`. Call `preflight` first for friendly port errors.
     Raises `UserError` when a part does not start (its log is named); whatever had started is
     stopped before it propagates (also on KeyboardInterrupt)."""
-    from tailtrace.serve import start_sampler, start_vllm
+    from embedded.serve import start_sampler, start_vllm
 
     def say(msg: str) -> None:
         if console is not None:

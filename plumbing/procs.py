@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tailtrace.errors import UserError
+from plumbing.errors import UserError
 
 __all__ = ["check_port_free", "env_port_default", "free_port", "start_process", "stop_process", "wait_http"]
 

@@ -18,8 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tailtrace.errors import UserError
-from tailtrace.procs import (
+from plumbing.errors import UserError
+from plumbing.procs import (
     check_port_free,
     env_port_default,
     start_process,
@@ -66,7 +66,7 @@ def resolve_model(model: str) -> tuple[str, str | None]:
     Raises `UserError` otherwise.
     """
     if model == "tiny":
-        from tailtrace.model import ensure_tiny_model
+        from embedded.model import ensure_tiny_model
 
         return str(ensure_tiny_model().resolve()), "tiny"
     looks_like_path = os.sep in model or model.startswith(".") or Path(model).exists()

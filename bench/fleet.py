@@ -9,7 +9,7 @@ in-process) beside DuckDB, on the same spans, in one run.
     nice -n 19 .venv/bin/python bench/fleet.py --requests 5000 --replica vllm-1   # the pages filtered too
     nice -n 19 .venv/bin/python bench/fleet.py --dir /big/fleet --reuse --merged --live 6   # merged, then live-like
 
-The spans are tests/clickhouse/spans.py's full traces (client -> gateway -> vLLM on three replicas,
+The spans are collector/testing/clickhouse_spans.py's full traces (client -> gateway -> vLLM on three replicas,
 two of them on other hosts, some preempted; output lengths uniform in [2, --tokens], so about
 --tokens / 2 decode steps per request, as per-token arrays on each llm.request span), built in parts
 of --part requests. Each part goes through tailtrace's DuckDB path (the real processor and writer,
@@ -79,8 +79,7 @@ def build(directory: Path, n_requests: int, part: int, tokens: int, *, chdb: boo
     from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
     from collector.processor.enrich import traces_to_batch
     from collector.store.duckdb_store import DuckDBStore
-    from tests.clickhouse.conftest import insert_spans, new_chdb_store
-    from tests.clickhouse.spans import build_spans
+    from collector.testing.clickhouse_spans import build_spans, insert_spans, new_chdb_store
 
     now = time.time_ns()
     duck_path = directory / "t.duckdb"
@@ -247,8 +246,7 @@ def go_live(url: str, rounds: int, n: int, tokens: int) -> dict:
     from collector.clickhouse.exporter_encoding import encode_traces
     from collector.clickhouse.objects import refresh_requests
     from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from tests.clickhouse.conftest import insert_spans
-    from tests.clickhouse.spans import build_spans
+    from collector.testing.clickhouse_spans import build_spans, insert_spans
 
     client = connect_clickhouse(parse_store_url(url))
     t0 = time.perf_counter()

@@ -30,9 +30,9 @@ import pytest
 from collector.processor.enrich import traces_to_batch
 from collector.store import duckdb_store
 from collector.store.duckdb_store import DuckDBStore
+from collector.testing.otlp_payloads import MS, TraceBuilder
 from semantics import semconv as sc
 from semantics.catalog import quantile_label
-from tests.collector.otlp_payloads import MS, TraceBuilder
 from tests.consistency_pages import PAGE_CHECKS, _close, _expect
 
 NOW_S = 1_800_000_000.0

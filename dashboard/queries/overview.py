@@ -300,7 +300,7 @@ def data_loss(src: DataSource, f: Filters) -> dict:
     if f.end is not None:
         terms.append("time < ?")
         params.append(f.end)
-    dropped = src.df("SELECT json_extract_string(labels, '$.service_name') AS service, "
+    dropped = src.df("SELECT json_extract_string(labels, '$.\"service_name\"') AS service, "
                      f"json_extract_string(labels, '$.\"{sc.EXPORTER}\"') AS exporter, "
                      f"json_extract_string(labels, '$.\"{sc.DROP_REASON}\"') AS reason, max(value) AS spans "
                      f"FROM metric_points WHERE {' AND '.join(terms)} GROUP BY ALL ORDER BY 4 DESC", params)

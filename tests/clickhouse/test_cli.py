@@ -9,9 +9,8 @@ import pytest
 
 from collector.clickhouse.exporter_encoding import encode_traces
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from collector.testing.clickhouse_spans import build_spans, insert_spans
 from tailtrace.cli import main
-from tests.clickhouse.conftest import insert_spans
-from tests.clickhouse.spans import build_spans
 
 
 def _err(capsys) -> str:

@@ -8,10 +8,9 @@ import math
 
 import pytest
 
+from collector.testing.clickhouse_spans import both_stores, build_spans
 from dashboard import data, ui
 from tailtrace.cli import main
-from tests.clickhouse.conftest import both_stores
-from tests.clickhouse.spans import build_spans
 from tests.dashboard.apptest_util import PAGES, goto, metrics, open_app
 
 

@@ -14,9 +14,9 @@ from collector.clickhouse.dialect import to_clickhouse
 from collector.clickhouse.exporter_encoding import encode_traces
 from collector.clickhouse.query import run_readonly
 from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS, SPANS
+from collector.testing.clickhouse_spans import insert_spans
 from semantics import semconv as sc
 from semantics.catalog import QUANTILES
-from tests.clickhouse.conftest import insert_spans
 
 TOL_MS = 1e-6
 
@@ -117,7 +117,7 @@ def _chdb_requests(directory, parts) -> tuple[dict, dict, int, int]:
     """Insert each list of exporter rows of `parts` (one insert each) into a fresh chdb store at
     `directory`: (requests by trace_id read before and after the states are merged on disk
     (OPTIMIZE ... FINAL), rows of _trace_state before, traces in it)."""
-    from tests.clickhouse.conftest import new_chdb_store
+    from collector.testing.clickhouse_spans import new_chdb_store
 
     _, client = new_chdb_store(directory)
     try:
@@ -175,7 +175,7 @@ def test_traces_still_arriving_show_what_has_arrived_as_on_duckdb(spans, tmp_pat
     """Every trace arriving layer by layer (the client spans, then the gateway's, then the engine's):
     at each stage chdb's requests rows equal the DuckDB writer's (refreshed after each stage)."""
     from collector.store.duckdb_store import DuckDBStore
-    from tests.clickhouse.conftest import new_chdb_store
+    from collector.testing.clickhouse_spans import new_chdb_store
 
     gateway = {sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_NETWORK}
     stages = [_subset(spans, lambda sp: _phase(sp) == sc.PHASE_CLIENT),

@@ -10,9 +10,8 @@ import json
 import pytest
 
 from collector.clickhouse.exporter_encoding import encode_traces
+from collector.testing.clickhouse_spans import build_spans, duckdb_store, insert_spans
 from tailtrace.cli import main
-from tests.clickhouse.conftest import duckdb_store, insert_spans
-from tests.clickhouse.spans import build_spans
 
 
 def _differences(a, b, path="") -> list[str]:

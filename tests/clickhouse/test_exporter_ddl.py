@@ -10,9 +10,9 @@ import pytest
 from collector.clickhouse import exporter_schema
 from collector.clickhouse.exporter_encoding import as_string, encode_traces
 from collector.testing import set_any_value
+from collector.testing.clickhouse_spans import insert_spans
+from collector.testing.otlp_payloads import MS, TraceBuilder
 from semantics import semconv as sc
-from tests.clickhouse.conftest import insert_spans
-from tests.collector.otlp_payloads import MS, TraceBuilder
 
 
 def test_vendored_files_match_their_pinned_checksums(tmp_path, monkeypatch):

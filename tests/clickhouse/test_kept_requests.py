@@ -10,8 +10,8 @@ from collector.clickhouse.objects import init_statements
 from collector.clickhouse.query import run_readonly
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 from collector.store.tables import REQUESTS
+from collector.testing.clickhouse_spans import insert_spans
 from semantics import semconv as sc
-from tests.clickhouse.conftest import insert_spans
 from tests.clickhouse.test_equality import _arrive_on_both, _diff, _phase, _requests, _subset
 
 OLD = (bytes([1, 1, 0]) + bytes(13)).hex()   # a full trace, its replica on another host: its client span is late
@@ -74,7 +74,7 @@ def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_pa
     """A store that the previous tailtrace set up (spans and per-trace states, no `_requests_kept` or
     `_trace_arrivals`, a clock_offsets_rmv replacing its table): `clickhouse init` keeps `requests`
     for every trace already there, equal to DuckDB's, and recreates clock_offsets_rmv appending."""
-    from tests.clickhouse.conftest import new_chdb_store
+    from collector.testing.clickhouse_spans import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
     try:
@@ -156,7 +156,7 @@ def test_init_refills_per_trace_states_kept_with_other_aggregates(spans, duck, t
     dropped and refilled from `otel_traces` by `clickhouse init`, and `requests` recomputed from them
     equals DuckDB's; `_requests_kept` with a column missing is rebuilt as well. A store init made today is not refilled (its states are today's)."""
     from collector.clickhouse.objects import stale_trace_state
-    from tests.clickhouse.conftest import new_chdb_store
+    from collector.testing.clickhouse_spans import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
     try:

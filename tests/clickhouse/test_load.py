@@ -17,9 +17,8 @@ from collector.clickhouse import load
 from collector.clickhouse.query import run_readonly
 from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
+from collector.testing.clickhouse_spans import build_spans, duckdb_store
 from tailtrace.cli import main
-from tests.clickhouse.conftest import duckdb_store
-from tests.clickhouse.spans import build_spans
 from tests.clickhouse.test_equality import _diff, _requests, _steps
 from tests.clickhouse.test_rollups import _compare, _on_ch, _on_duck, _readers
 

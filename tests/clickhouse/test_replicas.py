@@ -12,12 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from collector.testing.clickhouse_spans import both_stores, build_spans
 from dashboard import data, ui
 from dashboard.queries.replicas import NO_REPLICA, replica_table
 from dashboard.source import ClickHouseSource, DuckDBSource
 from diagnose.source import store_query
-from tests.clickhouse.conftest import both_stores
-from tests.clickhouse.spans import build_spans
 from tests.clickhouse.test_explain import _differences, _explain, assert_same_report
 from tests.dashboard.apptest_util import goto, metrics, open_app
 

@@ -20,9 +20,9 @@ from collector.clickhouse.dialect import bind, to_clickhouse
 from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics, encode_traces
 from collector.clickhouse.query import run_readonly
 from collector.store import latency_histogram, step_histogram, totals
+from collector.testing.clickhouse_spans import insert_spans
 from semantics import semconv as sc
 from semantics.catalog import QUANTILES
-from tests.clickhouse.conftest import insert_spans
 
 
 def _on_duck(con, sql, params=()):
@@ -191,8 +191,8 @@ def test_rollups_and_the_exporter_read_the_same_on_both_engines_whatever_the_ins
     import urllib.request
 
     from collector.export.metrics_cli import serve
+    from collector.testing.clickhouse_spans import new_chdb_store
     from tailtrace.cli import main
-    from tests.clickhouse.conftest import new_chdb_store
 
     want = _readers(duck, _on_duck)
     # the fixture has every rollup populated: a test that compared empty tables could not fail

@@ -11,8 +11,8 @@ import httpx
 import psutil
 
 from collector.testing import start_collector
+from collector.testing.otlp_payloads import MS, T0, TraceBuilder
 from instrument import semconv as sc
-from tests.collector.otlp_payloads import MS, T0, TraceBuilder
 
 PB = {"Content-Type": "application/x-protobuf"}
 

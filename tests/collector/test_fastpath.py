@@ -8,8 +8,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collector.processor.enrich import traces_to_batch
 from collector.processor.fastpath import fast_traces_to_batch
+from collector.testing.otlp_payloads import MS, T0, TraceBuilder
 from instrument import semconv as sc
-from tests.collector.otlp_payloads import MS, T0, TraceBuilder
 
 
 def same(body: bytes):

@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from collector.receiver.otlp_export import SIGNALS
 from collector.testing import start_collector
-from tests.collector.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
+from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
 
 BENCH_SPANS = 512           # spans + engine steps of one bench/ingest.py payload
 

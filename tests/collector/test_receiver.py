@@ -13,8 +13,8 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from collector.testing import start_collector
+from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
 from instrument import semconv as sc
-from tests.collector.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from collector.testing import start_collector
-from tests.collector.otlp_payloads import simple_spans
+from collector.testing.otlp_payloads import simple_spans
 
 
 @pytest.fixture(scope="module")

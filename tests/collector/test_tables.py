@@ -13,8 +13,8 @@ import pytest
 from collector.processor.enrich import metrics_to_batch, traces_to_batch
 from collector.store.duckdb_store import DuckDBStore
 from collector.store.tables import REQUESTS, STORED_TABLES, TABLES, Column, TableSpec
+from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request
 from instrument import semconv as sc
-from tests.collector.otlp_payloads import MS, T0, TraceBuilder, gauge_request
 
 
 def columns(con, table: str) -> list[tuple[str, str]]:

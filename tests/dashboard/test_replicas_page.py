@@ -4,15 +4,14 @@ DuckDB and ClickHouse: tests/clickhouse/test_replicas.py.)"""
 
 from __future__ import annotations
 
+from collector.testing.clickhouse_spans import build_spans, duckdb_store
 from semantics import semconv as sc
-from tests.clickhouse.conftest import duckdb_store
-from tests.clickhouse.spans import build_spans
 
 from .apptest_util import goto, open_app
 
 
 def _one_replica_store(tmp_path):
-    """The fleet span set of tests/clickhouse/spans.py with replicas vllm-1 and vllm-2 left out: their
+    """The fleet span set of collector/testing/clickhouse_spans.py with replicas vllm-1 and vllm-2 left out: their
     traces keep their client and gateway spans, vllm-0's are whole."""
     req, _ = build_spans(n_full=12, seed=3, fleet=True)
     keep = [rs for rs in req.resource_spans

@@ -18,12 +18,12 @@ import yaml
 from test_alerts_clickhouse import END_S, _column, fixture_db  # noqa: F401 - the fixture
 from test_generate import gen
 
-from tests.clickhouse.conftest import (
+from collector.testing.clickhouse_spans import (
+    build_spans,
     chdb_store,  # noqa: F401 - the fixture
     encode_traces,
     insert_spans,
 )
-from tests.clickhouse.spans import build_spans
 
 LATENCY = {pid: phase for pid, phase, _ in gen._latency_panel_specs()}
 

@@ -15,10 +15,14 @@ from __future__ import annotations
 import random
 import time
 
+from collector.clickhouse.exporter_encoding import encode_traces
+from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+from collector.clickhouse.objects import init_statements, refresh_requests
+from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from collector.testing.otlp_payloads import MS, TraceBuilder
 from semantics import semconv as sc
-from tests.collector.otlp_payloads import MS, TraceBuilder
 
-__all__ = ["build_spans"]
+__all__ = ["both_stores", "build_spans", "duckdb_store", "insert_spans", "new_chdb_store"]
 
 _HOSTS = {"loadgen": "client-host", "gateway": "gw-host", "vllm-0": "gw-host", "vllm-1": "node-1",
           "vllm-2": "node-2"}
@@ -158,3 +162,49 @@ def build_spans(n_full: int = 40, seed: int = 7, now_ns: int | None = None, *, f
     b.span("gateway", "POST /v1/completions", g0, g0 + 2 * MS, trace_id=bytes([6]) + bytes(15), status_code=2,
            attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "error"})
     return b.req, now_ns
+
+
+def insert_spans(client, rows) -> None:
+    """Insert exporter rows (encode_traces) into otel_traces, as the exporter's insert does, then
+    recompute clock_offsets and the requests of the traces inserted (as the refreshable views do
+    every few seconds)."""
+    client.insert("otel_traces", rows, column_names=list(TRACE_INSERT_COLUMNS))
+    refresh_requests(client)
+
+
+def duckdb_store(path, req):
+    """Write the OTLP ExportTraceServiceRequest `req` into a new DuckDB store at `path` through the real
+    processor and writer (requests refreshed)."""
+    from collector.processor.enrich import traces_to_batch
+    from collector.store.duckdb_store import DuckDBStore
+
+    store = DuckDBStore(path).start()
+    try:
+        store.submit(traces_to_batch(req)).result(60)
+        assert store.refresh(60)
+    finally:
+        store.stop()
+    return path
+
+
+def new_chdb_store(directory):
+    """(StoreUrl, client) of a fresh chdb store at `directory` with the schema applied (`clickhouse
+    init`'s statements); the caller closes the client."""
+    store = parse_store_url(f"chdb://{directory}")
+    client = connect_clickhouse(store, create=True)
+    for stmt in init_statements(store.database):
+        client.command(stmt)
+    return store, client
+
+
+def both_stores(directory, req):
+    """(DuckDB store path, chdb URL) under `directory`, each holding the spans of OTLP request `req`:
+    through the real DuckDB writer, and encoded as the exporter encodes them into a fresh chdb store
+    (closed again: chdb allows one open handle per data directory)."""
+    store, client = new_chdb_store(directory / "ch")
+    try:
+        duck = duckdb_store(directory / "t.duckdb", req)
+        insert_spans(client, encode_traces(req))
+    finally:
+        client.close()
+    return duck, store.text

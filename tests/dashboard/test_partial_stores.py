@@ -26,20 +26,21 @@ def test_every_page_renders_on_a_partial_store(partial_store, monkeypatch):
 def test_metrics_leave_out_the_quantile_of_a_phase_no_request_measured(partial_store):
     """/metrics' "not measured": a phase with no sample reads `samples 0` and no quantile series (Grafana
     shows "No data"), never a quantile of 0 s."""
-    import duckdb
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
     from collector.export.prometheus import METRIC_LATENCY_QUANTILE, METRIC_LATENCY_SAMPLES, make_registry
+    from dashboard.source import DuckDBSource
 
     name, db = partial_store
-    con = duckdb.connect(str(db), read_only=True)
+    # the dashboard's own read-only source (this process may hold the file open through it already)
+    src = DuckDBSource(str(db))
     try:
-        last_s = con.execute("SELECT epoch_ms(max(completion_time)) / 1000 FROM requests").fetchone()[0]
-        query = lambda sql, params=None: con.execute(sql, params or []).fetchall()
-        text = generate_latest(make_registry(query, now=lambda: last_s + 1)).decode()
+        rows = lambda sql, params=None: list(src.query(sql, params or []).df.itertuples(index=False))
+        last_s = float(rows("SELECT epoch_ms(max(completion_time)) / 1000 FROM requests")[0][0])
+        text = generate_latest(make_registry(rows, now=lambda: last_s + 1)).decode()
     finally:
-        con.close()
+        src.close()
     samples, quantiles = {}, set()
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

@@ -17,12 +17,8 @@ from test_generate import gen
 from collector.clickhouse.objects import ch_type
 from collector.export import prometheus as exp
 from collector.store.tables import DECODE_STEPS, REQUESTS
-from collector.testing.clickhouse_spans import (
-    build_spans,
-    chdb_store,  # noqa: F401 - the fixture
-    encode_traces,
-    insert_spans,
-)
+from collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
+from tests.clickhouse.conftest import chdb_store  # noqa: F401 - the fixture
 
 END_S = 1_780_000_000            # the fixed window's end (2026-05-28), Unix seconds
 N = 1200                         # samples per model in the window: above both minimum counts

@@ -18,12 +18,8 @@ import yaml
 from test_alerts_clickhouse import END_S, _column, fixture_db  # noqa: F401 - the fixture
 from test_generate import gen
 
-from collector.testing.clickhouse_spans import (
-    build_spans,
-    chdb_store,  # noqa: F401 - the fixture
-    encode_traces,
-    insert_spans,
-)
+from collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
+from tests.clickhouse.conftest import chdb_store  # noqa: F401 - the fixture
 
 LATENCY = {pid: phase for pid, phase, _ in gen._latency_panel_specs()}
 

@@ -17,7 +17,7 @@ import logging
 import time
 
 from instrument import semconv as sc
-from plumbing.otlp_values import set_any_value
+from plumbing.otlp_values import fill_attributes
 
 __all__ = ["DropReport"]
 
@@ -66,7 +66,7 @@ class DropReport:
 
         req = ExportMetricsServiceRequest()
         rm = req.resource_metrics.add()
-        _fill(rm.resource.attributes, resource)
+        fill_attributes(rm.resource.attributes, resource)
         sm = rm.scope_metrics.add()
         sm.scope.name = "tailtrace.exporter"
         m = sm.metrics.add()
@@ -79,13 +79,5 @@ class DropReport:
                 continue
             dp = m.sum.data_points.add()
             dp.start_time_unix_nano, dp.time_unix_nano, dp.as_int = self.start_ns, now, int(n)
-            _fill(dp.attributes, {sc.EXPORTER: self.name, sc.DROP_REASON: reason})
+            fill_attributes(dp.attributes, {sc.EXPORTER: self.name, sc.DROP_REASON: reason})
         return req.SerializeToString()
-
-
-def _fill(repeated, attributes: dict) -> None:
-    for k, v in attributes.items():
-        kv = repeated.add()
-        kv.key = str(k)
-        set_any_value(kv.value, v)
-

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from plumbing.otlp_values import set_any_value
+from plumbing.otlp_values import fill_attributes
 
 __all__ = ["DirectOTLPSpanExporter", "encode_spans", "fill_attributes"]
 
@@ -38,21 +38,6 @@ _FLAG_IS_REMOTE = 0x200
 
 def _flags(parent) -> int:
     return _FLAG_HAS_IS_REMOTE | (_FLAG_IS_REMOTE if parent is not None and parent.is_remote else 0)
-
-
-def fill_attributes(repeated, attributes) -> None:
-    """Append `attributes` (a mapping, or None) to a repeated OTLP `KeyValue` field, as the SDK's
-    encoder does: a value protobuf cannot hold leaves that attribute out (logged at debug level)."""
-    if not attributes:
-        return
-    for k, val in attributes.items():
-        kv = repeated.add()
-        try:
-            kv.key = k
-            set_any_value(kv.value, val)
-        except (TypeError, ValueError, OverflowError):  # as the SDK: the attribute is left out
-            log.debug("attribute %r not encodable", k, exc_info=True)
-            del repeated[-1]
 
 
 def encode_spans(spans: Sequence):

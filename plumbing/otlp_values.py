@@ -4,7 +4,11 @@ plugin's counts), simulate's span writer, and tests and benches that build paylo
 
 from __future__ import annotations
 
-__all__ = ["set_any_value"]
+import logging
+
+__all__ = ["fill_attributes", "set_any_value"]
+
+log = logging.getLogger("tailtrace.otlp")
 
 
 def set_any_value(v, value) -> None:
@@ -37,3 +41,18 @@ def set_any_value(v, value) -> None:
         v.SetInParent()
     else:
         raise TypeError(f"an OTLP AnyValue cannot hold a {type(value).__name__}")
+
+
+def fill_attributes(repeated, attributes) -> None:
+    """Append `attributes` (a mapping, or None) to a repeated OTLP `KeyValue` field, as the SDK's
+    encoder does: a value protobuf cannot hold leaves that attribute out (logged at debug level)."""
+    if not attributes:
+        return
+    for k, val in attributes.items():
+        kv = repeated.add()
+        try:
+            kv.key = k
+            set_any_value(kv.value, val)
+        except (TypeError, ValueError, OverflowError):  # as the SDK: the attribute is left out
+            log.debug("attribute %r not encodable", k, exc_info=True)
+            del repeated[-1]

@@ -14,7 +14,9 @@ an exact PRIMARY KEY costs ~6 us per span in DuckDB's ART, over half the ingest 
 
 `requests` is materialized incrementally: each commit records the traces it touched in
 `_dirty_traces` (same transaction); the writer recomputes those rows from `_request_spans` when
-idle, at most every `refresh_interval_s`, before any `read_query`, and at stop.
+idle, at most every `refresh_interval_s`, before any `read_query`, and at stop. In the same pass,
+first, it derives `decode_steps`, `engine_steps` and their rollups from what the commits staged
+(collector/store/derive.py): a commit appends rows, the counting runs once per pass.
 """
 
 from __future__ import annotations
@@ -30,14 +32,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from collector.errors import StoreUnavailable  # retryable (503); re-exported
-from collector.store import latency_histogram, step_rollup, totals
-from collector.store.schema import DDL, DECODE_STEP_SQL, REFRESH_REQUESTS, TIME_COLUMNS
-from collector.store.step_histogram import (
-    COMPACT_STEP_HISTOGRAM,
-    ENGINE_META_JOIN,
-    REBUILD_STEP_HISTOGRAM,
-    step_histogram_insert,
-)
+from collector.store import derive, latency_histogram, step_rollup, totals
+from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
+from collector.store.step_histogram import COMPACT_STEP_HISTOGRAM, REBUILD_STEP_HISTOGRAM
 from collector.store.tables import STORED_TABLES
 from plumbing.errors import UserError
 
@@ -127,6 +124,7 @@ class DuckDBStore:
         self._lock = threading.Lock()
         self._pending = 0
         self._dirty = False
+        self._staged = False  # rows wait in the staging tables for the derive pass
         self._hist_from = None  # oldest step_histogram minute written since the last merge
         self._lh_deltas = False  # latency_histogram and request_totals hold partial counts not merged yet
         self._engine_deltas = False  # engine_totals and engine_histogram likewise
@@ -175,6 +173,8 @@ class DuckDBStore:
                 self._rebuild(con, step_rollup.REBUILD_STEP_ROLLUP)  # a store from before step_rollup
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
+            self._staged = derive.pending(con)
+            self._derive(con)  # what a kill -9 left staged, before the keys are read back
             self._preload_keys(con)
         except duckdb.Error as exc:
             self._root.close()
@@ -280,7 +280,7 @@ class DuckDBStore:
         on timeout."""
         if self._thread is None or self._stopped:
             return False
-        if not self._dirty and self._q.empty():
+        if not (self._dirty or self._staged) and self._q.empty():
             return True
         ev = threading.Event()
         self._q.put(("refresh", ev))
@@ -315,7 +315,7 @@ class DuckDBStore:
                 item = None
             now = time.monotonic()
             if item is None:
-                if self._dirty and now - last_refresh >= self.refresh_interval_s:
+                if (self._dirty or self._staged) and now - last_refresh >= self.refresh_interval_s:
                     self._refresh(con)
                     last_refresh = now
                 if self._rollups_dirty and now - last_compact >= COMPACT_EVERY_S:
@@ -343,7 +343,7 @@ class DuckDBStore:
                 if self._rollups_dirty and time.monotonic() - last_compact >= COMPACT_EVERY_S:
                     self._compact_rollups(con)  # under steady load the queue is never idle
                     last_compact = time.monotonic()
-            if self._dirty and (time.monotonic() - last_refresh >= self.refresh_interval_s
+            if (self._dirty or self._staged) and (time.monotonic() - last_refresh >= self.refresh_interval_s
                                 or controls):
                 self._refresh(con)
                 last_refresh = time.monotonic()
@@ -376,7 +376,7 @@ class DuckDBStore:
                 it[1].set()
         if rest:
             self._commit_group(con, rest)
-        if self._dirty:
+        if self._dirty or self._staged:
             self._refresh(con)
 
     def _commit_group(self, con, group) -> None:
@@ -427,23 +427,30 @@ class DuckDBStore:
                 continue
             con.register("_batch", t)
             try:
-                con.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _batch")
+                con.execute(f"INSERT INTO {derive.STAGED.get(name, name)} BY NAME SELECT * FROM _batch")
                 if name == "_request_spans":
                     con.execute("INSERT INTO _dirty_traces SELECT DISTINCT trace_id FROM _batch")
-                elif name == "engine_steps":
-                    for stmt in totals.ENGINE_INSERT:
-                        con.execute(stmt)
-                    self._engine_deltas = True
             finally:
                 con.unregister("_batch")
             stored += t.num_rows
         if "_decode_arrays" in tables:
-            self._insert_decode_steps(con, tables["_decode_arrays"], tables.get("_request_spans"))
+            facts = tables.get("_request_spans")
+            con.register("_arrays", tables["_decode_arrays"])
+            if facts is not None:
+                con.register("_facts", facts)
+            try:
+                derive.stage_steps(con, "_arrays", None if facts is None else "_facts")
+            finally:
+                con.unregister("_arrays")
+                if facts is not None:
+                    con.unregister("_facts")
             stored += tables["_decode_arrays"].num_rows
         con.execute("COMMIT")
         window.update(seen)
         if "_request_spans" in parts:
             self._dirty = True
+        if "_decode_arrays" in parts or "engine_steps" in parts:
+            self._staged = True
         self.stats["committed_rows"] += stored
         self.stats["duplicates"] += dups
         self.stats["commits"] += 1
@@ -454,34 +461,6 @@ class DuckDBStore:
                 fut.set_result(n)
         with self._lock:
             self._pending -= total
-
-    def _insert_decode_steps(self, con, arrays: pa.Table, facts: pa.Table | None) -> None:
-        """Explode the per-request step arrays into `decode_steps` and count them into
-        `step_histogram`, `step_rollup` and `latency_histogram`, with service and model from the engine span
-        (`facts`) of the same batch."""
-        con.register("_batch", arrays)
-        try:
-            con.execute("CREATE OR REPLACE TEMP TABLE _steps AS " + _EXPLODE_DECODE)
-        finally:
-            con.unregister("_batch")
-        if facts is not None:
-            con.register("_facts", facts)
-            meta = ENGINE_META_JOIN.format(facts="_facts")
-        else:
-            meta = "LEFT JOIN (SELECT NULL AS service_name, NULL AS model) m ON true"
-        try:
-            # each step carries its request's model, so that windowed ITL reads no other table
-            con.execute(f"INSERT INTO decode_steps BY NAME SELECT s.*, m.model FROM _steps s {meta}")
-            con.execute(step_histogram_insert("_steps", meta))
-            con.execute(step_rollup.step_rollup_insert("_steps", meta))
-            con.execute(latency_histogram.steps_insert("_steps", meta))
-        finally:
-            if facts is not None:
-                con.unregister("_facts")
-        first = con.execute("SELECT date_trunc('minute', min(time)) FROM _steps").fetchone()[0]
-        if first is not None and (self._hist_from is None or first < self._hist_from):
-            self._hist_from = first
-        con.execute("DROP TABLE _steps")
 
     @property
     def _rollups_dirty(self) -> bool:
@@ -506,7 +485,28 @@ class DuckDBStore:
             _rollback(con)
             log.exception("merging the rollups")
 
+    def _derive(self, con) -> None:
+        """Count what the commits staged into decode_steps, engine_steps and their rollups (one
+        transaction; collector/store/derive.py)."""
+        if not self._staged:
+            return
+        try:
+            con.execute("BEGIN TRANSACTION")
+            first = derive.derive(con)
+            con.execute("COMMIT")
+        except Exception:
+            _rollback(con)
+            log.exception("deriving the decode steps and engine rollups")
+            return
+        self._staged = False
+        self._engine_deltas = True
+        if first is not None and (self._hist_from is None or first < self._hist_from):
+            self._hist_from = first
+
     def _refresh(self, con) -> None:
+        self._derive(con)
+        if not self._dirty:
+            return
         try:
             con.execute("BEGIN TRANSACTION")
             for stmt in REFRESH_REQUESTS:
@@ -543,12 +543,6 @@ class DuckDBStore:
 
 # How often (s, when idle) the writer merges step_histogram's per-commit partial counts.
 COMPACT_EVERY_S = 30.0
-
-_EXPLODE_DECODE = f"""
-SELECT {", ".join(f"{sql} AS {c}" for c, sql in DECODE_STEP_SQL.items())}
-FROM (SELECT *, unnest(generate_series(1, len(t))) AS i FROM _batch WHERE t IS NOT NULL)
-"""
-
 
 def _rollback(con) -> None:
     with contextlib.suppress(Exception):  # no transaction open

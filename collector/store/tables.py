@@ -9,7 +9,8 @@ docs/schema.md documents each column.
 
 Logical types are DuckDB's names: VARCHAR, JSON (text holding JSON), BIGINT, INTEGER, DOUBLE,
 BOOLEAN, TIMESTAMP (UTC, microseconds; durations are DOUBLE milliseconds), and the lists
-BIGINT[] / DOUBLE[] (only in `_decode_arrays`, a batch table the writer explodes).
+BIGINT[] / DOUBLE[] (only in `_decode_arrays`, a batch table, and `_pending_steps`, where the writer
+stages it until it explodes it).
 
 A pure declaration module: no DuckDB; pyarrow is imported on the first `arrow_schema` call.
 """
@@ -31,6 +32,8 @@ __all__ = [
     "ENGINE_TOTALS",
     "LATENCY_HISTOGRAM",
     "METRIC_POINTS",
+    "PENDING_ENGINE_STEPS",
+    "PENDING_STEPS",
     "REQUESTS",
     "REQUEST_SPANS",
     "REQUEST_TOTALS",
@@ -248,10 +251,17 @@ DECODE_ARRAYS = _table("_decode_arrays", [
     ("dc", "BIGINT[]"), ("kv", "DOUBLE[]"),
 ], stored=False)
 
+# Staged by each commit, moved out by the writer's next derive pass (collector/store/derive.py, at most
+# `refresh_interval_s` later, before any read and at start and stop): the per-token arrays with their
+# request's service and model, and the engine steps, whose rollups are then counted in one statement
+# per table over everything staged instead of once per commit.
+PENDING_STEPS = TableSpec("_pending_steps", (*DECODE_ARRAYS.columns, Column("service_name", _S), Column("model", _S)))
+PENDING_ENGINE_STEPS = TableSpec("_pending_engine_steps", ENGINE_STEPS.columns)
+
 # Every stored table, in the order the DDL creates them.
 STORED_TABLES = (SPANS, ENGINE_STEPS, DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, REQUEST_SPANS,
                  STEP_HISTOGRAM, STEP_ROLLUP, LATENCY_HISTOGRAM, REQUEST_TOTALS, ENGINE_TOTALS, ENGINE_HISTOGRAM,
-                 CLOCK_OFFSETS, DIRTY_TRACES, REQUESTS)
+                 CLOCK_OFFSETS, DIRTY_TRACES, REQUESTS, PENDING_STEPS, PENDING_ENGINE_STEPS)
 # Every table, stored or not, by name.
 TABLES = {t.name: t for t in (*STORED_TABLES, DECODE_ARRAYS)}
 assert all(t.stored for t in STORED_TABLES) and all(c.since <= SCHEMA_VERSION for t in STORED_TABLES

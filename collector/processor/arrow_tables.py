@@ -28,7 +28,8 @@ def table_from_rows(spec: TableSpec, rows: list[tuple], *, src: bool = False,
                     bulk_arrays: bool = True) -> pa.Table:
     """The Arrow table of `spec` (its `arrow_schema(src=src)`) from non-empty `rows`: tuples in the
     spec's column order, then `_src` with `src`. TIMESTAMP values are ints, ns since the Unix epoch;
-    list values (BIGINT[], DOUBLE[]) are OTLP array AnyValues (or None), read as `arr_values` does —
+    list values (BIGINT[], DOUBLE[]) are OTLP array AnyValues, their ArrayValue bytes, or None, read as
+    `arr_values` does —
     in bulk (`bulk_arrays`) or element by element. Raises on a value of the wrong type."""
     schema = spec.arrow_schema(src=src)
     cols = list(zip(*rows))
@@ -42,7 +43,7 @@ def table_from_rows(spec: TableSpec, rows: list[tuple], *, src: bool = False,
         elif bulk_arrays:
             out.append(_array_column(values, kind))
         else:
-            out.append(pa.array([arr_values(v, kind) for v in values], f.type))
+            out.append(pa.array([arr_values(_any_value(v), kind) for v in values], f.type))
     if src:
         out.append(pa.array(cols[-1], pa.int32()))
     return pa.table(out, schema=schema)
@@ -138,9 +139,19 @@ def _int_elements(joined: bytes, raws):
     return v[3::4].view(np.int64), [next(per) if r else 0 for r in raws]
 
 
+def _any_value(v):
+    """An array's OTLP AnyValue: `v` itself, or the AnyValue holding ArrayValue bytes `v`."""
+    if type(v) is not bytes:
+        return v
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
+
+    return AnyValue(array_value=ArrayValue.FromString(v))
+
+
 def _array_column(vs, kind) -> pa.Array:
     """A list<int64> (kind 'i') or list<double> ('f') column from the step-array AnyValues `vs`
-    (None where a span has none), with the values of `arr_values`.
+    (or their ArrayValue's serialized bytes; None where a span has none), with the values of
+    `arr_values`.
 
     Bulk path: every array is canonical `int_value` elements (`0a LL 18 <varint>`) or
     `double_value` elements (`0a 09 21 <8 bytes>`): all arrays' bytes are joined and decoded in
@@ -148,7 +159,9 @@ def _array_column(vs, kind) -> pa.Array:
     Any other array (mixed or odd elements) sends the column to the element-wise path."""
     raws = []
     for v in vs:
-        if v is None or v.WhichOneof("value") != "array_value":
+        if v is None or type(v) is bytes:                # bytes: the ArrayValue itself (fast path)
+            raws.append(v)
+        elif v.WhichOneof("value") != "array_value":
             raws.append(None)
         else:
             raws.append(v.array_value.SerializeToString())
@@ -172,7 +185,7 @@ def _array_column(vs, kind) -> pa.Array:
             elif bool(np.isfinite(d).all()) and bool((np.abs(d) < 9.2e18).all()):
                 vals = d.astype(np.int64)
     if vals is None:                                     # element-wise (odd content)
-        return pa.array([arr_values(v, kind) for v in vs], pa.list_(typ))
+        return pa.array([arr_values(_any_value(v), kind) for v in vs], pa.list_(typ))
     offsets = np.zeros(len(raws) + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     mask = ~np.isfinite(vals) if kind == "f" else None

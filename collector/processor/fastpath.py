@@ -31,9 +31,11 @@ never keeps links).
 
 from __future__ import annotations
 
+import math
 import threading
 
 from collector.processor.otlp_arrow import (
+    ARRAY_SLOTS,
     TraceBatchBuilder,
     attribute_slots,
     decode_attribute,
@@ -104,16 +106,72 @@ _cache: dict[bytes, tuple] = {}
 _res_cache: dict[bytes, tuple] = {}
 
 
+def _varint(b: bytes, i: int) -> tuple[int, int]:
+    """(value, next index) of the varint at b[i] (IndexError past the end)."""
+    v = shift = 0
+    while True:
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << shift
+        if x < 0x80:
+            return v, i
+        shift += 7
+
+
+# the per-token array keys as they sit in a KeyValue's bytes: 0a <len> key
+_ARRAY_KEYS = {k.encode(): slot for k, slot in ARRAY_SLOTS.items()}
+
+
+def _array_bytes(b: bytes):
+    """(key, slot, the ArrayValue's bytes) when the raw `KeyValue` `b` is a per-token array attribute in
+    the canonical layout (0a <len> key 12 <len> 2a <len> ArrayValue, nothing else), else None.
+    Lets the array reach the bulk decoder without a decode and re-encode of its elements."""
+    if len(b) < 4 or b[0] != 0x0A or b[1] >= 0x80:
+        return None
+    end = 2 + b[1]
+    key = b[2:end]
+    slot = _ARRAY_KEYS.get(key)
+    if slot is None or b[end] != 0x12:
+        return None
+    n, i = _varint(b, end + 1)
+    if i + n != len(b) or b[i] != 0x2A:
+        return None
+    m, j = _varint(b, i + 1)
+    if j + m != len(b):
+        return None
+    return key.decode(), slot, b[j:]
+
+
+def _fragment(k: str, val) -> str:
+    """`dumps_json({k: val})[1:-1]`, the common scalar cases without the encoder's machinery: an
+    int (not a bool) is its digits and a finite float its repr, as json.dumps writes them."""
+    t = type(val)
+    if t is int or (t is float and math.isfinite(val)):
+        kj = _key_json.get(k)
+        if kj is None:
+            kj = _key_json[k] = dumps_json(k)
+        return f"{kj}:{val!r}"
+    return dumps_json({k: val})[1:-1]
+
+
+_key_json: dict[str, str] = {}
+
+
 def _entry(b: bytes, KeyValue):
     """(key, JSON fragment or None, ((slot, value), ...)) of the raw `KeyValue` bytes `b`; cached
-    unless it is a step array. Raises on malformed bytes or invalid UTF-8 (the caller falls back)."""
+    unless it is a step array (its value then the raw ArrayValue bytes, or its AnyValue when not in
+    the canonical layout). Raises on malformed bytes or invalid UTF-8 (the caller falls back)."""
+    arr = _array_bytes(b)
+    if arr is not None:
+        return (arr[0], None, ((arr[1], arr[2]),))      # not cached: one per request, unique
     kv = KeyValue.FromString(b)
     k, val, slot = decode_attribute(kv)
     if slot is not None:
-        return (k, None, ((slot, kv.value),))           # not cached: one per request, unique
-    e = (k, dumps_json({k: val})[1:-1], attribute_slots(k, val))
+        return (k, None, ((slot, kv.value),))
+    e = (k, _fragment(k, val), attribute_slots(k, val))
     if len(_cache) >= _CACHE_MAX:
         _cache.clear()
+        _key_json.clear()
     _cache[b] = e
     return e
 

@@ -92,8 +92,10 @@ def _gunzip(data: bytes, limit: int) -> bytes:
 def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                   health: dict | None = None) -> Starlette:
     """The OTLP/HTTP ASGI app writing into `store` (a started `DuckDBStore`). `/healthz` answers
-    {"ok": true, <this receiver's counters (otlp_export.new_stats)>, **health} (e.g. the gRPC
-    receiver's counters under "grpc"), read at each request."""
+    {"ok": ..., <this receiver's counters (otlp_export.new_stats)>, **health} (e.g. the gRPC
+    receiver's counters under "grpc"), read at each request, with the store's write state
+    (`DuckDBStore.health`); "ok" is that state's "writable", and the status 503 when it is False (a
+    full disk: ingest answers 503 too), so an orchestrator's readiness probe takes the collector out."""
     stats = new_stats()
 
     async def handle(request: Request, kind: str) -> Response:
@@ -143,7 +145,9 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         return await handle(request, "metrics")
 
     async def healthz(request: Request) -> Response:
-        return Response(json.dumps({"ok": True, **stats, **(health or {})}), media_type=_JSON)
+        state = store.health()
+        return Response(json.dumps({"ok": state["writable"], **stats, **(health or {}), **state}), media_type=_JSON,
+                        status_code=200 if state["writable"] else 503)
 
     methods = ["POST", "GET", "PUT", "DELETE", "PATCH"]
     app = Starlette(routes=[Route("/v1/traces", traces, methods=methods),

@@ -44,6 +44,12 @@ log = logging.getLogger("tailtrace.collector.store")
 
 _STOP = object()
 
+# DuckDB checkpoints its write-ahead log into the file when the log reaches this size (MB); its default,
+# 16 MB, is a checkpoint every fifth of a second at 100k spans/s, each re-compressing the table's
+# last row group: measured at 0.5 s per checkpoint, 40 % of the writer's time (bench/ingest.py).
+# At 256 MB a checkpoint comes every few seconds; a restart after `kill -9` replays at most that much.
+CHECKPOINT_MB = 256
+
 
 class _KeyWindow:
     """The keys of about the last `size` spans stored (two generations of sets)."""
@@ -62,9 +68,12 @@ class _KeyWindow:
             self.prev, self.cur = self.cur, set()
 
 
-def _db_config(memory_limit_mb: int | None, threads: int | None, read_only: bool) -> dict:
+def _db_config(memory_limit_mb: int | None, threads: int | None, read_only: bool,
+               checkpoint_mb: int | None = None) -> dict:
     cfg = {"enable_external_access": False, "autoinstall_known_extensions": False,
            "autoload_known_extensions": False}
+    if checkpoint_mb:
+        cfg["checkpoint_threshold"] = f"{checkpoint_mb}MB"
     if memory_limit_mb is not None:  # None: DuckDB's default (80 % of RAM)
         cfg["memory_limit"] = f"{memory_limit_mb}MB"
     if threads:
@@ -105,12 +114,14 @@ class DuckDBStore:
     path: the DuckDB file (created with the schema of docs/schema.md if missing).
     max_pending_rows: rows queued but not committed above which `overloaded()` is true.
     retention_s: rows older than this (by their time column) are deleted every minute; None keeps all.
+    checkpoint_mb: the write-ahead log's size (MB) at which DuckDB checkpoints it into the file
+    (`checkpoint_threshold`; see CHECKPOINT_MB).
     """
 
     def __init__(self, path: str | Path, *, memory_limit_mb: int = 1024, threads: int | None = None,
                  dedup_window: int = 1_000_000, refresh_interval_s: float = 1.0,
                  retention_s: float | None = None, max_pending_rows: int = 200_000,
-                 max_group_rows: int = 50_000):
+                 max_group_rows: int = 50_000, checkpoint_mb: int = CHECKPOINT_MB):
         self.path = Path(path)
         self.memory_limit_mb = memory_limit_mb
         self.threads = threads
@@ -118,6 +129,7 @@ class DuckDBStore:
         self.retention_s = retention_s
         self.max_pending_rows = max_pending_rows
         self.max_group_rows = max_group_rows
+        self.checkpoint_mb = checkpoint_mb
         self._q: queue.Queue = queue.Queue()
         self._window = _KeyWindow(dedup_window)
         self._dedup_window = dedup_window
@@ -132,6 +144,8 @@ class DuckDBStore:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self.stats = {"committed_rows": 0, "duplicates": 0, "commits": 0, "failed_batches": 0}
+        self._write_error: str | None = None   # the last failed write's error, until a write succeeds
+        self._write_error_since: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> DuckDBStore:
@@ -145,7 +159,7 @@ class DuckDBStore:
             raise UserError(f"the folder of {self.path} does not exist; create it first or give another --db")
         try:
             self._root = duckdb.connect(str(self.path),
-                                        config=_db_config(self.memory_limit_mb, self.threads, False))
+                                        config=_db_config(self.memory_limit_mb, self.threads, False, self.checkpoint_mb))
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise UserError(f"{self.path} is held by another process (another collector?); "
@@ -286,6 +300,20 @@ class DuckDBStore:
         self._q.put(("refresh", ev))
         return ev.wait(timeout_s)
 
+    def _write_failed(self, exc: BaseException) -> None:
+        if self._write_error is None:
+            self._write_error_since = time.time()
+        self._write_error = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+
+    def health(self) -> dict:
+        """The store's write state, for `/healthz`: {"writable": bool, "write_error": the last failed
+        write's error or None, "write_error_since": Unix seconds of the first failure in a row or None,
+        "writer_alive": bool}. `writable` is False from a failed commit (a full disk, a file that
+        cannot be written) until a commit succeeds again, and while the writer thread is not running."""
+        alive = self._thread is not None and self._thread.is_alive() and not self._stopped
+        return {"writable": alive and self._write_error is None, "write_error": self._write_error,
+                "write_error_since": self._write_error_since, "writer_alive": alive}
+
     # ------------------------------------------------------------------ reads
     def cursor(self):
         """A new connection to the same database (for the read-only query layer)."""
@@ -390,6 +418,7 @@ class DuckDBStore:
                 return
             _, _, fut, n = group[0]
             self.stats["failed_batches"] += 1
+            self._write_failed(exc)
             log.error("commit failed: %s", exc)
             with self._lock:
                 self._pending -= n
@@ -446,6 +475,7 @@ class DuckDBStore:
                     con.unregister("_facts")
             stored += tables["_decode_arrays"].num_rows
         con.execute("COMMIT")
+        self._write_error = self._write_error_since = None
         window.update(seen)
         if "_request_spans" in parts:
             self._dirty = True
@@ -494,8 +524,9 @@ class DuckDBStore:
             con.execute("BEGIN TRANSACTION")
             first = derive.derive(con)
             con.execute("COMMIT")
-        except Exception:
+        except Exception as exc:
             _rollback(con)
+            self._write_failed(exc)
             log.exception("deriving the decode steps and engine rollups")
             return
         self._staged = False

@@ -17,14 +17,37 @@ from instrument import semconv as sc
 PB = {"Content-Type": "application/x-protobuf"}
 
 
+TOKENS = 4  # per request: its per-token arrays become 4 decode_steps rows
+
+
 def batch(k: int, n: int) -> bytes:
-    """n spans of requests (engine phase, so `requests` rows follow), unique per k."""
+    """n requests, unique per k: each an llm.request span (engine phase, so `requests` rows follow)
+    with per-token arrays of TOKENS tokens, and one engine step (the writer stages both until its
+    derive pass)."""
     b = TraceBuilder()
     for i in range(n):
         tid = k.to_bytes(8, "big") + (i + 1).to_bytes(8, "big")  # never all zero (invalid in OTLP)
+        times = [T0 + (i + 1 + j) * MS for j in range(TOKENS)]
         b.span("vllm", sc.SPAN_LLM_REQUEST, T0 + i * MS, T0 + (i + 5) * MS, trace_id=tid,
-               attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: f"r{k}-{i}", "pad": "x" * 200})
+               attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: f"r{k}-{i}", "pad": "x" * 200,
+                      sc.STEPS_TIME: times, sc.STEPS_BATCH_SIZE: [i % 7 + 1] * TOKENS})
+        b.span("vllm", sc.SPAN_ENGINE_STEP, T0 + i * MS, T0 + (i + 1) * MS, trace_id=tid,
+               attrs={sc.PHASE: sc.PHASE_ENGINE_STEP, sc.STEP_INDEX: k * 1000 + i, sc.BATCH_SIZE: i % 7 + 1,
+                      sc.PREFILL_TOKENS: 0, sc.DECODE_TOKENS: 1})
     return b.bytes()
+
+
+def _derived_counts_agree(sql, stored: int) -> None:
+    """Each stored request has its TOKENS decode steps and its engine step, and the rollups count each
+    exactly once (equal to a recount from the rows)."""
+    assert sql("SELECT count(*) FROM decode_steps")[0][0] == TOKENS * stored
+    assert sql("SELECT count(*) FROM engine_steps")[0][0] == stored
+    assert sql("SELECT coalesce(sum(steps), 0) FROM engine_totals")[0][0] == stored
+    assert sql("SELECT coalesce(sum(steps), 0) FROM step_histogram WHERE metric = 'batch_size'")[0][0] \
+        == TOKENS * stored
+    assert sql("SELECT coalesce(sum(steps), 0) FROM step_histogram WHERE metric = 'itl_us'")[0][0] \
+        == sql("SELECT count(*) FROM decode_steps WHERE itl_ms IS NOT NULL")[0][0] == (TOKENS - 1) * stored
+    assert sql("SELECT count(*) FROM _pending_steps")[0][0] == sql("SELECT count(*) FROM _pending_engine_steps")[0][0] == 0
 
 
 def sender(url, start_k, n_spans, acked, stop, statuses):
@@ -65,6 +88,7 @@ def test_kill9_keeps_every_acknowledged_span_and_clean_stop_flushes(tmp_path):
         # every acknowledged span is there; at most the 3 in-flight batches more (committed, unanswered)
         assert n_acked <= stored <= n_acked + 3 * 100
         assert h2.sql("SELECT count(*) FROM requests")[0][0] == stored
+        _derived_counts_agree(h2.sql, stored)   # what the kill left staged was derived once at restart
     finally:
         h2.stop()
     con = duckdb.connect(str(db), read_only=True)     # plain DuckDB after a clean stop
@@ -72,6 +96,7 @@ def test_kill9_keeps_every_acknowledged_span_and_clean_stop_flushes(tmp_path):
         assert con.execute("SELECT count(*) FROM spans").fetchall()[0][0] == stored
         assert con.execute("SELECT count(*) FROM _dirty_traces").fetchall()[0][0] == 0
         assert con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == stored
+        _derived_counts_agree(lambda q: con.execute(q).fetchall(), stored)
     finally:
         con.close()
 

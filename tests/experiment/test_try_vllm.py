@@ -133,9 +133,8 @@ def test_an_output_cap_cuts_the_e2e_tail_of_long_answers(stack, tmp_path):
     # 256-token answers against a cap of 64: a quarter of the decode, so that the effect (E2E ~0.25x) stays
     # far outside what a loaded box's block-to-block noise gives (a 128-token version, ~0.5x, missed its
     # interval once when other tests ran beside it)
-    # 50 requests a block: a P99 needs them (30 read "not enough requests"); one every 0.25 s (12.5 s a block:
-    # both arms decode beside the same few others, and CI pays 6 blocks)
-    rows = [(i * 0.25, 48, 256, "interactive") for i in range(50)]
+    # 50 requests a block: a P99 needs them (30 read "not enough requests")
+    rows = [(i * 0.4, 48, 256, "interactive") for i in range(50)]
     base = Arm(gateway=["--max-concurrency", "64"])
     doc = _trial(stack, tmp_path, _csv(tmp_path / "long.csv", rows), ["gateway:--max-output-tokens=64"], base=base,
                  slo="e2e_p99=30s")

@@ -44,12 +44,6 @@ log = logging.getLogger("tailtrace.collector.store")
 
 _STOP = object()
 
-# DuckDB checkpoints its write-ahead log into the file when the log reaches this size (MB); its default,
-# 16 MB, is a checkpoint every fifth of a second at 100k spans/s, each re-compressing the table's
-# last row group: measured at 0.5 s per checkpoint, 40 % of the writer's time (bench/ingest.py).
-# At 256 MB a checkpoint comes every few seconds; a restart after `kill -9` replays at most that much.
-CHECKPOINT_MB = 256
-
 
 class _KeyWindow:
     """The keys of about the last `size` spans stored (two generations of sets)."""
@@ -68,12 +62,9 @@ class _KeyWindow:
             self.prev, self.cur = self.cur, set()
 
 
-def _db_config(memory_limit_mb: int | None, threads: int | None, read_only: bool,
-               checkpoint_mb: int | None = None) -> dict:
+def _db_config(memory_limit_mb: int | None, threads: int | None, read_only: bool) -> dict:
     cfg = {"enable_external_access": False, "autoinstall_known_extensions": False,
            "autoload_known_extensions": False}
-    if checkpoint_mb:
-        cfg["checkpoint_threshold"] = f"{checkpoint_mb}MB"
     if memory_limit_mb is not None:  # None: DuckDB's default (80 % of RAM)
         cfg["memory_limit"] = f"{memory_limit_mb}MB"
     if threads:
@@ -114,14 +105,12 @@ class DuckDBStore:
     path: the DuckDB file (created with the schema of docs/schema.md if missing).
     max_pending_rows: rows queued but not committed above which `overloaded()` is true.
     retention_s: rows older than this (by their time column) are deleted every minute; None keeps all.
-    checkpoint_mb: the write-ahead log's size (MB) at which DuckDB checkpoints it into the file
-    (`checkpoint_threshold`; see CHECKPOINT_MB).
     """
 
     def __init__(self, path: str | Path, *, memory_limit_mb: int = 1024, threads: int | None = None,
                  dedup_window: int = 1_000_000, refresh_interval_s: float = 1.0,
                  retention_s: float | None = None, max_pending_rows: int = 200_000,
-                 max_group_rows: int = 50_000, checkpoint_mb: int = CHECKPOINT_MB):
+                 max_group_rows: int = 50_000):
         self.path = Path(path)
         self.memory_limit_mb = memory_limit_mb
         self.threads = threads
@@ -129,7 +118,6 @@ class DuckDBStore:
         self.retention_s = retention_s
         self.max_pending_rows = max_pending_rows
         self.max_group_rows = max_group_rows
-        self.checkpoint_mb = checkpoint_mb
         self._q: queue.Queue = queue.Queue()
         self._window = _KeyWindow(dedup_window)
         self._dedup_window = dedup_window
@@ -159,7 +147,7 @@ class DuckDBStore:
             raise UserError(f"the folder of {self.path} does not exist; create it first or give another --db")
         try:
             self._root = duckdb.connect(str(self.path),
-                                        config=_db_config(self.memory_limit_mb, self.threads, False, self.checkpoint_mb))
+                                        config=_db_config(self.memory_limit_mb, self.threads, False))
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise UserError(f"{self.path} is held by another process (another collector?); "

@@ -399,9 +399,9 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool, protoco
             probe.join(60)
             ok = sum(r[0] for r in res)
             refused = sum(r[1] for r in res)
-            stored = _count(h) - before - 0  # the probes' spans are in `spans` too: counted below
+            # the freshness probes' spans are in `spans` too; they are not the senders'
             probes = h.sql("SELECT count(*) FROM spans WHERE trace_id LIKE 'fefefefefefefefe%'")[0][0]
-            stored -= probes
+            stored = _count(h) - before - probes
             rss = _peak_rss(h.proc.pid)
             import json
             import urllib.request

@@ -29,7 +29,7 @@ from collector.store.schema import DECODE_STEP_SQL
 from collector.store.step_histogram import ENGINE_META_JOIN, step_histogram_select
 from collector.store.tables import DECODE_ARRAYS, PENDING_ENGINE_STEPS, PENDING_STEPS
 
-__all__ = ["STAGED", "derive", "pending", "stage_steps"]
+__all__ = ["STAGED", "derive", "has_rows", "pending", "stage_steps"]
 
 #: batch table -> the staging table a commit appends it to
 STAGED = {"engine_steps": PENDING_ENGINE_STEPS.name}
@@ -48,10 +48,14 @@ def stage_steps(con, arrays: str, facts: str | None) -> None:
                 f"FROM {arrays} s {ENGINE_META_JOIN.format(facts=facts)}")
 
 
+def has_rows(con, table: str) -> bool:
+    """True when `table` holds a row (reads at most one)."""
+    return bool(con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 1)").fetchone()[0])
+
+
 def pending(con) -> bool:
     """True when a staging table holds rows (a store stopped by `kill -9` before its pass)."""
-    return any(con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {t.name} LIMIT 1)").fetchone()[0]
-               for t in (PENDING_STEPS, PENDING_ENGINE_STEPS))
+    return any(has_rows(con, t.name) for t in (PENDING_STEPS, PENDING_ENGINE_STEPS))
 
 
 _EXPLODE = f"""CREATE OR REPLACE TEMP TABLE _steps AS
@@ -78,13 +82,13 @@ def derive(con):
     which the writer merges step_histogram's and step_rollup's partial counts. Raises duckdb.Error
     (the caller rolls back: the staged rows stay staged)."""
     first = None
-    if con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {PENDING_STEPS.name} LIMIT 1)").fetchone()[0]:
+    if has_rows(con, PENDING_STEPS.name):
         for stmt in _STEPS:
             con.execute(stmt)
         first = con.execute("SELECT date_trunc('minute', min(time)) FROM _steps").fetchone()[0]
         con.execute("DROP TABLE _steps")
         con.execute(f"DELETE FROM {PENDING_STEPS.name}")
-    if con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {PENDING_ENGINE_STEPS.name} LIMIT 1)").fetchone()[0]:
+    if has_rows(con, PENDING_ENGINE_STEPS.name):
         for stmt in _ENGINE:
             con.execute(stmt)
     return first

@@ -167,11 +167,9 @@ class DuckDBStore:
                 con.execute(stmt)
             self._add_derived_columns(con)
             self._rebuild_rollups(con, existing)
-            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_histogram LIMIT 1)").fetchone()[0]
-                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
+            if not derive.has_rows(con, "step_histogram") and derive.has_rows(con, "decode_steps"):
                 self._rebuild(con, REBUILD_STEP_HISTOGRAM)  # a store from before step_histogram, or a failed first try
-            if (not con.execute("SELECT count(*) FROM (SELECT 1 FROM step_rollup LIMIT 1)").fetchone()[0]
-                    and con.execute("SELECT count(*) FROM (SELECT 1 FROM decode_steps LIMIT 1)").fetchone()[0]):
+            if not derive.has_rows(con, "step_rollup") and derive.has_rows(con, "decode_steps"):
                 self._rebuild(con, step_rollup.REBUILD_STEP_ROLLUP)  # a store from before step_rollup
             con.execute("SET lock_configuration = true")
             self._dirty = con.execute("SELECT count(*) FROM _dirty_traces").fetchone()[0] > 0
@@ -206,7 +204,7 @@ class DuckDBStore:
         """A store from before a rollup (latency_histogram, request_totals, engine_totals and
         engine_histogram): count its rows into it once."""
         def empty(table):
-            return not con.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} LIMIT 1)").fetchone()[0]
+            return not derive.has_rows(con, table)
 
         if empty("latency_histogram") and not empty("requests"):
             self._rebuild(con, latency_histogram.REBUILD)

@@ -56,10 +56,13 @@ def test_odd_values_and_arrays_equal_slow_path():
     assert t["_decode_arrays"].column("kv").to_pylist()[0] == [0.5, None, 0.0, None, 0.25]
 
 
-@pytest.mark.parametrize("case", ["bad_time", "backwards", "short_id", "dup_key", "bad_utf8"])
+@pytest.mark.parametrize("case", ["bad_time", "backwards", "short_id", "dup_key", "bad_utf8", "dup_array",
+                                  "bad_array"])
 def test_hands_back_what_the_slow_path_must_decide(case):
     b = TraceBuilder()
     attrs = {"k": "MARKER"}
+    if case in ("dup_array", "bad_array"):       # per-token arrays go to the bulk decoder as raw bytes
+        attrs = {sc.PHASE: sc.PHASE_ENGINE, sc.STEPS_TIME: [T0, T0 + MS]}
     start, end, tid = T0, T0 + MS, None
     if case == "bad_time":
         start = 0
@@ -72,8 +75,15 @@ def test_hands_back_what_the_slow_path_must_decide(case):
         kv = sp.attributes.add()
         kv.key = "k"
         kv.value.int_value = 1
+    if case == "dup_array":
+        sp.attributes.add().CopyFrom(next(a for a in sp.attributes if a.key == sc.STEPS_TIME))
     body = b.bytes()
     if case == "bad_utf8":
         body = body.replace(b"MARKER", b"MA\xff\xfeER")
+    if case == "bad_array":                       # the ArrayValue's bytes, same length, not a message
+        arr = next(a for a in sp.attributes if a.key == sc.STEPS_TIME).value.array_value.SerializeToString()
+        body = body.replace(arr, b"\xff" * len(arr))
+        with pytest.raises(Exception, match="(?i)decod|pars"):
+            ExportTraceServiceRequest.FromString(body)   # the slow path answers 400
     assert fast_traces_to_batch(body) is None
     assert fast_traces_to_batch(b"\x0a\xff\xff\xff\xff\x0f") is None

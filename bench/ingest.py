@@ -334,7 +334,8 @@ def _probe_payload(k: int) -> tuple[bytes, str]:
 def _freshness(h, stop_at: float, lags: list) -> None:
     """Until `stop_at`, every 0.5 s: send one probe request over OTLP/HTTP and, from its 200, ask the
     collector's SQL API (as the dashboard and `tailtrace sql` do) until `requests` holds it; append
-    the lag (s). The reader's view is what the writer has refreshed when the query's turn comes."""
+    the lag (s; None for a probe not seen within 30 s). The reader's view is what the writer has
+    refreshed when the query's turn comes."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", h.otlp_port, timeout=60)
@@ -342,28 +343,34 @@ def _freshness(h, stop_at: float, lags: list) -> None:
     while time.time() < stop_at:
         body, tid = _probe_payload(k)
         k += 1
-        while True:
+        status = 0
+        while status != 200 and time.time() < stop_at:  # refused (429/503): again, as an exporter would
             conn.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
             r = conn.getresponse()
             r.read()
-            if r.status == 200:
-                break
-            time.sleep(0.05)
+            status = r.status
+            if status != 200:
+                time.sleep(0.05)
+        if status != 200:
+            break
         acked = time.perf_counter()
-        while not h.sql(f"SELECT count(*) FROM requests WHERE trace_id = '{tid}'")[0][0]:
-            if time.perf_counter() - acked > 30:
-                break
-        lags.append(time.perf_counter() - acked)
+        seen = False
+        while not seen and time.perf_counter() - acked <= 30:
+            seen = bool(h.sql(f"SELECT count(*) FROM requests WHERE trace_id = '{tid}'")[0][0])
+        lags.append(time.perf_counter() - acked if seen else None)   # None: not seen within 30 s
         time.sleep(0.5)
 
 
-def _peak_rss(pid: int) -> int:
-    """The process's peak resident set (VmHWM), bytes."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
+def _peak_rss(pid: int) -> int | None:
+    """The process's peak resident set (VmHWM), bytes; None where /proc does not say (not Linux)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool, protocol: str = "http") -> dict:
@@ -461,10 +468,14 @@ def main() -> int:
           f"{e2e_slow['rate'] / dec:6.1%} of the limit   (acked {e2e_slow['ok']} batches, all acked stored: "
           f"{'yes' if e2e_slow['all_stored'] else 'NO'})")
     for proto, r in e2e.items():
-        lags = sorted(r["lags"])
+        lags = sorted(x for x in r["lags"] if x is not None)
+        unseen = sum(x is None for x in r["lags"])
         fresh = (f"median {lags[len(lags) // 2]:.2f} s, max {lags[-1]:.2f} s over {len(lags)} probes"
-                 if lags else "not measured (no probe finished)")
-        print(f"  at that rate ({names[proto]}): collector peak RSS {r['rss'] / 2**20:,.0f} MiB; freshness "
+                 if lags else "not measured (no probe was acknowledged)")
+        if unseen:
+            fresh += f"; {unseen} probes NOT SEEN within 30 s"
+        rss = f"{r['rss'] / 2**20:,.0f} MiB" if r["rss"] is not None else "not measured (no /proc)"
+        print(f"  at that rate ({names[proto]}): collector peak RSS {rss}; freshness "
               f"(a request's 200 -> visible to a SQL reader) {fresh}")
     best = max(r["rate"] for r in e2e.values())
     print(f"a node at {best / SPANS_PER_REQUEST:,.0f} fully traced requests/s in tail mode "

@@ -78,8 +78,8 @@ def run_collector(cfg: CollectorConfig) -> int:
         check_port_free(cfg.host, cfg.grpc_port, "collector's OTLP/gRPC receiver (--grpc-port)")
     # DuckDB's scan of each Arrow batch the writer inserts takes the GIL, which the receivers' trace
     # conversion holds between switches: at Python's default 5 ms switch interval an insert beside
-    # a busy conversion took 2.8x as long as alone, at 0.5 ms 1.6x (an end-to-end gain of 5 to 15 %
-    # in bench/ingest.py on 2 cores).
+    # a busy conversion took 2.8x as long as alone, at 0.5 ms 1.6x; end to end (16 senders, 2 cores)
+    # +6 % and +17 % in two paired runs of bench/ingest.py's ingest().
     sys.setswitchinterval(0.0005)
     scraper = None
     store = DuckDBStore(cfg.db, memory_limit_mb=cfg.duckdb_memory_mb, retention_s=cfg.retention_s,

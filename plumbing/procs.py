@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,10 +52,43 @@ def check_port_free(host: str, port: int, what: str) -> None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that was free on `host` a moment ago (for tests and the demo)."""
+    """Return a TCP port that was free on `host` a moment ago (for tests and the demo).
+
+    The port is drawn at random from below the kernel's ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), never from it: a port
+    handed out there can be taken by any outgoing connection or `bind(0)` (vLLM's ZMQ and
+    torch.distributed sockets) in the minute before the server meant for it binds, and that
+    server then refuses to start. Ports this process handed out before are not repeated.
+    Falls back to a kernel-chosen port when no port below the range is free."""
+    low = _ephemeral_low()
+    first = 10000 if low > 12000 else 1024
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(first, low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), else IANA's 49152."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
 
 
 def stop_on_sigint() -> None:
@@ -157,12 +191,15 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "server") -> None:
-    """Poll `url` until it answers 2xx. Raise `UserError` if `proc` dies or `timeout_s` passes."""
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "server",
+              log_path: Path | None = None) -> None:
+    """Poll `url` until it answers 2xx. Raise `UserError` if `proc` dies or `timeout_s` passes;
+    when `proc` died, the message ends with the last lines of its `log_path`, if given."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise UserError(f"the {what} exited with status {proc.returncode} before it answered at {url}")
+            raise UserError(f"the {what} exited with status {proc.returncode} before it answered at {url}"
+                            + _log_tail(log_path))
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if 200 <= resp.status < 300:
@@ -171,3 +208,18 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, 
             pass
         time.sleep(0.5)
     raise UserError(f"the {what} did not answer at {url} within {timeout_s:.0f} s")
+
+
+def _log_tail(log_path: Path | None, lines: int = 5) -> str:
+    """': <last `lines` non-blank lines of log_path>' (one line each, indented), or '' when unreadable."""
+    if log_path is None:
+        return ""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+    return (":\n" + "\n".join(f"    {ln}" for ln in tail)) if tail else ""

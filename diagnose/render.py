@@ -6,7 +6,7 @@ import json
 
 from diagnose.actions import Action, render_action
 from diagnose.report import Evidence, Report, TraceReport
-from semantics.catalog import format_ms
+from semantics.catalog import format_ms, format_share
 
 __all__ = ["render_json", "render_markdown", "render_text", "waterfall_lines"]
 
@@ -121,7 +121,7 @@ def _render_one(report: Report, console) -> None:
               "(adds up to 100 %)", title_justify="left")
     for p in report.phases:
         if p.measured:
-            t.add_row(p.label, p.layer, format_ms(p.median_ms), format_ms(p.tail_mean_ms), f"{p.share:.0%}",
+            t.add_row(p.label, p.layer, format_ms(p.median_ms), format_ms(p.tail_mean_ms), format_share(p.share),
                       str(p.holds_most))
         else:
             t.add_row(p.label, p.layer, "not measured", "not measured", "—", "—")
@@ -134,7 +134,7 @@ def _render_one(report: Report, console) -> None:
     for f in report.findings:
         dom = " [bold red]dominant[/]" if f.dominant else ""
         console.print(f"\n[bold]{f.rank}. \\[{escape(f.layer_label)}] {escape(f.title)}[/] — explains "
-                      f"{f.share:.0%} of the excess ({format_ms(f.explained_ms)}), confidence {f.confidence}{dom}")
+                      f"{format_share(f.share)} of the excess ({format_ms(f.explained_ms)}), confidence {f.confidence}{dom}")
         console.print(f"   {escape(f.summary)}")
         for ev in f.evidence:
             console.print(f"   [dim]evidence:[/] {escape(ev.what)}: {escape(_numbers(ev))}")
@@ -169,7 +169,7 @@ def render_brief(report: Report, console, limit: int = 3, head: bool = True, bod
         if not missed or r.tail is None or not r.findings:
             continue
         f = r.findings[0]
-        what = "expected behaviour" if f.expected_behaviour else f"top cause, {f.share:.0%} of the excess"
+        what = "expected behaviour" if f.expected_behaviour else f"top cause, {format_share(f.share)} of the excess"
         line = rf"{r.tail.metric.upper()} {r.tail.label}: {what}: \[{escape(f.layer_label)}] {escape(f.title)}"
         console.print(f"  [bold]{line}[/]", soft_wrap=True)
         if f.actions and not f.expected_behaviour:
@@ -187,7 +187,7 @@ def _brief_one(report: Report, console, limit: int) -> None:
         for n in report.notes:
             console.print(f"[yellow]note:[/] {escape(n)}")
         return
-    layers = ", ".join(f"{la['label']} {la['share']:.0%}" for la in sorted(report.layers, key=lambda la: -la["share"]))
+    layers = ", ".join(f"{la['label']} {format_share(la['share'])}" for la in sorted(report.layers, key=lambda la: -la["share"]))
     console.print(f"[bold]Why the tail is slow[/] ({escape(_head(report))}): excess by layer: {escape(layers)}",
                   soft_wrap=True)
     if not report.findings:
@@ -195,7 +195,7 @@ def _brief_one(report: Report, console, limit: int) -> None:
     shown = [f for i, f in enumerate(report.findings) if i == 0 or max(f.share, f.score or 0.0) >= 0.05]
     for f in shown[:limit]:
         dom = " [bold red]dominant[/]" if f.dominant else ""
-        console.print(f"  {f.rank}. \\[{escape(f.layer_label)}] [bold]{escape(f.title)}[/]: explains {f.share:.0%} "
+        console.print(f"  {f.rank}. \\[{escape(f.layer_label)}] [bold]{escape(f.title)}[/]: explains {format_share(f.share)} "
                       f"of the excess, confidence {f.confidence}{dom}. {escape(f.summary)}", soft_wrap=True)
         if f.actions:
             console.print(f"     {escape(_try(f.actions[0]))}", soft_wrap=True)
@@ -225,12 +225,12 @@ def _markdown_one(report: Report, level: int, head: bool) -> list[str]:
         out += [f"{h} One request", "", "```", *_trace_text(report.trace), "```", ""]
     if report.tail is not None:
         out += [_head(report), "", "| phase | layer | median's | tail mean | share of excess |", "|---|---|---|---|---|"]
-        out += [f"| {p.label} | {p.layer} | {format_ms(p.median_ms)} | {format_ms(p.tail_mean_ms)} | {p.share:.0%} |"
+        out += [f"| {p.label} | {p.layer} | {format_ms(p.median_ms)} | {format_ms(p.tail_mean_ms)} | {format_share(p.share)} |"
                 if p.measured else f"| {p.label} | {p.layer} | not measured ({p.why}) | — | — |"
                 for p in report.phases]
         out.append("")
         for f in report.findings:
-            what = (f"Explains **{f.share:.0%}** of the excess ({format_ms(f.explained_ms)}); confidence "
+            what = (f"Explains **{format_share(f.share)}** of the excess ({format_ms(f.explained_ms)}); confidence "
                     f"{f.confidence}{'; dominant' if f.dominant else ''}. {f.summary}.")
             out += [f"{h} {f.rank}. {f.title} ({f.layer_label})", "", what, ""]
             for ev in f.evidence:

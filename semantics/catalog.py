@@ -276,7 +276,17 @@ def format_ms(x: float | None) -> str:
         return "n/a"
     x = round(x, 9)
     if abs(x) < 9.95:  # 9.96 would round to "10.0 ms": shown whole, as every value from 10 ms on
-        return f"{x:.1f} ms"
+        return f"{x:.1f} ms".replace("-0.0 ", "0.0 ")  # -0.04 ms is "0.0 ms", never "-0.0 ms"
     if abs(x) < 9999.5:
         return f"{x:,.0f} ms"
     return f"{x / 1000:,.1f} s"
+
+
+def format_share(x: float | None) -> str:
+    """A fraction (0.62) as a whole percentage ('62%'), as every surface shows a share: 'n/a' for
+    None; a negative share that rounds to zero (a phase 0.3 % shorter in the tail) is '0%', never
+    '-0%'; a larger negative one keeps its sign ('-4%')."""
+    if x is None:
+        return "n/a"
+    text = f"{x:.0%}"
+    return "0%" if text == "-0%" else text

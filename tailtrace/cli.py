@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
+    # rich's Console answers a closed pipe with SystemExit(1) (its documented `on_broken_pipe`, "override
+    # if you need to change this behaviour"): hand it to the BrokenPipeError below, so that
+    # `tailtrace explain | head` ends as `tailtrace sql ... | head` does, with 141
+    from rich.console import Console
+
+    Console.on_broken_pipe = _raise_broken_pipe
     try:
         return int(func(args) or 0)
     except BrokenPipeError:  # `tailtrace sql ... | head`: the reader left; stop quietly, as Unix tools do
@@ -87,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _raise_broken_pipe(console) -> None:
+    raise BrokenPipeError("stdout was closed")
 
 
 if __name__ == "__main__":

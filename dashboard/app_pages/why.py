@@ -6,6 +6,7 @@ import streamlit as st
 
 from dashboard import charts, ui
 from dashboard.queries import why
+from semantics.catalog import format_share
 
 ctx = ui.require()
 ui.header("Why is it slow?", "all four, ranked",
@@ -35,7 +36,7 @@ if report.objectives:
         top = other.findings[0] if other.findings else None
         if top is not None:
             st.caption(f"Also missed: {other.tail.metric.upper()} {other.tail.label}: #{top.rank} {top.title} "
-                       f"({100 * top.share:.0f}% of its excess)" + (" — expected behaviour" if top.expected_behaviour
+                       f"({format_share(top.share)} of its excess)" + (" — expected behaviour" if top.expected_behaviour
                                                                       else ""))
     st.subheader(f"The {report.tail.metric.upper() if report.tail else ''} tail")
 tail = report.tail
@@ -60,7 +61,7 @@ st.subheader("Causes, ranked")
 if not report.findings:
     st.info("No detector found a cause beyond the phase split above.")
 for f in report.findings:
-    head = (f"#{f.rank} · {f.layer_label} · {f.title} — explains {100 * f.share:.0f}% of the excess "
+    head = (f"#{f.rank} · {f.layer_label} · {f.title} — explains {format_share(f.share)} of the excess "
             f"({f.confidence} confidence){' · dominant' if f.dominant else ''}")
     with st.expander(head, expanded=f.rank == 1):
         st.markdown(f.summary)

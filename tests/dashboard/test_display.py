@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboard import charts
-from semantics.catalog import format_ms
+from semantics.catalog import format_ms, format_share
 
 
 def test_durations_read_in_the_unit_a_person_would_use():
@@ -19,6 +19,13 @@ def test_durations_read_in_the_unit_a_person_would_use():
     assert format_ms(2.4499999999999997) == format_ms(2.4500000000000006) == format_ms(2.45)
     assert format_ms(24.499999999999996) == format_ms(24.500000000000004) == format_ms(24.5)
     assert format_ms(56303.960000001076 / 1000) == "56 ms" and format_ms(-3.04) == "-3.0 ms"
+    assert format_ms(-0.04) == "0.0 ms"  # rounds to zero: no "-0.0 ms"
+
+
+def test_shares_never_read_minus_zero():
+    # explain's phase table showed "-0%" for a phase a hair shorter in the tail than at the median
+    assert format_share(-0.004) == "0%" and format_share(0.004) == "0%"
+    assert format_share(-0.04) == "-4%" and format_share(0.615) == "62%" and format_share(None) == "n/a"
 
 
 def _frames(device_cols: dict):

@@ -312,3 +312,23 @@ def test_engine_phases_kept_off_say_why_from_the_recorded_deployment(tmp_path, c
     assert phases["gateway_ms"]["measured"] is True
     rc, out, _ = cli(capsys, "--db", path)
     assert "not measured (vLLM ran with --disable-log-stats and TAILTRACE_ENGINE_STATS=off" in out, out
+
+
+def test_a_reader_that_leaves_early_ends_it_quietly(store):
+    """`tailtrace explain | head -1`: the reader is gone when explain writes (here before it starts, so
+    that no timing decides it); explain (rich's console) then ends as `tailtrace sql ... | head` does:
+    exit 141, nothing on stderr (it exited 1)."""
+    import os
+    import subprocess
+    import sys
+
+    path, _, _ = store
+    r, w = os.pipe()
+    os.close(r)  # no reader: the first write fails with EPIPE
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tailtrace", "explain", "--db", str(path)], stdout=w,
+                              stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, proc.stderr.decode()
+    assert proc.stderr == b""

@@ -79,7 +79,6 @@ def _check_clickhouse_store(store) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     import os
-    import signal
     import subprocess
 
     from dashboard.data import (
@@ -93,7 +92,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     from dashboard.source import parse_timeout_s
     from plumbing.errors import UserError
-    from plumbing.procs import check_port_free, stop_on_sigint
+    from plumbing.procs import check_port_free, stop_on_sigint, stop_on_sigterm
 
     host = args.host or os.environ.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
     try:
@@ -148,11 +147,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"tailtrace dashboard: http://{host}:{port}  ({where})", flush=True)
     stop_on_sigint()  # also when started as a background job with SIGINT ignored (streamlit too)
     proc = subprocess.Popen(streamlit_command(host, port), env=env)
-
-    def _on_term(signum, frame):  # SIGTERM stops streamlit too, as Ctrl-C does
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _on_term)
+    stopping = stop_on_sigterm()  # SIGTERM stops streamlit too, as Ctrl-C does
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -161,4 +156,4 @@ def _run(args: argparse.Namespace) -> int:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-        return 130
+        return 0 if stopping["term"] else 130

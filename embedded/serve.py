@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from plumbing.procs import (
     env_port_default,
     start_process,
     stop_on_sigint,
+    stop_on_sigterm,
     stop_process,
     wait_http,
 )
@@ -229,14 +229,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         model=args.model, host=args.host, port=args.port, otlp_endpoint=args.otlp_endpoint,
         decode_spans=args.decode_spans, instrument=not args.no_instrument, extra_args=extra,
     )
-    stopping = {"flag": False}
-
-    def _on_term(signum, frame):  # SIGTERM behaves like Ctrl-C: stop the whole process group
-        stopping["flag"] = True
-        raise KeyboardInterrupt
-
     stop_on_sigint()  # also when started as a background job with SIGINT ignored
-    signal.signal(signal.SIGTERM, _on_term)
+    stopping = stop_on_sigterm()  # SIGTERM behaves like Ctrl-C: stop the whole process group
     proc = None
     sampler = None
     try:
@@ -247,7 +241,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         proc.wait()
         return 0 if proc.returncode == 0 else 1
     except KeyboardInterrupt:
-        return 0 if stopping["flag"] else 130
+        return 0 if stopping["term"] else 130
     finally:
         if sampler is not None:
             sampler.stop()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from plumbing.errors import UserError
 
-__all__ = ["check_port_free", "env_port_default", "free_port", "start_process", "stop_process", "wait_http"]
+__all__ = ["check_port_free", "env_port_default", "free_port", "start_process", "stop_on_sigint", "stop_on_sigterm",
+           "stop_process", "wait_http"]
 
 
 def env_port_default(env: str, default: int) -> str:
@@ -100,6 +101,21 @@ def stop_on_sigint() -> None:
     that owns child processes; children started afterwards get the default disposition back (exec
     resets caught signals), so they stop on SIGINT too. Main thread only."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def stop_on_sigterm() -> dict[str, bool]:
+    """Make SIGTERM (a service manager's stop, `kill PID`) raise KeyboardInterrupt in this process, as
+    Ctrl-C does, so that a command's `finally` stops what it started and closes its store, where the
+    default action would end it at once with status 143. Returns a dict whose "term" turns True when
+    SIGTERM came: such a stop is asked for, exit 0 (Ctrl-C's is 130). Main thread only."""
+    state = {"term": False}
+
+    def _on_term(signum, frame):
+        state["term"] = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _on_term)
+    return state
 
 
 def start_process(cmd: list[str], log_path: Path | None = None, env: dict | None = None) -> subprocess.Popen:

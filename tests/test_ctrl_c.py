@@ -92,6 +92,28 @@ def test_dashboard_stops_on_sigint_when_started_ignoring_it(tmp_path):
     _stops_on_sigint(cmd, f"http://127.0.0.1:{port}/_stcore/health", 180, tmp_path)
 
 
+def test_metrics_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tmp_path):
+    """`tailtrace metrics`: SIGINT (started ignoring it) and a service manager's SIGTERM both stop it
+    with its store closed; SIGTERM is exit 0 (it was killed by the signal: 143)."""
+    import numpy as np
+
+    from tests.diagnose.store import baseline, write_store
+
+    db = write_store(tmp_path / "m.duckdb", baseline(np.random.default_rng(1), n=20))
+    for sig, codes in ((signal.SIGINT, (0, 130)), (signal.SIGTERM, (0,))):
+        port = free_port()
+        proc, mark, log = _start(_tailtrace("metrics", "--db", db, "--port", str(port)), tmp_path, sig.name)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/metrics", 120, proc, what="metrics", log_path=log)
+            if sig == signal.SIGINT:
+                _interrupt_and_check(proc, mark, log, codes)
+            else:
+                proc.send_signal(sig)
+                assert proc.wait(timeout=60) in codes, log.read_text(errors="replace")[-2000:]
+        finally:
+            _cleanup(proc, mark)
+
+
 @pytest.mark.slow
 def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_model_dir, tmp_path, session_collector):
     """Two `tailtrace serve` at once (one vLLM start's wait, not two), both vLLM eager (one by a

@@ -103,13 +103,17 @@ def _metrics(args) -> int:
         raise UserError(f"--port {args.port} is not a port (0..65535)")
     if not args.query_timeout > 0:
         raise UserError("--query-timeout must be a positive number of seconds")
+    from plumbing.procs import stop_on_sigint, stop_on_sigterm
+
     url = args.store or args.db
     port, stop = serve(url, args.host, int(args.port), args.query_timeout, args.slo)
     print(f"tailtrace metrics: /metrics of {url} on http://{args.host}:{port}/metrics", flush=True)
+    stop_on_sigint()  # also when started as a background job with SIGINT ignored
+    stopping = stop_on_sigterm()  # a service manager's stop closes the store too, and is exit 0
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        return 130
+        return 0 if stopping["term"] else 130
     finally:
         stop()

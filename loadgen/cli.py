@@ -25,8 +25,11 @@ def _positive_float(text: str) -> float:
 
 
 def check_writable(path: str, flag: str = "--out") -> None:
-    """Raise UserError unless a results file can be written at `path` (checked before a run, by
-    creating it; a file that did not exist is removed again)."""
+    """Raise UserError unless a results file can be written at `path`, checked before a run, so that
+    a bad path never loses a run's results. Nothing is left behind: a file that did not exist is
+    created and removed again, and a missing folder is not created (the writer creates it after the
+    run): the nearest folder that exists must let one be created in it."""
+    import os
     from pathlib import Path
 
     from plumbing.errors import UserError
@@ -36,9 +39,17 @@ def check_writable(path: str, flag: str = "--out") -> None:
         raise UserError(f"{flag} is empty: give a file name (.json or .csv)")
     if p.is_dir():
         raise UserError(f"{flag} {path!r} is a directory: give a file name (.json or .csv)")
+    ancestor = p.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{flag} {path!r} cannot be written: {str(ancestor)!r} is not a directory")
+    if ancestor != p.absolute().parent:  # folders to create: the nearest one there must take them
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {path!r} cannot be written: no folder can be created in {str(ancestor)!r}")
+        return
     existed = p.exists()
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a"):
             pass
     except OSError as exc:

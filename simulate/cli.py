@@ -87,6 +87,7 @@ def _emit(doc: dict, lines: list[str], args) -> None:
     if args.json:
         from pathlib import Path
 
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text + "\n")
     sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
 

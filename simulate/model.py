@@ -109,6 +109,7 @@ class StepModel:
         """Write the JSON document to `path`; raises UserError when it cannot be written."""
         p = Path(path)
         try:
+            p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
         except OSError as exc:
             raise UserError(f"cannot write the model to {p}: {exc.strerror or exc}") from None

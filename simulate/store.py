@@ -124,6 +124,7 @@ def write_store(path: str | Path, arms: list[tuple[str, object]], *, slo: str, m
     model_name = (model.identity or {}).get("model") or "simulated"
     resources = {"vllm": {sc.VLLM_CONFIG: json.dumps(model.deployment, sort_keys=True)} if model.deployment else {}}
     try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         store = DuckDBStore(Path(path)).start()
     except Exception as exc:  # noqa: BLE001 (a lock, a file that is not a store)
         raise UserError(f"cannot open the store {path} to write the simulation: {exc}") from None

@@ -152,6 +152,22 @@ def test_cli_without_collector_warns_once_and_writes(stub, tmp_path, capsys):
     assert data["summary"]["completed"] == 5
 
 
+def test_out_in_a_new_folder_is_written_after_the_run_and_never_made_for_a_failed_one(stub, tmp_path, capsys):
+    """--out checks its path before the run without creating its folder: a run that fails leaves
+    nothing behind (it left an empty folder), one that completes creates the folder and the file."""
+    failed = tmp_path / "a" / "b" / "res.json"
+    assert cli_main(["replay", "azure-conv", "--target", f"http://127.0.0.1:{free_port()}", "--no-progress",
+                     "--no-spans", "--out", str(failed)]) == 2
+    assert "cannot reach target" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    (tmp_path / "f").write_text("a file, not a folder")
+    assert cli_main(["replay", "azure-conv", "--target", stub, "--out", str(tmp_path / "f" / "x" / "r.json")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    out = tmp_path / "c" / "d" / "res.json"
+    assert cli_main(["replay", _trace(tmp_path, n=3), "--target", stub, "--no-progress", "--no-spans",
+                     "--out", str(out)]) == 0
+    assert len(json.loads(out.read_text())["requests"]) == 3
+
+
 def test_cli_sweep_writes_results(stub, tmp_path, capsys):
     out = tmp_path / "sweep.json"
     rc = cli_main(["sweep", "azure-conv", "--target", stub, "--rates", "5,10", "--duration", "2",

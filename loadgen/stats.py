@@ -15,8 +15,9 @@ Plain data and pure functions (no I/O); `loadgen.report` renders them. Definitio
 - ITL = gaps between successive token chunks' arrivals (ms), pooled over requests. Per SSE
   chunk, not per token: vLLM may put several tokens in one chunk (then the gap spans them all and
   there are fewer gaps than tokens). The per-token ITL is the engine's (`decode_steps.itl_ms`).
-- goodput = requests that succeeded and met every per-request SLO bound, per second of the run
-  (DistServe, Zhong et al., OSDI 2024).
+- goodput = requests that succeeded and met every per-request SLO bound (TTFT, TPOT, E2E: the
+  store's rule, semantics.slo.meets_objectives), per second of the run (DistServe, Zhong et al.,
+  OSDI 2024).
 Percentiles are exact over the raw values, linear interpolation between order statistics (the
 same as DuckDB's quantile_cont and numpy's default).
 """
@@ -32,7 +33,7 @@ import numpy as np
 
 from semantics import catalog
 from semantics.slo import Objective as Slo  # the one objective type (semantics/slo.py)
-from semantics.slo import parse_slo, quantile_key
+from semantics.slo import meets_objectives, parse_slo, quantile_key
 
 __all__ = [
     "METRICS",
@@ -207,12 +208,8 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
             met = got is not None and got <= s.limit_ms
             slo_met = slo_met and met
             slo_rows.append({"slo": s.label, "value_ms": got, "met": met})
-        good = 0
-        for r in ok:
-            per = {"ttft": _felt(r.ttft_ms, r), "tpot": r.tpot_ms, "e2e": _felt(r.e2e_ms, r),
-                   "itl": max(r.itl_ms(), default=None)}
-            if all(per[s.metric] is None or per[s.metric] <= s.limit_ms for s in slos):
-                good += 1
+        good = sum(meets_objectives(slos, {"ttft": _felt(r.ttft_ms, r), "tpot": r.tpot_ms, "e2e": _felt(r.e2e_ms, r)},
+                                    r.output_tokens) for r in ok)
         goodput = good / duration if duration else 0.0
     cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
     return Summary(

@@ -147,6 +147,24 @@ def goodput_sql(objectives: list[Objective]) -> str:
     return " AND ".join(parts)
 
 
+def meets_objectives(objectives: list[Objective], values: dict[str, float | None], output_tokens: int | None) -> bool:
+    """Whether one answered request counts toward goodput at `objectives`: `goodput_sql`'s rule for a
+    request held in memory (the load generator's records), where `values` maps "ttft", "tpot" and
+    "e2e" to the request's value (ms; None: not measured). Each TTFT, TPOT or E2E objective needs its
+    value measured and within the bound; a missing TPOT of a one-token answer counts as met; ITL
+    objectives bound steps, not requests, and are not part of it. tests/loadgen/test_units.py holds the
+    two to one answer over every case."""
+    for o in objectives:
+        if o.metric not in REQUEST_METRIC_COLUMNS:
+            continue
+        v = values.get(o.metric)
+        if v is None and o.metric == "tpot" and (output_tokens or 0) <= 1:
+            continue
+        if v is None or not v <= float(o.limit_ms):
+            return False
+    return True
+
+
 # the catalog's bounds, at P99: "ttft_p99=2s,tpot_p99=100ms"
 DEFAULT_SLO = format_slo([Objective(m, 0.99, v) for m, v in SLO_DEFAULTS_MS.items() if v is not None])
 

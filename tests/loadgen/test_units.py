@@ -172,3 +172,34 @@ def test_summary_goodput_slo_and_errors():
     ttft_row = s.slo[0]
     assert ttft_row["met"] is False and s.slo_met is False
     assert s.token_mismatch == 0
+
+
+def test_goodput_in_memory_and_in_sql_is_one_rule():
+    """The load generator's goodput (meets_objectives over its records) and the store's (goodput_sql
+    over `requests`) count the same requests: every combination of a value under, at, over the bound
+    or missing, for one-token and longer answers, and an ITL objective (steps, not requests) beside."""
+    import itertools
+
+    import duckdb
+
+    from semantics.catalog import REQUEST_METRIC_COLUMNS
+    from semantics.slo import goodput_sql, meets_objectives
+
+    objectives = parse_slo("ttft_p99=2s,tpot_p99=100ms,e2e_p90=30s,itl_p99=1ms")
+    limits = {o.metric: o.limit_ms for o in objectives}
+    cases = []
+    for ttft, tpot, e2e, n_out in itertools.product(*(
+            [None, 0.5 * limits[m], limits[m], 1.5 * limits[m]] for m in ("ttft", "tpot", "e2e")), [1, 2]):
+        cases.append({"ttft": ttft, "tpot": tpot, "e2e": e2e, "n_out": n_out})
+    cols = [REQUEST_METRIC_COLUMNS[m] for m in ("ttft", "tpot", "e2e")]
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE requests (i INT, ok BOOLEAN, output_tokens INT, {', '.join(c + ' DOUBLE' for c in cols)})")
+    con.executemany("INSERT INTO requests VALUES (?, true, ?, ?, ?, ?)",
+                    [(i, c["n_out"], c["ttft"], c["tpot"], c["e2e"]) for i, c in enumerate(cases)])
+    in_sql = {r[0] for r in con.execute(f"SELECT i FROM requests WHERE {goodput_sql(objectives)}").fetchall()}
+    in_memory = {i for i, c in enumerate(cases) if meets_objectives(objectives, c, c["n_out"])}
+    assert in_memory == in_sql
+    assert 0 < len(in_sql) < len(cases)  # the cases reach both answers
+    # a one-token answer without a TPOT is within it; a longer one without is not
+    assert meets_objectives(objectives, {"ttft": 1.0, "tpot": None, "e2e": 1.0}, 1)
+    assert not meets_objectives(objectives, {"ttft": 1.0, "tpot": None, "e2e": 1.0}, 2)

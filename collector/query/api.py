@@ -177,9 +177,8 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         return Response(data, media_type=CONTENT_TYPE_LATEST)
 
     async def healthz(request: Request) -> Response:
-        state = store.health()
-        return JSONResponse({"ok": state["writable"], "pending_rows": store.pending_rows, **store.stats, **state},
-                            status_code=200 if state["writable"] else 503)
+        doc, status = store.healthz(pending_rows=store.pending_rows, **store.stats)
+        return JSONResponse(doc, status_code=status)
 
     return Starlette(routes=[
         Route("/api/sql", sql, methods=["GET", "POST"]),

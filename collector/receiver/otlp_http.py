@@ -145,9 +145,8 @@ def make_otlp_app(store, limiter: AdmissionLimiter, max_body_bytes: int = DEFAUL
         return await handle(request, "metrics")
 
     async def healthz(request: Request) -> Response:
-        state = store.health()
-        return Response(json.dumps({"ok": state["writable"], **stats, **(health or {}), **state}), media_type=_JSON,
-                        status_code=200 if state["writable"] else 503)
+        doc, status = store.healthz(**stats, **(health or {}))
+        return Response(json.dumps(doc), media_type=_JSON, status_code=status)
 
     methods = ["POST", "GET", "PUT", "DELETE", "PATCH"]
     app = Starlette(routes=[Route("/v1/traces", traces, methods=methods),

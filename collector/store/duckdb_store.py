@@ -300,6 +300,12 @@ class DuckDBStore:
         return {"writable": alive and self._write_error is None, "write_error": self._write_error,
                 "write_error_since": self._write_error_since, "writer_alive": alive}
 
+    def healthz(self, **extra) -> tuple[dict, int]:
+        """`/healthz`'s (document, HTTP status) on either port: {"ok": writable, **extra, **health()},
+        200 while the store can write, else 503 (an orchestrator acts on the status)."""
+        state = self.health()
+        return {"ok": state["writable"], **extra, **state}, 200 if state["writable"] else 503
+
     # ------------------------------------------------------------------ reads
     def cursor(self):
         """A new connection to the same database (for the read-only query layer)."""

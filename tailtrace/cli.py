@@ -20,7 +20,7 @@ _COMMAND_MODULES = (
     "embedded.serve",      # serve
     "collector.cli",        # collect, sql, export
     "collector.clickhouse.cli",  # clickhouse init
-    "collector.export.metrics_cli",  # metrics (the Prometheus exporter on a store URL)
+    "collector.metrics_cli",  # metrics (the Prometheus exporter on a store URL)
     "instrument.gateway.cli",  # gateway
     "instrument.device.cli",   # sample
     "loadgen.cli",          # replay, sweep

@@ -4,7 +4,7 @@
 `StoreMetricsCollector`, that keeps no state: every scrape runs a handful of aggregate queries on the
 store (`requests`, `decode_steps`, `engine_steps`, `device_samples`) and turns the rows into metric
 families. The collector helper serves it with `prometheus_client.generate_latest(registry)`; `tailtrace metrics
---store URL` (collector/export/metrics_cli.py) serves the same registry over a ClickHouse store, each
+--store URL` (collector/metrics_cli.py) serves the same registry over a ClickHouse store, each
 statement translated by collector/clickhouse/dialect.py (the SQL below stays DuckDB's, written once).
 
 What is exported (names follow Prometheus conventions: `tailtrace_` prefix, base units in the name,

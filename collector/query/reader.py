@@ -53,12 +53,13 @@ def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
     return rows
 
 
-def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
+def db_query(path, *, timeout_s: float = 60.0, native: bool = False) -> tuple[Query, Callable[[], None]]:
     """(query, close) over a store file opened read-only as the collector's `--db` readers open it
     (`collector.store.duckdb_store.open_readonly`), each statement run by the SQL API's own guard
-    (`collector.store.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`).
-    Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (missing file, held by a
-    running collector, a failed statement)."""
+    (`collector.store.readonly.run_guarded`: one SELECT, rolled back, interrupted past `timeout_s`),
+    on its own cursor (safe from several threads). Rows are lists of JSON values, as `/api/sql`
+    answers; `native`: tuples of DuckDB's Python values (the Prometheus exporter's). Raises UserError
+    (missing file, held by a running collector, a failed statement)."""
     import duckdb
 
     from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
@@ -75,7 +76,7 @@ def db_query(path, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None
             raise UserError(f"store query failed: {exc}") from None
         except duckdb.Error as exc:
             raise UserError(f"store query failed: {' '.join(str(exc).split())[:300]}") from None
-        return [[to_json_value(v) for v in r] for r in res.rows]
+        return [tuple(r) for r in res.rows] if native else [[to_json_value(v) for v in r] for r in res.rows]
 
     return query, con.close
 
@@ -93,28 +94,34 @@ def api_query(url: str, *, timeout_s: float = 60.0) -> Query:
     return query
 
 
-def store_query(url: str, *, timeout_s: float = 60.0) -> tuple[Query, Callable[[], None]]:
-    """(query, close) over a store URL (`duckdb:///path` as `db_query`; `chdb:///dir` or
-    `clickhouse://host:8123/db`: each statement translated from DuckDB's dialect by
+def store_query(url: str, *, timeout_s: float = 60.0, native: bool = False) -> tuple[Query, Callable[[], None]]:
+    """(query, close) over a store URL, or a DuckDB file's path (`duckdb:///path` as `db_query`;
+    `chdb:///dir` or `clickhouse://host:8123/db`: each statement translated from DuckDB's dialect by
     collector/clickhouse/dialect.py, its `?` bound as literals, run under readonly=1 and the
-    timeout). Rows are lists of JSON values, as `/api/sql` answers. Raises UserError (a bad URL, an
-    unreachable store, a database without the schema, a failed statement)."""
+    timeout, one at a time on the store's one client). Safe from several threads. Rows are lists of
+    JSON values, as `/api/sql` answers; `native`: tuples of the store's Python values (the Prometheus
+    exporter's). Raises UserError (a bad URL, an unreachable store, a database without the schema
+    (the line names `tailtrace clickhouse init`), a failed statement)."""
+    import threading
+
     from collector.clickhouse.store_url import parse_store_url
 
     store = parse_store_url(url)
     if store.kind == "duckdb":
-        return db_query(store.path, timeout_s=timeout_s)
+        return db_query(store.path, timeout_s=timeout_s, native=native)
     from collector.clickhouse.query import open_query
     from collector.query.api import to_json_value
 
     run, close = open_query(store, timeout_s=timeout_s)
+    lock = threading.Lock()  # one client (chdb: one per directory), shared by a server's threads
 
     def query(sql: str, params: Sequence | None = None) -> list:
         try:
-            rows = run(sql, params)
+            with lock:
+                rows = run(sql, params)
         except UserError as exc:
             raise UserError(f"store query failed on {store.text}: {exc}") from None
-        return [[to_json_value(v) for v in r] for r in rows]
+        return [tuple(r) for r in rows] if native else [[to_json_value(v) for v in r] for r in rows]
 
     return query, close
 

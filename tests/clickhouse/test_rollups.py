@@ -190,7 +190,7 @@ def test_rollups_and_the_exporter_read_the_same_on_both_engines_whatever_the_ins
                                                                                          capsys):
     import urllib.request
 
-    from collector.export.metrics_cli import serve
+    from collector.metrics_cli import serve
     from collector.testing.clickhouse_spans import new_chdb_store
     from tailtrace.cli import main
 

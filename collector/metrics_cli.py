@@ -11,42 +11,9 @@ collector stopped: a running collector holds its file, and serves `/metrics` its
 
 from __future__ import annotations
 
-import threading
-
 from plumbing.errors import UserError
 
-__all__ = ["register", "serve", "store_query"]
-
-
-def store_query(url: str, timeout_s: float = 10.0):
-    """(query, close) on the store at `url` (a store URL, or a DuckDB file path): `query(sql, params)
-    -> list[tuple]` runs one read-only statement in DuckDB's dialect (translated for ClickHouse),
-    safe to call from several threads. Raises `UserError`: a bad URL, a missing store, a database
-    without tailtrace's schema (the line names `tailtrace clickhouse init`)."""
-    from collector.clickhouse.store_url import parse_store_url
-
-    store = parse_store_url(url)
-    if store.kind == "duckdb":
-        from collector.store.duckdb_store import open_readonly
-        from collector.store.readonly import run_guarded
-
-        con = open_readonly(store.path)
-
-        def query(sql: str, params: list | None = None) -> list[tuple]:
-            return [tuple(r) for r in run_guarded(con.cursor, sql, params, timeout_s=timeout_s, max_rows=None).rows]
-
-        return query, con.close
-
-    from collector.clickhouse.query import open_query
-
-    run, close = open_query(store, timeout_s=timeout_s, max_rows=10**7)
-    lock = threading.Lock()   # one client (chdb: one per directory), shared by the server's threads
-
-    def query(sql: str, params: list | None = None) -> list[tuple]:
-        with lock:
-            return [tuple(r) for r in run(sql, params)]
-
-    return query, close
+__all__ = ["register", "serve"]
 
 
 def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float = 10.0, slo: str | None = None):
@@ -62,7 +29,9 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
 
     if slo is not None:
         parse_slo(slo)  # before the store is opened
-    query, close = store_query(url, timeout_s)
+    from collector.query.reader import store_query
+
+    query, close = store_query(url, timeout_s=timeout_s, native=True)
     try:
         server, thread = start_http_server(port, addr=host, registry=make_registry(query, slo=slo))
     except OSError as exc:

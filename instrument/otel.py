@@ -3,7 +3,8 @@ OTLP/HTTP protobuf to the collector (instrument.otlp_export), never blocks the h
 never raises into it.
 
 Threading contract: spans are queued by the SDK's BatchSpanProcessor (bounded; when full it
-drops and counts) and exported by its one worker thread. The SDK re-creates that thread after
+drops, `CountingBatchSpanProcessor` counts, and the exporter tells the store: instrument/drops.py)
+and exported by its one worker thread. The SDK re-creates that thread after
 fork (os.register_at_fork), which vLLM's process model needs.
 """
 
@@ -18,7 +19,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from semantics.semconv import HOST_NAME
 
-__all__ = ["DEFAULT_OTLP_ENDPOINT", "make_tracer_provider", "otlp_endpoint"]
+__all__ = ["DEFAULT_OTLP_ENDPOINT", "CountingBatchSpanProcessor", "make_tracer_provider", "otlp_endpoint"]
 
 DEFAULT_OTLP_ENDPOINT = "http://127.0.0.1:4318"
 
@@ -36,6 +37,29 @@ def otlp_endpoint(flag: str | None = None) -> str:
                ("the default OTLP endpoint", DEFAULT_OTLP_ENDPOINT))
     what, value = next((w, v) for w, v in sources if v)  # the default is always set
     return check_http_url(value, what, "http://127.0.0.1:4318").rstrip("/")
+
+
+class CountingBatchSpanProcessor(BatchSpanProcessor):
+    """The SDK's BatchSpanProcessor, counting in `dropped` the spans its full queue drops. The SDK
+    drops them with one log line ("Queue full, dropping Span.") and counts them only in an internal
+    metric that is off by default (OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED). The count reads the
+    SDK's own queue (its BatchProcessor's `_queue` and `_max_queue_size`, SDK >= 1.33; the processor's
+    `queue` and `max_queue_size` before); an SDK with neither leaves `dropped` None: not measured.
+    Spans ended at the same moment on several threads may be counted one off."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        inner = getattr(self, "_batch_processor", None)
+        self._queue = getattr(inner, "_queue", None) if inner is not None else getattr(self, "queue", None)
+        self._capacity = (getattr(inner, "_max_queue_size", None) if inner is not None
+                          else getattr(self, "max_queue_size", None))
+        self.dropped: int | None = 0 if self._queue is not None and self._capacity else None
+
+    def on_end(self, span) -> None:
+        if (self.dropped is not None and span.context is not None and span.context.trace_flags.sampled
+                and len(self._queue) >= self._capacity):
+            self.dropped += 1
+        super().on_end(span)
 
 
 def make_tracer_provider(
@@ -73,14 +97,16 @@ def make_tracer_provider(
         from instrument.otlp_export import DirectOTLPSpanExporter
 
         exporter = DirectOTLPSpanExporter(url, timeout_s=10)
+    direct = exporter
     if wrap_exporter is not None:
         exporter = wrap_exporter(exporter)
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            exporter,
-            max_queue_size=max_queue_size,
-            max_export_batch_size=max_export_batch_size,
-            schedule_delay_millis=schedule_delay_ms,
-        )
+    processor = CountingBatchSpanProcessor(
+        exporter,
+        max_queue_size=max_queue_size,
+        max_export_batch_size=max_export_batch_size,
+        schedule_delay_millis=schedule_delay_ms,
     )
+    if hasattr(direct, "queue_dropped"):  # the exporter tells the store what the queue dropped
+        direct.queue_dropped = lambda: processor.dropped
+    provider.add_span_processor(processor)
     return provider

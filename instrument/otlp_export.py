@@ -126,7 +126,9 @@ class DirectOTLPSpanExporter(SpanExporter):
     included. Drop-in for the SDK's OTLPSpanExporter behind a BatchSpanProcessor. `exported` and
     `failed` count spans; a failed batch is logged at WARNING (at most one line per 30 s, with
     the spans dropped since), and the count reaches the store after the next export that succeeds
-    (`instrument.drops.DropReport`). Raises ValueError for a URL that is not http(s)."""
+    (`instrument.drops.DropReport`), with the processor's full-queue drops (`queue_dropped`: a
+    function returning them, None when not measured; `instrument.otel.make_tracer_provider` sets it).
+    Raises ValueError for a URL that is not http(s)."""
 
     LOG_EVERY_S = 30.0
 
@@ -142,6 +144,7 @@ class DirectOTLPSpanExporter(SpanExporter):
         self._unlogged = 0
         self._last_log = float("-inf")
         self._shutdown = False
+        self.queue_dropped = lambda: 0
 
     def export(self, spans: Sequence) -> SpanExportResult:
         """Encode and post one batch; SUCCESS when the collector answered 2xx."""
@@ -156,8 +159,9 @@ class DirectOTLPSpanExporter(SpanExporter):
             res, detail = None, f"{type(exc).__name__}: {exc}"
         if res:
             self.exported += len(spans)
-            if self.failed:  # the collector answers again: tell it what was dropped before (instrument/drops.py)
-                self._drops.report(dict(spans[0].resource.attributes), {"export_failed": self.failed})
+            drops = {"export_failed": self.failed, "queue_full": self.queue_dropped() or 0}
+            if any(drops.values()):  # the collector answers: tell it what was dropped before (instrument/drops.py)
+                self._drops.report(dict(spans[0].resource.attributes), drops)
             return SpanExportResult.SUCCESS
         self.failed += len(spans)
         self._unlogged += len(spans)

@@ -115,3 +115,50 @@ def test_the_overview_counts_what_was_lost(tmp_path):
     finally:
         src.close()
     assert loss == {"dropped": [("vllm", "decode_steps", "queue_full", 120)], "engine_missing": 1, "requests": 3}
+
+
+class _SlowFirstExport:
+    """Wraps an exporter: its first export waits `hold_s` first (a slow collector), so the queue fills."""
+
+    def __init__(self, inner, hold_s: float):
+        self.inner, self.hold_s, self.calls = inner, hold_s, 0
+
+    def export(self, spans):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.hold_s)
+        return self.inner.export(spans)
+
+    def shutdown(self):
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000):
+        return self.inner.force_flush(timeout_millis)
+
+
+def test_spans_a_full_queue_dropped_are_counted_in_the_store(collector):
+    """The SDK's BatchSpanProcessor drops what its full queue cannot hold, with one log line: the count
+    reaches the store (reason queue_full), and every span ended is either exported or counted dropped."""
+    prov = make_tracer_provider("queue-under-test", collector.otlp_url, max_queue_size=8, max_export_batch_size=8,
+                                schedule_delay_ms=60_000, wrap_exporter=lambda e: _SlowFirstExport(e, 1.0))
+    processor = prov._active_span_processor._span_processors[0]
+    tracer = prov.get_tracer("t")
+    try:
+        for i in range(8):  # a full batch: the worker takes it and its export waits 1 s
+            tracer.start_span(f"a{i}").end()
+        time.sleep(0.2)
+        for i in range(50):  # 8 fit in the queue meanwhile; the rest are dropped
+            tracer.start_span(f"b{i}").end()
+        assert prov.force_flush(30_000)
+        exported = processor.span_exporter.inner.exported
+    finally:
+        prov.shutdown()
+    assert processor.dropped >= 42 and processor.dropped + exported == 58, (processor.dropped, exported)
+    deadline = time.monotonic() + 30
+    rows = []
+    while time.monotonic() < deadline and not rows:
+        rows = collector.sql("SELECT json_extract_string(labels, '$.\"tailtrace.drop.reason\"'), max(value) "
+                             "FROM metric_points WHERE name = 'tailtrace.exporter.dropped_spans' AND "
+                             "json_extract_string(labels, '$.service_name') = 'queue-under-test' GROUP BY 1")
+        time.sleep(0.2)
+    assert rows == [["queue_full", float(processor.dropped)]], rows

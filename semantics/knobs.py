@@ -14,12 +14,15 @@ __all__ = ["KNOBS", "TRY_FLAGS", "Knob"]
 class Knob:
     """A knob an action may turn: `name` (the key of the recorded configuration where it has one),
     `where` ('vllm' | 'gateway' | 'client' | 'deployment'), `flag` (the command-line flag, or how to
-    set it), `what` it does."""
+    set it), `what` it does; `unset`: what a recorded null means where the knob's default is no
+    value at all (vLLM's admission limits and the gateway's output cap are off unless set: "no
+    limit"), "" where a null can only mean "not recorded"."""
 
     name: str
     where: str
     flag: str
     what: str
+    unset: str = ""
 
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
@@ -33,9 +36,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("scheduling_policy", "vllm", "--scheduling-policy",
          "fcfs or priority (requests' priority from the gateway's classes)"),
     Knob("max_num_queued_reqs", "vllm", "--max-num-queued-reqs",
-         "vLLM's API-server admission limit on waiting requests (503 beyond it)"),
+         "vLLM's API-server admission limit on waiting requests (503 beyond it)", unset="no limit"),
     Knob("max_num_queued_tokens", "vllm", "--max-num-queued-tokens",
-         "vLLM's admission limit on waiting prompt tokens (vLLM documents it as TTFT target x prefill throughput)"),
+         "vLLM's admission limit on waiting prompt tokens (vLLM documents it as TTFT target x prefill throughput)",
+         unset="no limit"),
     Knob("kv_cache_tokens", "vllm", "--gpu-memory-utilization (GPU) / VLLM_CPU_KVCACHE_SPACE (CPU)",
          "the KV cache's size in tokens"),
     Knob("enable_prefix_caching", "vllm", "--enable-prefix-caching", "reuse the KV cache of shared prompt prefixes"),
@@ -45,7 +49,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("priority_classes", "gateway", "--priority-classes",
          "serve interactive requests before batch ones at admission (the client's x-priority header)"),
     Knob("max_input_tokens", "gateway", "--max-input-tokens", "refuse (or --truncate) prompts longer than this"),
-    Knob("max_output_tokens", "gateway", "--max-output-tokens", "cap the output length the clients ask for"),
+    Knob("max_output_tokens", "gateway", "--max-output-tokens", "cap the output length the clients ask for",
+         unset="no limit"),
     Knob("replicas", "deployment", "more vLLM replicas behind the gateway (--upstream URL ...)",
          "engines serving the traffic"),
     Knob("drain_upstream", "gateway", "remove the upstream from --upstream (or fix it)",

@@ -33,6 +33,18 @@ class Deployment:
         d = self.vllm if where == "vllm" else self.gateway if where == "gateway" else None
         return None if d is None else d.get(key)
 
+    def current(self, knob: str):
+        """The value of `knob` (a key of semantics.knobs.KNOBS) now, as an action shows it: the recorded
+        value; the knob's `unset` meaning ("no limit") where the configuration was recorded and the
+        knob left at its default of no value; None when the store does not record it."""
+        from semantics.knobs import KNOBS
+
+        k = KNOBS[knob]
+        d = self.vllm if k.where == "vllm" else self.gateway if k.where == "gateway" else None
+        if d is None or knob not in d:
+            return None
+        return d[knob] if d[knob] is not None else (k.unset or None)
+
     def to_dict(self) -> dict:
         """As explain's JSON `deployment` shows it."""
         return {"vllm": self.vllm, "gateway": self.gateway, "services": list(self.services)}

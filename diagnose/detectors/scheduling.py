@@ -141,13 +141,13 @@ def _burst_actions(ctx: Context, burst_rps: float, sustained_rps: float) -> list
                           f"{n} replica(s): {n} x {burst_rps:.1f} / {sustained_rps:.2f}, rounded up"))
         if ttft_s > 0:
             q = max(1, round(sustained_rps * ttft_s))
-            out.append(action("engine_queue_burst", "max_num_queued_reqs", ctx.deployment.get("vllm", "max_num_queued_reqs"),
+            out.append(action("engine_queue_burst", "max_num_queued_reqs", ctx.deployment.current("max_num_queued_reqs"),
                               q, {"ttft": "down", "errors": "up"},
                               f"at {sustained_rps:.2f} req/s the engine starts {q} waiting requests within the TTFT "
                               f"objective ({ttft_s:g} s): refuse (503) beyond them rather than miss it"))
     rate = _prefill_rate(ctx)
     if rate and ttft_s > 0:
-        out.append(action("engine_queue_burst", "max_num_queued_tokens", ctx.deployment.get("vllm", "max_num_queued_tokens"),
+        out.append(action("engine_queue_burst", "max_num_queued_tokens", ctx.deployment.current("max_num_queued_tokens"),
                           int(rate * ttft_s), {"ttft": "down", "errors": "up"},
                           f"TTFT target {ttft_s:g} s x measured prefill {rate:,.0f} tok/s (vLLM's rule for this limit)"))
     return out[:3]
@@ -307,14 +307,16 @@ FROM hit"""
 
 def _hol_actions(ctx: Context, long_tokens: int) -> list:
     """Long prompts held short ones back: chunk them finer (long_prefill_token_threshold at the
-    "long" bound), let a short prompt prefill beside a long one (max_num_partial_prefills 2), or
-    refuse prompts above the bound at the gateway."""
+    "long" bound), let a short prompt prefill beside a long one (max_num_partial_prefills 2, only
+    where the recorded configuration has it: vLLM's V1 engine, 0.30 to 0.32 at least, has no such
+    flag and would refuse it), or refuse prompts above the bound at the gateway."""
     d = ctx.deployment
     out = [action("hol_long_prompt", "long_prefill_token_threshold", d.get("vllm", "long_prefill_token_threshold"),
                   max(16, long_tokens // 4), {"ttft": "down"},
                   f"prompts over {long_tokens} tokens are long here: prefill them in chunks of a quarter of that")]
-    if (d.get("vllm", "max_num_partial_prefills") or 1) < 2:
-        out.append(action("hol_long_prompt", "max_num_partial_prefills", d.get("vllm", "max_num_partial_prefills"), 2,
+    partial = d.get("vllm", "max_num_partial_prefills")
+    if partial is not None and partial < 2:
+        out.append(action("hol_long_prompt", "max_num_partial_prefills", partial, 2,
                           {"ttft": "down"}, "a short prompt prefills beside a long one"))
     out.append(action("hol_long_prompt", "max_input_tokens", d.get("gateway", "max_input_tokens"), long_tokens,
                       {"ttft": "down", "errors": "up"}, f"refuse prompts over {long_tokens} tokens (the long bound)"))

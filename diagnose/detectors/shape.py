@@ -59,7 +59,7 @@ FROM pop, s WHERE {ts.column} > ?"""
     conf = _confidence(share, max(long_out, long_in), strong=max(long_out, long_in) >= 0.5)
     acts = []
     if out_ms > 0:
-        acts.append(action("request_shape", "max_output_tokens", ctx.deployment.get("gateway", "max_output_tokens"),
+        acts.append(action("request_shape", "max_output_tokens", ctx.deployment.current("max_output_tokens"),
                            int(_f(row["p90_output"])), {"e2e": "down"},
                            f"cap answers at the P90 output ({_f(row['p90_output']):.0f} tokens): {long_out:.0%} of "
                            "the tail is above it"))
@@ -68,7 +68,7 @@ FROM pop, s WHERE {ts.column} > ?"""
                            "long prompts are prefilled whole every time: with prefix caching a conversation's "
                            "turns reuse the KV cache of the turns before"))
     if in_ms > 0 or not acts:
-        acts.append(action("request_shape", "max_input_tokens", ctx.deployment.get("gateway", "max_input_tokens"),
+        acts.append(action("request_shape", "max_input_tokens", ctx.deployment.current("max_input_tokens"),
                            int(_f(row["p90_prompt"])), {"ttft": "down", "e2e": "down", "errors": "up"},
                            f"refuse prompts above the P90 ({_f(row['p90_prompt']):.0f} tokens): {long_in:.0%} of the "
                            "tail is above it"))

@@ -383,3 +383,27 @@ def test_burst_windows_count_across_the_blocks_they_are_windowed_in(tmp_path):
             assert n[f"all_prior_rps_{w}s"] == pytest.approx(every, abs=1e-6)
     finally:
         close()
+
+
+def test_actions_show_the_value_now_and_name_only_flags_this_vllm_has():
+    """A knob vLLM leaves unset by default (its admission limits) reads "no limit" where the
+    configuration was recorded, "?" where it was not; --max-num-partial-prefills, which vLLM's V1
+    engine (0.30-0.32) does not have (recorded as null), is never proposed to it."""
+    from types import SimpleNamespace
+
+    from collector.query.deployment import Deployment
+    from diagnose.actions import render_action
+    from diagnose.detectors.scheduling import _hol_actions
+
+    v032 = Deployment(vllm={"long_prefill_token_threshold": 0, "max_num_partial_prefills": None,
+                            "max_num_queued_reqs": None, "max_num_seqs": 128},
+                      gateway={"max_input_tokens": 131072, "max_output_tokens": None})
+    acts = {a.knob: a for a in _hol_actions(SimpleNamespace(deployment=v032), 1664)}
+    assert set(acts) == {"long_prefill_token_threshold", "max_input_tokens"}
+    older = Deployment(vllm={"long_prefill_token_threshold": 0, "max_num_partial_prefills": 1}, gateway=None)
+    acts = {a.knob: a for a in _hol_actions(SimpleNamespace(deployment=older), 1664)}
+    assert (acts["max_num_partial_prefills"].current, acts["max_num_partial_prefills"].proposed) == (1, 2)
+    assert acts["max_input_tokens"].current is None and "131,072" not in render_action(acts["max_input_tokens"])
+    assert v032.current("max_num_queued_reqs") == "no limit" and v032.current("max_output_tokens") == "no limit"
+    assert v032.current("max_num_seqs") == 128 and v032.current("max_num_queued_tokens") is None  # not recorded
+    assert Deployment(vllm=None, gateway=None).current("max_num_queued_reqs") is None

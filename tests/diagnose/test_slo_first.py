@@ -75,7 +75,8 @@ def test_the_missed_objective_leads_and_its_cause_carries_actions(tmp_path, caps
     assert doc["tail"]["metric"] == "ttft" and doc["findings"][0]["cause"] == "engine_queue_burst"
     burst = doc["findings"][0]
     knobs = {a["knob"]: a for a in burst["actions"]}
-    assert "max_num_queued_reqs" in knobs and knobs["max_num_queued_reqs"]["current"] is None
+    # recorded as null: vLLM's default, no limit (null would say "not recorded")
+    assert "max_num_queued_reqs" in knobs and knobs["max_num_queued_reqs"]["current"] == "no limit"
     # Little's law at the sustained rate and the 2 s objective: a queue the engine drains in time
     sustained = burst["evidence"][1]["numbers"]["sustained_rps"]
     assert knobs["max_num_queued_reqs"]["proposed"] == max(1, round(sustained * 2.0))
@@ -88,7 +89,7 @@ def test_the_missed_objective_leads_and_its_cause_carries_actions(tmp_path, caps
     text_rc = main(["explain", "--db", path])
     text = capsys.readouterr().out
     assert text_rc == 0 and text.index("TTFT P99") < text.index("TPOT P99") < text.index("an arrival burst")
-    assert "MISSED" in text and "try: --max-num-queued-reqs ? → " in text
+    assert "MISSED" in text and "try: --max-num-queued-reqs no limit → " in text
 
 
 def test_an_e2e_tail_of_long_answers_is_never_the_headline(tmp_path, capsys):

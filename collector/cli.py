@@ -102,7 +102,7 @@ def _collect(args) -> int:
         if port is not None and port in taken:
             raise UserError(f"{taken[port]} and {flag} must differ (both {port})")
         taken.setdefault(port, flag)
-    if not (0 < args.max_body_mb < 1024 and args.max_rows > 0 and 0 < args.query_timeout < 86400):
+    if not (0 < args.max_body_mb < 1024 and 0 < args.max_rows <= 2**62 and 0 < args.query_timeout < 86400):
         raise UserError("--max-body-mb (under 1024), --max-rows and --query-timeout (seconds, under a day) "
                         "must be positive numbers")
     if not 0.05 <= args.scrape_interval <= 3600:
@@ -134,8 +134,8 @@ def _collect(args) -> int:
 def _sql(args) -> int:
     if not args.query.strip():
         raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
-    if not (0 < args.timeout < 86400 and args.max_rows > 0):
-        raise UserError("--timeout (seconds, under a day) and --max-rows must be positive")
+    if not (0 < args.timeout < 86400 and 0 < args.max_rows <= 2**62):
+        raise UserError("--timeout (seconds, under a day) and --max-rows (at most 2**62) must be positive")
     store = None
     if args.store:
         from collector.clickhouse.store_url import parse_store_url
@@ -232,7 +232,9 @@ def _export(args) -> int:
 
     if not str(args.out).strip():
         raise UserError("--out is empty: give the directory to write the Parquet files into")
-    tables = USER_TABLES if not args.tables else tuple(t.strip() for t in args.tables.split(",") if t.strip())
+    tables = USER_TABLES if args.tables is None else tuple(t.strip() for t in args.tables.split(",") if t.strip())
+    if not tables:  # `--tables ,` or `--tables ''`: exporting nothing is never what was meant
+        raise UserError(f"--tables {args.tables!r} names no table; tables: {', '.join(USER_TABLES)}")
     bad = [t for t in tables if t not in USER_TABLES]
     if bad:
         raise UserError(f"unknown table(s) {', '.join(bad)}; tables: {', '.join(USER_TABLES)}")

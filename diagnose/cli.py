@@ -57,7 +57,11 @@ def _run(args: argparse.Namespace) -> int:
     from diagnose.explain import explain
     from diagnose.render import render_json, render_markdown, render_text
     from diagnose.source import Scope, evidence_for_store
+    from plumbing.errors import UserError
 
+    for flag, value in (("--run-id", args.run_id), ("--trace-id", args.trace_id)):
+        if value is not None and not value.strip():  # an empty one is not "every run" or "no request"
+            raise UserError(f"{flag} is empty: give one, or leave the flag out")
     metric = args.metric
     if metric is None and (args.trace_id or args.quantile is not None):
         metric = "e2e"  # one request's waterfall tiles its E2E; a quantile asks for one metric's tail

@@ -21,14 +21,17 @@ __all__ = ["capacity", "parse_rates", "run_sweep"]
 
 
 def parse_rates(text: str) -> list[float]:
-    """`1,2,4,8` -> [1.0, 2.0, 4.0, 8.0] (sorted, > 0). Raises UserError."""
+    """`1,2,4,8` -> [1.0, 2.0, 4.0, 8.0] (sorted, finite, > 0), checked whole before any step runs.
+    Raises UserError."""
+    import math
+
     try:
-        rates = sorted({float(x) for x in text.split(",") if x.strip()})
+        rates = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--rates {text!r}: give comma-separated req/s values, e.g. 1,2,4,8") from None
-    if not rates or rates[0] <= 0:
-        raise UserError("--rates needs values > 0")
-    return rates
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise UserError(f"--rates {text!r}: every rate must be a finite number of req/s > 0, e.g. 1,2,4,8")
+    return sorted(set(rates))
 
 
 def capacity(rows: list[dict], slo_text: str, traffic: str) -> dict:

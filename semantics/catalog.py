@@ -137,8 +137,14 @@ QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
 
 
 def quantile_label(q: float) -> str:
-    """0.5 -> "P50", 0.99 -> "P99", 0.999 -> "P999" (digits after the point, as the field writes them)."""
-    return "P" + f"{q:.6f}".split(".")[1].rstrip("0").ljust(2, "0")
+    """0.5 -> "P50", 0.99 -> "P99", 0.999 -> "P999", 0.055 -> "P055", 0.9999999 -> "P9999999": two
+    digits of whole percent, then the decimals, as the field writes them (an SLO spec's `ttft_p999`
+    is its lower case: semantics.slo.quantile_key). Exact to 9 decimals of a percent."""
+    from decimal import Decimal
+
+    text = format(Decimal(repr(round(q * 100, 9))), "f")
+    whole, _, frac = text.partition(".")
+    return "P" + whole.zfill(2) + frac.rstrip("0")
 
 
 QUANTILE_LABELS: tuple[str, ...] = tuple(quantile_label(q) for q in QUANTILES)

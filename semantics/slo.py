@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from plumbing.errors import UserError
-from semantics.catalog import LATENCY_POPULATION, REQUEST_METRIC_COLUMNS, SLO_DEFAULTS_MS
+from semantics.catalog import LATENCY_POPULATION, REQUEST_METRIC_COLUMNS, SLO_DEFAULTS_MS, quantile_label
 
 __all__ = [
     "DEFAULT_SLO",
@@ -69,8 +69,7 @@ class Objective:
 def quantile_key(q: float) -> str:
     """0.99 -> "p99", 0.999 -> "p999", 0.5 -> "p50", 0.055 -> "p055": the key an SLO spec item and a
     summary use, as `parse_slo` reads it back (two digits of whole percent, then the decimals)."""
-    whole, _, frac = _plain(q * 100).partition(".")
-    return "p" + whole.zfill(2) + frac
+    return quantile_label(q).lower()
 
 
 def _plain(x: float) -> str:
@@ -119,6 +118,9 @@ def parse_slo(text: str, what: str = "--slo") -> list[Objective]:
                             f"{MAX_BOUND_MS / 86_400_000:.1f} days, e.g. 2s or 100ms")
         if len(digits) > 8:
             raise UserError(f"bad quantile in {what} item {part!r}: at most 8 digits (p99999999)")
+        if (metric, q) in out:  # two bounds for one quantile: which was meant cannot be guessed
+            raise UserError(f"{what} names {out[(metric, q)].key} twice ({out[(metric, q)].spec} and {part!r}): "
+                            "give one bound per metric and quantile")
         out[(metric, q)] = Objective(metric, q, limit)
     if not out:
         raise UserError(f"{what} is empty: give e.g. ttft_p99=2s,tpot_p99=100ms")

@@ -84,12 +84,18 @@ def _emit(doc: dict, lines: list[str], args) -> None:
     import sys
 
     text = json.dumps(doc, indent=1, default=str)
+    sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")  # first: a failed write loses nothing
     if args.json:
         from pathlib import Path
 
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text + "\n")
-    sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
+        from plumbing.errors import UserError
+
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(text + "\n")
+        except OSError as exc:
+            sys.stdout.flush()
+            raise UserError(f"--json {args.json}: {exc.strerror or exc} (the result is above)") from None
 
 
 def _fit(args) -> int:

@@ -139,8 +139,32 @@ def load_model(path: str | Path) -> StepModel:
         coef = [float(x) for x in doc["coef_ms"]]
         if len(coef) != len(TERMS) or not all(math.isfinite(x) and x >= 0 for x in coef):
             raise ValueError
+        _check_shapes(doc)
         return StepModel(coef, doc["residuals"], doc.get("overheads") or [], doc["identity"], doc["deployment"],
                          doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {})
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"{p}: a model file needs coef_ms ({len(TERMS)} non-negative numbers), residuals, "
-                        "identity and deployment") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        raise UserError(f"{p}: a model file needs coef_ms ({len(TERMS)} non-negative numbers), residuals "
+                        "({\"decode\": [positive numbers], \"mixed\": [...]}), overheads ([[pre_ms, post_ms, "
+                        "in_flight], ...]), identity and deployment (objects): fit it again with "
+                        "`tailtrace simulate fit`") from None
+
+
+def _check_shapes(doc: dict) -> None:
+    """Raise ValueError or TypeError unless the model's parts have the shapes StepModel reads (a file
+    edited by hand)."""
+    res = doc["residuals"]
+    if not isinstance(res, dict):
+        raise TypeError
+    for key in ("decode", "mixed"):
+        qs = res.get(key) or []
+        if not isinstance(qs, list) or not all(math.isfinite(float(x)) and float(x) > 0 for x in qs):
+            raise ValueError
+    for o in doc.get("overheads") or []:
+        if (not isinstance(o, list) or not 2 <= len(o) <= 3
+                or not all(math.isfinite(float(x)) and float(x) >= 0 for x in o)):
+            raise ValueError
+    if not isinstance(doc["identity"], dict) or not isinstance(doc["deployment"], dict):
+        raise TypeError
+    for key in ("gateway", "fit", "source"):
+        if doc.get(key) is not None and not isinstance(doc[key], dict):
+            raise TypeError

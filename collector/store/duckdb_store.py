@@ -96,6 +96,10 @@ def open_readonly(path: str | Path, memory_limit_mb: int | None = 1024, threads:
         raise UserError(f"cannot open {p}: {exc}") from None
     except duckdb.Error as exc:
         raise UserError(f"cannot open {p} as a DuckDB file: {exc}") from None
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name IN ('spans', 'requests')").fetchall()[0][0]:
+        con.close()
+        raise UserError(f"{p} is not a tailtrace store (a DuckDB file without its tables spans and requests): "
+                        "give a file `tailtrace collect --db` wrote")
     return con
 
 

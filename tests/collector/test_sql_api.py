@@ -154,6 +154,11 @@ def test_export_parquet_api_and_db(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tailtrace", "export", "--db", str(tmp_path / "e.duckdb"), "--out",
                         str(tmp_path / "full")], capture_output=True, text=True, check=False, timeout=120)
     assert p.returncode == 0, p.stderr
+    # a list that names no table: one line, nothing written (it exported nothing, exit 0)
+    from tailtrace.cli import main
+
+    assert main(["export", "--db", str(tmp_path / "e.duckdb"), "--out", str(tmp_path / "none"), "--tables", ","]) == 2
+    assert not (tmp_path / "none").exists()
     for d in ("snap", "full"):
         parts = sorted(os.listdir(tmp_path / d / "spans"))
         assert parts == ["hour=2025-10-09T08"]

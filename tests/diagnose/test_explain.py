@@ -218,6 +218,8 @@ def test_a_store_without_engine_spans_says_what_it_can_still_tell(tmp_path, caps
     (["--since", "-1m", "--until", "-2m"], "is not after --since"),
     (["--trace-id", "00000000000000000000000000000000"], "no request with trace id"),
     (["--run-id", "nope"], "check --run-id"),
+    (["--run-id", ""], "--run-id is empty"),  # was read as no --run-id at all
+    (["--trace-id", " "], "--trace-id is empty"),
     (["--quantile", "1"], "--quantile '1': give the tail's quantile above the median and below 1"),
     (["--quantile", "p99"], "--quantile 'p99': give the tail's quantile"),
 ])
@@ -235,6 +237,12 @@ def test_an_empty_store_and_a_missing_file(tmp_path, capsys):
     assert rc == 2 and "no DuckDB file" in err
     rc, _, err = cli(capsys, "--api", "ftp://x")
     assert rc == 2 and "--api" in err
+    import duckdb
+
+    other = tmp_path / "other.duckdb"  # a DuckDB file, not a store: one line, not DuckDB's catalog error
+    duckdb.connect(str(other)).execute("CREATE TABLE t (a INT)").close()
+    rc, _, err = cli(capsys, "--db", str(other))
+    assert rc == 2 and "is not a tailtrace store" in err and "Catalog" not in err
 
 
 def test_the_quantile_chooses_the_tail(store, capsys):

@@ -191,6 +191,9 @@ def test_cli_sweep_writes_results(stub, tmp_path, capsys):
     (["replay", "azure-conv", "--target", "UNREACHABLE"], "cannot reach target"),
     (["replay", "azure-conv", "--target", "http://127.0.0.1:9", "--slo", "fast=1"], "bad --slo"),
     (["sweep", "azure-conv", "--target", "http://127.0.0.1:9", "--rates", "a,b", "--duration", "1"], "--rates"),
+    # nan was found only after the rates before it had run (their results lost); inf ran and wrote Infinity
+    (["sweep", "azure-conv", "--target", "http://127.0.0.1:9", "--rates", "1,nan", "--duration", "1"], "finite"),
+    (["sweep", "azure-conv", "--target", "http://127.0.0.1:9", "--rates", "inf", "--duration", "1"], "finite"),
 ])
 def test_cli_bad_input_one_line_exit_2(argv, message, tmp_path, capsys):
     bad = tmp_path / "bad.csv"

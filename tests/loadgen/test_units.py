@@ -142,6 +142,19 @@ def test_parse_slo():
     assert parse_slo("ttft_p5=1s")[0].q == 0.05 and parse_slo("ttft_p9999=1s")[0].q == 0.9999
     with pytest.raises(UserError, match="trailing zero"):
         parse_slo("ttft_p150=2s")  # would read as P15.0
+    with pytest.raises(UserError, match="ttft_p99 twice"):
+        parse_slo("ttft_p99=1s,ttft_p99=2s")  # only the last was judged
+    assert len(parse_slo("ttft_p99=1s,ttft_p999=2s,tpot_p99=1s")) == 3
+
+
+def test_quantile_labels_read_back_at_every_depth():
+    from semantics.catalog import quantile_label
+    from semantics.slo import quantile_key
+
+    for q, label in ((0.5, "P50"), (0.05, "P05"), (0.055, "P055"), (0.99, "P99"), (0.999, "P999"),
+                     (0.9999999, "P9999999"), (0.99999999, "P99999999")):  # 0.9999999 read "P00"
+        assert quantile_label(q) == label and quantile_key(q) == label.lower()
+        assert parse_slo(f"ttft_{label.lower()}=1s")[0].q == q
 
 
 def _rec(i, ttft_ms, e2e_ms, n_out, error=None):

@@ -170,6 +170,23 @@ def test_bad_input_is_one_line_and_exit_2(model_file, tmp_path, capsys, extra, m
     assert msg in err and len(err.splitlines()) == 1, err
 
 
+@pytest.mark.parametrize("edit", [{"residuals": None}, {"residuals": {"decode": ["x"]}}, {"overheads": "x"},
+                                  {"overheads": [[1.0]]}, {"deployment": None}, {"identity": []}, {"fit": 3}])
+def test_a_model_file_edited_out_of_shape_is_one_line(model_file, tmp_path, capsys, edit):
+    """A hand-edited model whose parts have the wrong shapes: refused with the fields a model needs
+    (residuals null or overheads "x" were tracebacks)."""
+    import json
+
+    doc = json.loads(model_file.read_text())
+    doc.update(edit)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    tr = _trace(tmp_path / "t.csv", [(0.1 * i, 100, 10) for i in range(20)])
+    assert main(["simulate", "run", "--model", str(bad), "--traffic", tr]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a model file needs" in err and len(err.splitlines()) == 1, err
+
+
 def test_traffic_from_another_deployment_is_refused_naming_the_mismatch(model_file, tmp_path, capsys):
     other = tmp_path / "o.duckdb"
     con = duckdb.connect(str(other))

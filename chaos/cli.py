@@ -40,6 +40,9 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         raise UserError("--collector-api goes with --gateway (a user's stack); without them the embedded stack runs")
     if args.burst < 2:
         raise UserError(f"--burst must be at least 2, not {args.burst}")
+    for flag, value in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens)):
+        if value is not None and value < 1:  # before the load's trace is written: named as the user gave it
+            raise UserError(f"{flag} must be at least 1, not {value}")
     if args.experiment == "long-prompt":  # N must fit the model (the engine's max_model_len is checked again)
         from chaos.long_prompt import check_prompt_tokens
         from embedded.model import TINY

@@ -132,7 +132,7 @@ def metrics_to_batch(req) -> Batch:
                 name = m.name
                 for t, kvs, temporality, rows in _points(m):
                     if not (MIN_TIME_NS <= t < MAX_TIME_NS):
-                        rows = f"time {t} ns is 0 or outside 2000..2100"
+                        rows = f"time {t} ns is 0 or outside the years 2000 to 2100"
                     if isinstance(rows, str):
                         b.rejected += 1
                         if len(b.errors) < 5:

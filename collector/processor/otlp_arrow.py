@@ -303,7 +303,7 @@ def _span_problem(sp) -> str | None:
     end = sp.end_time_unix_nano
     if not (MIN_TIME_NS <= start < MAX_TIME_NS and MIN_TIME_NS <= end < MAX_TIME_NS):
         return (f"span {sp.span_id.hex()} {sp.name!r}: start/end time {start}/{end} ns is 0 "
-                "or outside 2000..2100")
+                "or outside the years 2000 to 2100")
     if end < start:
         return f"span {sp.span_id.hex()} {sp.name!r}: ends before it starts"
     tid = sp.trace_id

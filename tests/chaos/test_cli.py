@@ -45,6 +45,7 @@ def _one_line(capsys) -> str:
     (["chaos", "net-delay", "--direction", "sideways"], ["--direction", "invalid choice"]),
     (["chaos", "net-delay", "--duration", "0"], ["--duration must be a number > 0"]),
     (["chaos", "admission", "--burst", "1"], ["--burst must be at least 2"]),
+    (["chaos", "net-delay", "--input-tokens", "-1"], ["--input-tokens must be at least 1"]),  # named the trace file
     (["chaos", "long-prompt", "--prompt-tokens", "16381"], ["--prompt-tokens 16381 does not fit", "max_model_len is 16384",
                                                             "at most 16380"]),
     (["chaos", "long-prompt", "--prompt-tokens", "0"], ["--prompt-tokens must be at least 1"]),

@@ -226,6 +226,11 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
         raise UserError("with --baseline/--candidate the candidate already runs its change: give only client: changes")
     if urls and (cfg.base.vllm or cfg.base.gateway):
         raise UserError("with --baseline/--candidate the deployments are the user's: --base takes only client: settings")
+    if urls:  # before the traffic is cut and the plan printed: a bad URL is one line, nothing written
+        from plumbing.urls import check_http_url
+
+        check_http_url(cfg.baseline_url, "--baseline")
+        check_http_url(cfg.candidate_url, "--candidate")
     arms = {"A": cfg.base, "B": cfg.base.with_changes(cfg.changes)}
     traffic, n_req, notes = _cut_traffic(cfg)
     if n_req < 50:  # compare's rule: a quantile q needs 0.5 / (1 - q) requests per block

@@ -31,6 +31,7 @@ SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "compare.sch
     (["--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9", "--change",
       "vllm:--max-num-seqs=8"], "give only client: changes"),
     (["--traffic", "nope.csv"], "trace 'nope.csv' not found"),
+    (["--baseline", "http://127.0.0.1:9", "--candidate", "ftp://x"], "--candidate"),  # after the plan was printed
     (["--blocks", "0"], "--blocks must be more than 0"),
 ])
 def test_bad_try_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
@@ -42,6 +43,7 @@ def test_bad_try_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "tailtrace.duckdb").exists()  # nothing started
+    assert not (tmp_path / "traffic.csv").exists()  # nothing written
 
 
 def test_changes_apply_over_the_base_and_actions_become_changes(tmp_path):

@@ -142,6 +142,8 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
                 if isinstance(asked, bool) or not isinstance(asked, (int, float)) or not 0 < asked < math.inf:
                     raise BadRequest("timeout_s must be a positive number of seconds")
                 budget = min(budget, float(asked))
+        if q is not None and not isinstance(q, str):
+            raise BadRequest(f"sql must be a string of SQL, not {type(q).__name__}: POST {{\"sql\": \"SELECT ...\"}}")
         if not isinstance(q, str) or not q.strip():
             raise BadRequest("no SQL: POST {\"sql\": \"SELECT ...\"} or GET /api/sql?q=SELECT...")
         want_arrow = ARROW_STREAM in request.headers.get("accept", "")

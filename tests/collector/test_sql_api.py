@@ -101,6 +101,8 @@ def test_bad_sql_is_400(coll):
     assert httpx.post(coll.api_url + "/api/sql", content=b"{broken", timeout=30).status_code == 400
     r = httpx.post(coll.api_url + "/api/sql", content=b"[" * 200_000 + b"]" * 200_000, timeout=30)  # 400 KB
     assert r.status_code == 400 and "must be JSON" in r.json()["error"]
+    r = httpx.post(coll.api_url + "/api/sql", json={"sql": 5}, timeout=30)  # read "no SQL"
+    assert r.status_code == 400 and "sql must be a string" in r.json()["error"]
 
 
 def test_cli_sql_via_api_and_held_file(coll):

@@ -27,6 +27,7 @@ __all__ = [
     "RUN_KINDS",
     "RUN_KIND_ARM",
     "RUN_KIND_PROBE",
+    "RUN_KIND_SIMULATION",
     "TRAFFIC_KINDS",
     "Objective",
     "format_slo",
@@ -173,13 +174,14 @@ DEFAULT_SLO = format_slo([Objective(m, 0.99, v) for m, v in SLO_DEFAULTS_MS.item
 # ------------------------------------------------------------------------- runs
 RUN_KIND_PROBE = "capacity-probe"
 RUN_KIND_ARM = "experiment-arm"  # a block of `tailtrace try`
+RUN_KIND_SIMULATION = "simulation"  # `tailtrace simulate run --store-out`: predicted, not measured
 # (kind, run id prefix); the first match wins; anything else is a replay
 RUN_KINDS: tuple[tuple[str, str], ...] = (
     (RUN_KIND_PROBE, "capacity-probe"),
     ("sweep-step", "sweep-"),
     ("chaos", "chaos-"),
     (RUN_KIND_ARM, "try-"),
-    ("simulation", "sim-"),
+    (RUN_KIND_SIMULATION, "sim-"),
     ("replay", ""),
 )
 # the kinds that are traffic: what the default scope of explain, the demo's report and the

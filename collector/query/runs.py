@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from collector.query.reader import Query, iso
 from plumbing.errors import UserError
 from semantics import semconv as sc
-from semantics.slo import TRAFFIC_KINDS, run_kind_of
+from semantics.slo import RUN_KIND_SIMULATION, TRAFFIC_KINDS, run_kind_of
 
 __all__ = ["Run", "latest_traffic_run", "list_runs", "runs_present"]
 
@@ -68,8 +68,15 @@ FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
 
 def latest_traffic_run(runs: list[Run]) -> Run | None:
     """The named run of a traffic kind (never a capacity probe) that completed last, of `runs` as
-    list_runs orders them; None when there is none."""
+    list_runs orders them; a simulation (`simulate run --store-out` into the store) only where the
+    store holds no measured traffic, named or not: a prediction is never the default scope beside
+    what was measured. None when there is none."""
     named = [r for r in runs if r.run_id is not None and r.kind in TRAFFIC_KINDS]
+    measured = [r for r in named if r.kind != RUN_KIND_SIMULATION]
+    if measured:
+        return measured[-1]
+    if any(r.run_id is None for r in runs):  # live traffic of no run: that is the scope, not a prediction
+        return None
     return named[-1] if named else None
 
 

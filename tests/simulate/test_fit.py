@@ -290,3 +290,29 @@ def test_refused_requests_are_misses_and_capacity_refuses_what_it_does_not_simul
                  "--slo", "ttft_p99=2s,itl_p99=50ms"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "itl_p99<=50ms: not simulated" in err, err
+
+
+def test_a_simulation_written_into_a_measured_store_never_becomes_its_default_scope(model_file, tmp_path, capsys):
+    """`simulate run --store-out` into a store of measured traffic adds a run of kind simulation; explain's
+    default scope (the latest traffic run) stays the measured one (it took the prediction, later)."""
+    import numpy as np
+
+    from collector.query.runs import Run, latest_traffic_run
+    from tests.diagnose.store import baseline, write_store
+
+    reqs = baseline(np.random.default_rng(3), n=200)
+    for r in reqs:
+        r.run_id = "replay-measured"
+    store = write_store(tmp_path / "m.duckdb", reqs)
+    tr = _trace(tmp_path / "t.csv", [(0.05 * i, 100, 10) for i in range(60)])
+    assert main(["simulate", "run", "--model", str(model_file), "--traffic", tr, "--store-out", store]) == 0
+    capsys.readouterr()
+    assert main(["explain", "--db", store, "--format", "json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["scope"]["runs"]["run_id"] == "replay-measured", rep["scope"]
+    # the rule itself: measured named runs first, then live traffic of no run, a simulation only alone
+    sim, meas, live = (Run("sim-1-A", "simulation", 5, "t1", "t9", None), Run("r", "replay", 5, "t0", "t1", None),
+                       Run(None, None, 5, "t0", "t2", None))
+    assert latest_traffic_run([meas, sim]) is meas
+    assert latest_traffic_run([live, sim]) is None  # explain scopes the live traffic
+    assert latest_traffic_run([sim]) is sim

@@ -140,7 +140,7 @@ FROM requests WHERE {ts.where}"""
         behind = offered > 0 and achieved < 0.9 * offered
         saturated = (waiting is not None and waiting >= 0.5) or (queued is not None and queued >= 0.5) or behind
         if behind:  # the reason that decided it first: "waited in 0% of steps" alone would contradict it
-            basis = f"it completed under 90% of what arrived; {basis}"
+            basis = f"ok completions, over the arrivals and their drain, ran under 90% of the arrival rate; {basis}"
         text = (f"no sweep in the store; this window: offered {offered:.2f} req/s, achieved {achieved:.2f} req/s "
                 f"({'the engine was saturated' if saturated else 'the engine kept up'}: {basis}); "
                 "`tailtrace sweep` measures the capacity")

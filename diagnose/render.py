@@ -132,7 +132,7 @@ def _render_one(report: Report, console) -> None:
     if not report.findings:
         console.print("no finding: no detector found a cause in this tail")
     for f in report.findings:
-        dom = " [bold red]dominant[/]" if f.dominant else ""
+        dom = ", [bold red]dominant[/]" if f.dominant else ""
         console.print(f"\n[bold]{f.rank}. \\[{escape(f.layer_label)}] {escape(f.title)}[/] — explains "
                       f"{format_share(f.share)} of the excess ({format_ms(f.explained_ms)}), confidence {f.confidence}{dom}")
         console.print(f"   {escape(f.summary)}")
@@ -188,13 +188,13 @@ def _brief_one(report: Report, console, limit: int) -> None:
             console.print(f"[yellow]note:[/] {escape(n)}")
         return
     layers = ", ".join(f"{la['label']} {format_share(la['share'])}" for la in sorted(report.layers, key=lambda la: -la["share"]))
-    console.print(f"[bold]Why the tail is slow[/] ({escape(_head(report))}): excess by layer: {escape(layers)}",
+    console.print(f"[bold]Why the tail is slow[/] ({escape(_head(report))}): excess by the layer of its phase: {escape(layers)}",
                   soft_wrap=True)
     if not report.findings:
         console.print("  no detector found a cause in this tail")
     shown = [f for i, f in enumerate(report.findings) if i == 0 or max(f.share, f.score or 0.0) >= 0.05]
     for f in shown[:limit]:
-        dom = " [bold red]dominant[/]" if f.dominant else ""
+        dom = ", [bold red]dominant[/]" if f.dominant else ""
         console.print(f"  {f.rank}. \\[{escape(f.layer_label)}] [bold]{escape(f.title)}[/]: explains {format_share(f.share)} "
                       f"of the excess, confidence {f.confidence}{dom}. {escape(f.summary)}", soft_wrap=True)
         if f.actions:

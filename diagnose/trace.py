@@ -32,16 +32,27 @@ _COLS = ["trace_id", "request_id", "model", "status", "ok", "upstream", "prompt_
 
 
 def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float]) -> TraceReport:
-    """The report of the request of `trace_id` (hex, case-insensitive), against the median profile
-    `ref` of the tail set `ts` (E2E phases). Raises UserError for an unknown trace id."""
+    """The report of the request of `trace_id` (hex, case-insensitive; or a prefix of 6+ digits one
+    request has, as the demo's tables show ids), against the median profile `ref` of the tail set `ts`
+    (E2E phases). Raises UserError for an unknown trace id or a prefix several requests share."""
     tid = str(trace_id).strip().lower()
     sql = (f"SELECT {', '.join(_COLS)}, epoch_us(arrival_time), epoch_us(completion_time) FROM requests "
            "WHERE trace_id = ? OR request_id = ? LIMIT 1")
     rows = query(sql, [tid, trace_id])
+    if not rows and 6 <= len(tid) < 32 and all(c in "0123456789abcdef" for c in tid):
+        # a prefix, as the demo's and the dashboard's tables show ids: taken when one request has it
+        found = query("SELECT DISTINCT trace_id FROM requests WHERE trace_id LIKE ? LIMIT 2", [tid + "%"])
+        if len(found) > 1:
+            raise UserError(f"trace id prefix {trace_id!r} matches several requests (e.g. {found[0][0]} and "
+                            f"{found[1][0]}): give more of it")
+        if found:
+            tid = trace_id = found[0][0]
+            rows = query(sql, [tid, trace_id])
     if not rows:
         n = query("SELECT count(*) FROM requests", [])[0][0]
         raise UserError(f"no request with trace id {trace_id!r} in the store ({n} requests); trace ids are 32 hex "
-                        "digits, as the Request explorer and `tailtrace sql \"SELECT trace_id FROM requests\"` show them")
+                        "digits (or a unique prefix of 6 or more), as the Request explorer and `tailtrace sql "
+                        "\"SELECT trace_id FROM requests\"` show them")
     r = dict(zip([*_COLS, "arrival_us", "completion_us"], rows[0]))
     evidence = [Evidence("the request's row", {k: r[k] for k in _COLS if k != "trace_id"}, sql, [tid, trace_id])]
     phases, at = [], 0.0

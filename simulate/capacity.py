@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from semantics.catalog import format_ms
+from semantics.catalog import format_ms, quantile_label
 from semantics.slo import Objective
 from simulate.cluster import GatewaySpec, Traffic, simulate
 from simulate.engine import EngineConfig
@@ -63,7 +63,8 @@ def capacity(traffic: Traffic, model, engine: EngineConfig, gateway: GatewaySpec
                     break
                 hi /= 2
         if lo is None:  # s: the lowest rate tried, where requests hardly meet: the mix itself misses
-            missed = [f"{o['objective']} is {format_ms(o['value_ms'])}" for o in s["objectives"] if o["met"] is False]
+            missed = [f"{o['metric'].upper()} {quantile_label(o['quantile'])} is {format_ms(o['value_ms'])} against "
+                      f"{format_ms(o['limit_ms'])}" for o in s["objectives"] if o["met"] is False]
             why = ("even at 1/10,000 of the traffic's rate, where requests hardly share the engine, "
                    + (", ".join(missed) if missed else f"{s['rejected']} requests are refused")
                    + ": this mix misses the objectives at any rate")

@@ -340,3 +340,21 @@ def test_a_reader_that_leaves_early_ends_it_quietly(store):
         os.close(w)
     assert proc.returncode == 141, proc.stderr.decode()
     assert proc.stderr == b""
+
+
+def test_a_trace_id_prefix_one_request_has_opens_it(tmp_path, capsys):
+    """The demo's table shows 12 digits of a trace id: a prefix of 6+ that one request has opens that
+    request; one that several share, or fewer than 6 digits, is refused in one line."""
+    reqs = baseline(np.random.default_rng(5), n=60)
+    reqs[10].trace_id, reqs[20].trace_id = "abcdef01" + "0" * 24, "abcdef02" + "0" * 24
+    path = write_store(tmp_path / "p.duckdb", reqs)
+    rc, full, err = cli(capsys, "--db", path, "--trace-id", reqs[30].trace_id, "--format", "json")
+    assert rc == 0, err
+    rc, short, err = cli(capsys, "--db", path, "--trace-id", reqs[30].trace_id[:12].upper(), "--format", "json")
+    assert rc == 0, err
+    assert json.loads(short)["trace"] == json.loads(full)["trace"]
+    assert json.loads(short)["trace"]["trace_id"] == reqs[30].trace_id
+    rc, _, err = cli(capsys, "--db", path, "--trace-id", "abcdef0")
+    assert rc == 2 and "matches several requests" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = cli(capsys, "--db", path, "--trace-id", reqs[30].trace_id[:5])
+    assert rc == 2 and "no request with trace id" in err

@@ -57,7 +57,10 @@ def _value(v) -> str:
 
 
 def render_action(a: Action) -> str:
-    """`try: --max-num-batched-tokens 2048 → 512 (TPOT P99 ↓, TTFT P99 ↑)` (`?` for a value not recorded)."""
+    """`try: --max-num-batched-tokens 2048 → 512 (TPOT P99 ↓, TTFT P99 ↑)` (`?` for a value not recorded);
+    a flag of another process than vLLM says whose: `try: gateway --max-input-tokens 131,072 → 1630`."""
     moves = ", ".join(f"{m.upper()} {_ARROW[d]}" for m, d in a.expected.items())
     flag = a.flag if a.flag.startswith("-") else a.knob
+    if a.flag.startswith("-") and a.where in ("gateway", "client"):  # not vLLM's: `tailtrace gateway`'s, the load's
+        flag = f"{a.where} {flag}"
     return f"try: {flag} {_value(a.current)} → {_value(a.proposed)} ({moves})"

@@ -404,6 +404,7 @@ def test_actions_show_the_value_now_and_name_only_flags_this_vllm_has():
     acts = {a.knob: a for a in _hol_actions(SimpleNamespace(deployment=older), 1664)}
     assert (acts["max_num_partial_prefills"].current, acts["max_num_partial_prefills"].proposed) == (1, 2)
     assert acts["max_input_tokens"].current is None and "131,072" not in render_action(acts["max_input_tokens"])
+    assert render_action(acts["max_input_tokens"]).startswith("try: gateway --max-input-tokens ? → 1664")  # whose flag
     assert v032.current("max_num_queued_reqs") == "no limit" and v032.current("max_output_tokens") == "no limit"
     assert v032.current("max_num_seqs") == 128 and v032.current("max_num_queued_tokens") is None  # not recorded
     assert Deployment(vllm=None, gateway=None).current("max_num_queued_reqs") is None

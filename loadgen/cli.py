@@ -26,10 +26,8 @@ def _positive_float(text: str) -> float:
 
 def check_writable(path: str, flag: str = "--out") -> None:
     """Raise UserError unless a results file can be written at `path`, checked before a run, so that
-    a bad path never loses a run's results. Nothing is left behind: a file that did not exist is
-    created and removed again, and a missing folder is not created (the writer creates it after the
-    run): the nearest folder that exists must let one be created in it."""
-    import os
+    a bad path never loses a run's results. Nothing is left behind: the file and any folder missing
+    on its way are created to try, then removed again (the writer creates them after the run)."""
     from pathlib import Path
 
     from plumbing.errors import UserError
@@ -39,23 +37,32 @@ def check_writable(path: str, flag: str = "--out") -> None:
         raise UserError(f"{flag} is empty: give a file name (.json or .csv)")
     if p.is_dir():
         raise UserError(f"{flag} {path!r} is a directory: give a file name (.json or .csv)")
-    ancestor = p.absolute().parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise UserError(f"{flag} {path!r} cannot be written: {str(ancestor)!r} is not a directory")
-    if ancestor != p.absolute().parent:  # folders to create: the nearest one there must take them
-        if not os.access(ancestor, os.W_OK | os.X_OK):
-            raise UserError(f"{flag} {path!r} cannot be written: no folder can be created in {str(ancestor)!r}")
-        return
+    made: list[Path] = []  # the folders this check created, outermost first
+    folder = p.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        made.insert(0, folder)
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path!r} cannot be written: {str(folder)!r} is not a directory")
     existed = p.exists()
     try:
+        for d in made:
+            d.mkdir()
         with open(p, "a"):
             pass
     except OSError as exc:
         raise UserError(f"{flag} {path!r} cannot be written: {exc.strerror or exc}") from None
-    if not existed:
-        p.unlink(missing_ok=True)
+    finally:
+        if not existed:
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def _positive_int(text: str) -> int:

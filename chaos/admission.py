@@ -71,7 +71,7 @@ def _limited_gateway(target: Target) -> str:
                                                "--otlp-endpoint", target.otlp_url, "--max-concurrency", "1"), log)
         target.cleanup.callback(stop_process, proc, 15)
         url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/gateway/status", 60, proc, what=f"gateway (log: {log})", log_path=log)
+        wait_http(f"{url}/gateway/status", 60, proc, what="gateway", log_path=log)
         return url
     url = normalize_target(target.gateway_url)
     try:

@@ -264,7 +264,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
                                               str(port), "--otlp-endpoint", target.otlp_url), gw_log)
     target.cleanup.callback(stop_process, gw_proc, 15)
     gw = f"http://127.0.0.1:{port}"
-    wait_http(f"{gw}/gateway/status", 60, gw_proc, what=f"gateway (log: {gw_log})", log_path=gw_log)
+    wait_http(f"{gw}/gateway/status", 60, gw_proc, what="gateway", log_path=gw_log)
     model = discover_target(gw, target.model)[0]
     base = new_run_id("chaos-replica-kill")
     runs = {"main": f"{base}-main", "recovery": f"{base}-recovery"}

@@ -160,8 +160,7 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
                                                "--grpc-port", str(cfg.grpc_port), "--scrape",
                                                f"{stack.vllm_url}/metrics"), logs / "collector.log")
         stack.add("collector", coll)
-        wait_http(f"{stack.api_url}/healthz", 60, coll, what=f"collector (log: {logs / 'collector.log'})",
-                  log_path=logs / "collector.log")
+        wait_http(f"{stack.api_url}/healthz", 60, coll, what="collector", log_path=logs / "collector.log")
 
         say(f"[bold]vLLM[/] ({cfg.model}) {stack.vllm_url} — starting, about a minute on CPU")
         t0 = time.monotonic()
@@ -173,8 +172,7 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
 
         gw = start_process(stack.gateway_command(cfg.gateway_port, cfg.gateway_args), logs / "gateway.log")
         stack.add("gateway", gw)
-        wait_http(f"{stack.gateway_url}/v1/models", 60, gw, what=f"gateway (log: {logs / 'gateway.log'})",
-                  log_path=logs / "gateway.log")
+        wait_http(f"{stack.gateway_url}/v1/models", 60, gw, what="gateway", log_path=logs / "gateway.log")
         say(f"[bold]gateway[/] {stack.gateway_url} → {stack.vllm_url}")
     except BaseException:
         stack.stop()

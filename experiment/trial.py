@@ -144,8 +144,7 @@ class _Embedded:
         proc = start_process(st.gateway_command(port, args), st.logs / f"{name}.log")
         self.extra_gateways.append(proc)
         url = f"http://{st.cfg.host}:{port}"
-        wait_http(f"{url}/v1/models", 60, proc, what=f"{name} (log: {st.logs / (name + '.log')})",
-                  log_path=st.logs / (name + ".log"))
+        wait_http(f"{url}/v1/models", 60, proc, what=name, log_path=st.logs / (name + ".log"))
         return url
 
     def use(self, arm_name: str) -> str:

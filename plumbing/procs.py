@@ -209,8 +209,11 @@ def _group_alive(pgid: int) -> bool:
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, what: str = "server",
               log_path: Path | None = None) -> None:
-    """Poll `url` until it answers 2xx. Raise `UserError` if `proc` dies or `timeout_s` passes;
-    when `proc` died, the message ends with the last lines of its `log_path`, if given."""
+    """Poll `url` until it answers 2xx. Raise `UserError` if `proc` dies or `timeout_s` passes. With
+    `log_path`, the message names the log ("the gateway (log: PATH)") and, when `proc` died, ends with
+    its last lines."""
+    if log_path is not None:
+        what = f"{what} (log: {log_path})"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:

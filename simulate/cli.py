@@ -60,6 +60,9 @@ def register(sub) -> None:
         p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                        help="a change to simulate, e.g. max_num_seqs=64, max_output_tokens=256 (repeat)")
         p.add_argument("--slo", metavar="SPEC", help="the objectives (default ttft_p99=2s,tpot_p99=100ms)")
+        p.add_argument("--over-long", default="cut", choices=("cut", "refuse"),
+                       help="requests longer than max_model_len: cut as `tailtrace replay` sends them (default) or "
+                            "refused as vLLM answers them sent whole (HTTP 400)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
@@ -122,6 +125,7 @@ def _fit(args) -> int:
 def _prepare(args):
     from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
     from simulate.model import load_model
+    from simulate.limits import check_vllm_config, fit_to_model_len
     from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
 
     if args.json:
@@ -132,8 +136,13 @@ def _prepare(args):
     model = load_model(args.model)
     engine, gateway = deployment_of(model)
     engine_b, gateway_b, changes = apply_sets(engine, gateway, args.set)
+    mml = (model.deployment or {}).get("max_model_len")
+    check_vllm_config(engine, mml)
+    check_vllm_config(engine_b, mml, changes)
     check_traffic(model, args.traffic, args.api)
     traffic, name = load_traffic(args.traffic, args.api)
+    traffic, over_long = fit_to_model_len(traffic, mml, args.over_long)
+    args.over_long_report = over_long
     return model, objectives, format_slo(objectives), (engine, gateway), (engine_b, gateway_b), changes, traffic, name
 
 
@@ -154,6 +163,7 @@ def _run(args) -> int:
     doc = comparison_doc(summarize(ra, objectives), summarize(rb, objectives) if rb is not None else None, slo=slo,
                          changes=changes, replicas=args.replicas, rate_x=args.rate_x, model_fit=model.fit,
                          traffic=name)
+    doc["over_long"] = args.over_long_report
     lines = render_lines(doc)
     if args.store_out:
         from simulate.store import write_store
@@ -180,6 +190,6 @@ def _capacity(args) -> int:
                         f"takes objectives on {', '.join(METRICS)}")
     rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
     doc = {"schema": "tailtrace.simulate-capacity/1", "slo": slo, "traffic": name, "changes": changes,
-           "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit}
+           "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit, "over_long": args.over_long_report}
     _emit(doc, capacity_lines(doc), args)
     return 0

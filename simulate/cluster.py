@@ -41,25 +41,28 @@ class GatewaySpec:
 @dataclass
 class Traffic:
     """Requests to simulate, sorted by arrival: `arrival_s` (seconds from the first), `prompt` and
-    `output` tokens, `priority` (0 interactive, 1 batch); numpy arrays of one length."""
+    `output` tokens, `priority` (0 interactive, 1 batch); numpy arrays of one length. `refused`: a
+    bool array of the requests vLLM answers 400 before any step (simulate/limits.py), or None."""
 
     arrival_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
     priority: np.ndarray
+    refused: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
     def scaled(self, rate_x: float) -> Traffic:
         """The same requests arriving `rate_x` times as fast (offsets divided by rate_x)."""
-        return Traffic(self.arrival_s / rate_x, self.prompt, self.output, self.priority)
+        return Traffic(self.arrival_s / rate_x, self.prompt, self.output, self.priority, self.refused)
 
 
 @dataclass
 class SimResult:
     """What a simulation measured, per request (arrays of len(traffic), ms, NaN = not applicable):
-    `status` ("ok" | "rejected-gateway" | "rejected-engine"), `ttft_ms`, `tpot_ms`, `e2e_ms`
+    `status` ("ok" | "rejected-gateway" | "rejected-engine" | "rejected-length": vLLM's 400 for a
+    request longer than max_model_len), `ttft_ms`, `tpot_ms`, `e2e_ms`
     (outer: as the client sees them), `gateway_queue_ms`, `queue_ms` (engine), `prefill_ms`,
     `decode_ms`, `preemptions`, `replica`, `prompt`, `output` (tokens, after the gateway's cap),
     `priority`; and `steps` (engine steps simulated), `events` (step
@@ -104,6 +107,9 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
     out = {k: nan.copy() for k in ("ttft_ms", "tpot_ms", "e2e_ms", "gateway_queue_ms", "queue_ms", "prefill_ms",
                                    "decode_ms")}
     status = np.full(n, "ok", dtype=object)
+    too_long = traffic.refused if traffic.refused is not None else np.zeros(n, dtype=bool)
+    status[too_long] = "rejected-length"
+    too_long = too_long.tolist()
     preempt = np.zeros(n, dtype=np.int64)
     replica = np.full(n, -1, dtype=np.int64)
     outputs = traffic.output.astype(np.int64)
@@ -190,6 +196,8 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
             continue
         req = Req(i, ta, prompts[i], outs[i], prio[i])
         i += 1
+        if too_long[req.idx]:  # vLLM's API server answers 400 at once: never queued, never a step
+            continue
         if limit is None or in_flight[0] < limit:
             _send(req, ta)
             continue

@@ -102,7 +102,7 @@ class Req:
         self.engine_arrival = self.scheduled = self.first_token = None
         self.preemptions = 0
         self.replica = -1
-        self.status = None            # "ok" | "rejected-gateway" | "rejected-engine"
+        self.status = None            # "ok" | "rejected-gateway" | "rejected-engine" | "rejected-length"
         self.order = (priority, arrival, idx)
         self.blocks = 0               # KV blocks held (exact for prefill; decoders: synced on demand)
 
@@ -142,6 +142,12 @@ class Engine:
         limit, else queued. The caller then calls `kick(t)`."""
         cfg = self.cfg
         req.replica = self.index
+        if not cfg.enable_chunked_prefill and req.prompt + req.output > cfg.max_num_batched_tokens:
+            # without chunked prefill vLLM needs max_model_len <= the budget (simulate/limits.py), so it
+            # refuses (400) a sequence longer than the budget; queued, it would wait for ever
+            req.status = "rejected-length"
+            self.on_reject(req, t)
+            return False
         if (cfg.max_num_queued_reqs is not None and len(self.waiting) >= cfg.max_num_queued_reqs) or \
            (cfg.max_num_queued_tokens is not None and self.waiting_tokens + req.prompt > cfg.max_num_queued_tokens) or \
            (self.total_blocks is not None  # vLLM answers 400: it would never fit the KV cache

@@ -42,6 +42,8 @@ def capacity_lines(doc: dict) -> list[str]:
     out = [f"capacity at {doc['slo']} for the mix of {doc['traffic']} (input mean {mix['input_mean']:,.0f}, "
            f"P90 {mix['input_p90']:,.0f} tokens; output mean {mix['output_mean']:,.0f}, P90 {mix['output_p90']:,.0f})"
            + (f" with {', '.join(doc['changes'])}" if doc["changes"] else "")]
+    if doc.get("over_long"):
+        out.append(f"  {doc['over_long']['text']}")
     for row in doc["capacity"]:
         if row["rate_x"] is None:
             out.append(f"  {row['replicas']} replica(s): {row['why']}")

@@ -48,12 +48,14 @@ def _good(r, objectives: list[Objective]) -> int:
 
 
 def summarize(r, objectives: list[Objective]) -> dict:
-    """One simulated arm as a dict: requests, ok, rejected, span_s, rate_rps, metrics {metric:
+    """One simulated arm as a dict: requests, ok, rejected (refused by overload: the gateway's 429,
+    the engine's 503), refused_too_long (vLLM's 400 for a request longer than max_model_len), span_s, rate_rps, metrics {metric:
     {"p50": ms, …}}, objectives [{objective, value_ms, ratio, met | None, why}], goodput_rps,
     goodput_share, queue_ms / service_ms (mean and P99), tail phases per objective metric, steps,
     wall_s. Values never measured are None."""
     ok = r.ok
     n, n_ok = len(ok), int(ok.sum())
+    too_long = int((r.status == "rejected-length").sum())  # refused at any load: the traffic's, not the load's
     span = r.span_s or 1.0
     metrics = {m: {quantile_label(q): _q(getattr(r, f"{m}_ms")[ok], q) for q in QUANTILES} for m in METRICS}
     objs = []
@@ -66,7 +68,7 @@ def summarize(r, objectives: list[Objective]) -> dict:
         v = _q(getattr(r, f"{o.metric}_ms")[ok], o.q)
         # a refused request is a miss, as in goodput: a quantile over the answered few must not read as
         # "met" when most were turned away (the gateway's 429, the engine's 503)
-        refused = n - n_ok
+        refused = n - n_ok - too_long
         objs.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "limit_ms": o.limit_ms,
                      "value_ms": v, "ratio": None if v is None else v / o.limit_ms,
                      "met": None if v is None else bool(v <= o.limit_ms and not refused),
@@ -84,7 +86,7 @@ def summarize(r, objectives: list[Objective]) -> dict:
         tail = ok & (v >= thr)
         tails.append({"metric": m, "label": "P99", "requests": int(tail.sum()),
                       "phases": [{"phase": label, "mean_ms": _mean(getattr(r, col)[tail])} for col, label in PHASES]})
-    return {"requests": n, "ok": n_ok, "rejected": int(n - n_ok), "span_s": span, "rate_rps": n / span if span else None,
+    return {"requests": n, "ok": n_ok, "rejected": int(n - n_ok - too_long), "refused_too_long": too_long, "span_s": span, "rate_rps": n / span if span else None,
             "metrics": metrics, "objectives": objs, "goodput_rps": good / span,
             "goodput_share": good / n if n else None,
             "queue_ms": {"mean": _mean(queue[ok]), "p99": _q(queue[ok], 0.99)},
@@ -109,7 +111,8 @@ def comparison_doc(a: dict, b: dict | None, *, slo: str, changes: list[str], rep
 
 def _arm_lines(name: str, s: dict) -> list[str]:
     out = [(f"  {name}: {s['requests']:,} requests over {s['span_s']:.1f} s ({s['rate_rps']:.2f} req/s), "
-           f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions")]
+           f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions"
+           + (f", {s['refused_too_long']:,} refused as too long (HTTP 400)" if s.get("refused_too_long") else ""))]
     for o in s["objectives"]:
         if o["value_ms"] is None:
             out.append(f"    {o['objective']}: {o['why']}")
@@ -137,6 +140,8 @@ def render_lines(doc: dict) -> list[str]:
     head = (f"simulated {doc['traffic']} at {doc['rate_x']:g}x its rate on {doc['replicas']} replica(s); "
             f"objectives {doc['slo']}")
     out = [head]
+    if doc.get("over_long"):
+        out.append(f"  {doc['over_long']['text']}")
     if ho.get("median_err_decode") is not None:
         out.append(f"  the step-time model's held-out error: median {ho['median_err_decode']:.1%} (decode steps), "
                    f"{(ho.get('median_err_mixed') or 0):.1%} (mixed); summed over {ho['window']:,} steps "

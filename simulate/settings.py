@@ -112,7 +112,8 @@ def tile(traffic: Traffic, min_requests: int) -> Traffic:
     span = float(traffic.arrival_s[-1]) + (float(traffic.arrival_s[-1]) / max(n - 1, 1) if n > 1 else 1.0)
     arr = np.concatenate([traffic.arrival_s + i * span for i in range(k)])
     rep = lambda x: np.tile(x, k)
-    return Traffic(arr, rep(traffic.prompt), rep(traffic.output), rep(traffic.priority))
+    return Traffic(arr, rep(traffic.prompt), rep(traffic.output), rep(traffic.priority),
+                   None if traffic.refused is None else rep(traffic.refused))
 
 
 def check_traffic(model, spec: str, api: str | None = None) -> None:

@@ -124,8 +124,8 @@ def _fit(args) -> int:
 
 def _prepare(args):
     from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
-    from simulate.model import load_model
     from simulate.limits import check_vllm_config, fit_to_model_len
+    from simulate.model import load_model
     from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
 
     if args.json:

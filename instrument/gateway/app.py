@@ -23,7 +23,10 @@ semantic-convention attributes) and injects `traceparent` through the global pro
 
 A client that disconnects cancels the request wherever it is (queue, upstream wait, stream): the
 upstream connection is closed (vLLM aborts the request) and the spans end with status ERROR
-"cancelled" and `tailtrace.status=abort`.
+"cancelled" and `tailtrace.status=abort`. Once the response's last byte has gone out (an SSE
+stream's `data: [DONE]` event, or as many body bytes as the upstream's Content-Length), a
+disconnect is no abort: a client may close right after [DONE] (GuideLLM and many SDKs do), in the
+gap before the upstream's end of stream. The exchange then runs to the upstream's end and is `ok`.
 """
 
 from __future__ import annotations
@@ -229,6 +232,7 @@ class ProxyResponse(Response):
         self.body_received_ns = body_received_ns
         self._finishing = False
         self._client_gone = False
+        self._delivered = False  # the response's last byte has gone out: a disconnect is no abort
         self.background = None  # FastAPI may attach background tasks; there are none to run
         self.status_code = 200  # nominal; the real status is the upstream's or the error's
 
@@ -249,7 +253,7 @@ class ProxyResponse(Response):
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
-                if not self._finishing:
+                if not self._finishing and not self._delivered:
                     self._client_gone = True
                     task.cancel()
                 return
@@ -338,6 +342,8 @@ class ProxyResponse(Response):
             await send({"type": "http.response.start", "status": resp.status, "headers": rheaders})
             started = True
             s_attrs = {sc.PHASE: sc.PHASE_NETWORK, sc.BODY_RECEIVED_TIME: self.body_received_ns}
+            declared = resp.headers.get("content-length", "")
+            end = _EndOfResponse(resp.headers.get("content-type", ""), int(declared) if declared.isdigit() else None)
             async for chunk in resp.content.iter_any():
                 now = time.time_ns()
                 if not s_open:
@@ -350,7 +356,8 @@ class ProxyResponse(Response):
                 t_last = time.time_ns()
                 chunks += 1
                 nbytes += len(chunk)
-            declared = resp.headers.get("content-length", "")
+                if end.reached(chunk, nbytes):
+                    self._delivered = True
             if declared.isdigit() and nbytes != int(declared):  # aiohttp ends iter_any quietly on early EOF
                 raise aiohttp.ClientPayloadError(f"the upstream closed after {nbytes} of {declared} body bytes")
             t_up_end = time.time_ns()
@@ -416,6 +423,28 @@ class ProxyResponse(Response):
                 stream_span.set_attributes({sc.FIRST_CHUNK_TIME: t_first, sc.LAST_CHUNK_TIME: t_last or now,
                                             sc.STREAM_BYTES: nbytes, sc.STREAM_CHUNKS: chunks})
                 _end_error(stream_span, *cancelled, end_time=now)
+
+
+class _EndOfResponse:
+    """Whether the bytes written so far end the response as its client reads it: an SSE stream's
+    `data: [DONE]` event (the OpenAI protocol's last), or `length` body bytes (Content-Length). The
+    upstream's own end of stream may come later; a client that leaves in between got everything."""
+
+    _DONE = b"data: [DONE]"
+
+    def __init__(self, content_type: str, length: int | None):
+        self.sse = content_type.startswith("text/event-stream")
+        self.length = length
+        self.tail = b""
+
+    def reached(self, chunk: bytes, nbytes: int) -> bool:
+        """Feed the chunk just written (`nbytes`: body bytes written in all); True at the end."""
+        if self.length is not None:
+            return nbytes >= self.length
+        if not self.sse:
+            return False
+        self.tail = (self.tail + chunk)[-32:]  # an event may be split across chunks
+        return self.tail.rstrip(b"\r\n").endswith(self._DONE) and self.tail.endswith((b"\n\n", b"\r\n\r\n"))
 
 
 def _connect_errors(aiohttp) -> tuple:

@@ -47,6 +47,7 @@ from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
 from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
+from instrument.gateway.stream_end import EndOfResponse
 from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 from semantics.catalog import STATUS_ABORT, STATUS_ERROR, STATUS_OK, STATUS_REJECTED
 
@@ -343,7 +344,7 @@ class ProxyResponse(Response):
             started = True
             s_attrs = {sc.PHASE: sc.PHASE_NETWORK, sc.BODY_RECEIVED_TIME: self.body_received_ns}
             declared = resp.headers.get("content-length", "")
-            end = _EndOfResponse(resp.headers.get("content-type", ""), int(declared) if declared.isdigit() else None)
+            end = EndOfResponse(resp.headers.get("content-type", ""), int(declared) if declared.isdigit() else None)
             async for chunk in resp.content.iter_any():
                 now = time.time_ns()
                 if not s_open:
@@ -423,28 +424,6 @@ class ProxyResponse(Response):
                 stream_span.set_attributes({sc.FIRST_CHUNK_TIME: t_first, sc.LAST_CHUNK_TIME: t_last or now,
                                             sc.STREAM_BYTES: nbytes, sc.STREAM_CHUNKS: chunks})
                 _end_error(stream_span, *cancelled, end_time=now)
-
-
-class _EndOfResponse:
-    """Whether the bytes written so far end the response as its client reads it: an SSE stream's
-    `data: [DONE]` event (the OpenAI protocol's last), or `length` body bytes (Content-Length). The
-    upstream's own end of stream may come later; a client that leaves in between got everything."""
-
-    _DONE = b"data: [DONE]"
-
-    def __init__(self, content_type: str, length: int | None):
-        self.sse = content_type.startswith("text/event-stream")
-        self.length = length
-        self.tail = b""
-
-    def reached(self, chunk: bytes, nbytes: int) -> bool:
-        """Feed the chunk just written (`nbytes`: body bytes written in all); True at the end."""
-        if self.length is not None:
-            return nbytes >= self.length
-        if not self.sse:
-            return False
-        self.tail = (self.tail + chunk)[-32:]  # an event may be split across chunks
-        return self.tail.rstrip(b"\r\n").endswith(self._DONE) and self.tail.endswith((b"\n\n", b"\r\n\r\n"))
 
 
 def _connect_errors(aiohttp) -> tuple:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadgen.pacing import PacedSpanExporter, SchedulePace
 from loadgen.replay import ReplayConfig, run_replay
 from plumbing.procs import free_port, start_process, stop_process, wait_http
+from semantics import envs
 
 GOAL_P99_MS = 2.0
 BURST_REQUESTS, BURST_WINDOW_MS = 50, 100.0
@@ -52,7 +53,7 @@ def _encoding_provider(paced: bool = True):
     sends it nowhere: the span cost in the client process without a network. `paced`: through
     loadgen.pacing.PacedSpanExporter following PACE, as the replay's own provider (False: as the
     SDK's processor alone exports)."""
-    if os.environ.get("TAILTRACE_DIRECT_EXPORT", "1") == "0":
+    if envs.get("TAILTRACE_DIRECT_EXPORT") == "0":
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     else:
         from instrument.otlp_export import encode_spans

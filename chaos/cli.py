@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
 from pathlib import Path
 
 from plumbing.errors import UserError
+from semantics import envs
 
 __all__ = ["register"]
 
@@ -181,6 +181,6 @@ def register(sub) -> None:
     p.add_argument("--otlp-endpoint", default=None, metavar="URL",
                    help="that collector's OTLP/HTTP URL for the client spans (default $TAILTRACE_OTLP_ENDPOINT)")
     p.add_argument("--model", default=None, help="embedded: the model to serve (tiny); remote: the served name")
-    p.add_argument("--out", default=os.environ.get("TAILTRACE_CHAOS_DIR"), metavar="DIR",
+    p.add_argument("--out", default=envs.get("TAILTRACE_CHAOS_DIR"), metavar="DIR",
                    help="store, logs and proxy logs (default .tailtrace/chaos/EXPERIMENT)")
     p.set_defaults(func=_cmd_chaos)

@@ -5,12 +5,10 @@ Registration is cheap: DuckDB, pyarrow, uvicorn are imported inside each command
 
 from __future__ import annotations
 
-import os
-
 from collector.query.auth import bearer_headers
 from plumbing.errors import UserError
-from plumbing.procs import env_port_default
 from plumbing.urls import check_http_url
+from semantics import envs
 
 __all__ = ["register"]
 
@@ -23,18 +21,18 @@ def register(sub) -> None:
                        description="OTLP/HTTP receiver (/v1/traces, /v1/metrics; protobuf or JSON; gzip) and "
                                    "OTLP/gRPC receiver (TraceService, MetricsService; gzip) writing into one "
                                    "DuckDB file, plus the SQL API, /metrics and /healthz.")
-    p.add_argument("--db", default=os.environ.get("TAILTRACE_DB", "tailtrace.duckdb"),
+    p.add_argument("--db", default=envs.get("TAILTRACE_DB"),
                    help="DuckDB file (created if missing; env TAILTRACE_DB; default tailtrace.duckdb)")
-    p.add_argument("--host", default=os.environ.get("TAILTRACE_COLLECTOR_HOST", "127.0.0.1"),
+    p.add_argument("--host", default=envs.get("TAILTRACE_COLLECTOR_HOST"),
                    help="address the OTLP/HTTP, OTLP/gRPC and API servers bind (default 127.0.0.1)")
-    p.add_argument("--otlp-port", type=int, default=env_port_default("TAILTRACE_OTLP_PORT", 4318),
+    p.add_argument("--otlp-port", type=int, default=envs.port_default("TAILTRACE_OTLP_PORT"),
                    help="OTLP/HTTP port (env TAILTRACE_OTLP_PORT; default 4318)")
-    p.add_argument("--grpc-port", type=int, default=env_port_default("TAILTRACE_GRPC_PORT", 4317),
+    p.add_argument("--grpc-port", type=int, default=envs.port_default("TAILTRACE_GRPC_PORT"),
                    help="OTLP/gRPC port, same host (env TAILTRACE_GRPC_PORT; default 4317; 0 turns the gRPC "
                         "receiver off)")
-    p.add_argument("--api-port", type=int, default=env_port_default("TAILTRACE_API_PORT", 9464),
+    p.add_argument("--api-port", type=int, default=envs.port_default("TAILTRACE_API_PORT"),
                    help="SQL API, /metrics and /healthz port (env TAILTRACE_API_PORT; default 9464)")
-    p.add_argument("--retention", default=os.environ.get("TAILTRACE_RETENTION"),
+    p.add_argument("--retention", default=envs.get("TAILTRACE_RETENTION"),
                    help="drop rows older than this, e.g. 7d, 12h (default: keep everything)")
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest OTLP request body or gRPC message, compressed or not, in MiB (HTTP 413, "
@@ -177,7 +175,7 @@ def _sql(args) -> int:
     else:
         import httpx
 
-        url = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
+        url = check_http_url(args.api or envs.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
         try:
             r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=bearer_headers(), timeout=120)

@@ -49,7 +49,7 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
 
 def register(sub) -> None:
     """Add `metrics` to the `tailtrace` sub-parsers."""
-    from plumbing.procs import env_port_default
+    from semantics import envs
 
     p = sub.add_parser("metrics", help="serve the Prometheus /metrics of a store (ClickHouse, chdb or a DuckDB file)",
                        description=__doc__.split("\n\n", 1)[1])
@@ -57,7 +57,7 @@ def register(sub) -> None:
     g.add_argument("--store", help="store URL: clickhouse://host:8123/db, chdb:///dir or duckdb:///path")
     g.add_argument("--db", help="a DuckDB store file (the short form of --store duckdb:///path)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=env_port_default("TAILTRACE_METRICS_PORT", 9465),
+    p.add_argument("--port", type=int, default=envs.port_default("TAILTRACE_METRICS_PORT"),
                    help="port of /metrics (env TAILTRACE_METRICS_PORT; default 9465)")
     p.add_argument("--query-timeout", type=float, default=10.0, help="per-query time budget, s (default 10)")
     p.add_argument("--slo", metavar="SPEC", help="the objectives exported as tailtrace_slo_objective_seconds "

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from plumbing.urls import check_http_url
+from semantics import envs
 
 __all__ = ["register", "streamlit_command"]
 
@@ -94,9 +95,9 @@ def _run(args: argparse.Namespace) -> int:
     from plumbing.errors import UserError
     from plumbing.procs import check_port_free, stop_on_sigint, stop_on_sigterm
 
-    host = args.host or os.environ.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
+    host = args.host or envs.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
     try:
-        port = int(args.port if args.port is not None else os.environ.get("TAILTRACE_DASHBOARD_PORT", DEFAULT_PORT))
+        port = int(args.port if args.port is not None else envs.get("TAILTRACE_DASHBOARD_PORT"))
     except ValueError:
         raise UserError("TAILTRACE_DASHBOARD_PORT must be a port number") from None
     if not 0 < port < 65536:
@@ -139,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
         env[ENV_DB] = str(db.resolve())
         where = f"store file {db}"
     else:
-        api = check_http_url(args.api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
+        api = check_http_url(args.api or envs.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
         env[ENV_API] = api
         where = f"collector API {api}"

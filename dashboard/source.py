@@ -7,7 +7,6 @@ store URLs of `tailtrace explain --store`). Pages never build SQL: the query mod
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from collector.query.auth import bearer_headers
+from semantics import envs
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
@@ -35,8 +35,8 @@ CLICKHOUSE_MISSING: tuple[str, ...] = ()
 # `tailtrace dashboard --query-timeout/--side-timeout` set these variables for the app.
 ENV_QUERY_TIMEOUT = "TAILTRACE_DASHBOARD_QUERY_TIMEOUT_S"
 ENV_SIDE_TIMEOUT = "TAILTRACE_DASHBOARD_SIDE_TIMEOUT_S"
-DEFAULT_QUERY_TIMEOUT_S = 60.0
-DEFAULT_SIDE_TIMEOUT_S = 5.0
+DEFAULT_QUERY_TIMEOUT_S = float(envs.ENV_VARS[ENV_QUERY_TIMEOUT].default)
+DEFAULT_SIDE_TIMEOUT_S = float(envs.ENV_VARS[ENV_SIDE_TIMEOUT].default)
 
 
 # ------------------------------------------------------------------------------------------ errors
@@ -78,10 +78,9 @@ def time_budgets(env: dict[str, str] | None = None) -> tuple[float, float]:
     """(main, side) statement time budgets in seconds from ENV_QUERY_TIMEOUT / ENV_SIDE_TIMEOUT in
     `env` (default os.environ), else 60 and 5. Raises DataError for a value that is not a positive
     number."""
-    env = os.environ if env is None else env
-
     def one(key: str, default: float) -> float:
-        return parse_timeout_s(env[key], key) if env.get(key) else default
+        value = envs.raw(key, env)
+        return parse_timeout_s(value, key) if value else default
 
     return one(ENV_QUERY_TIMEOUT, DEFAULT_QUERY_TIMEOUT_S), one(ENV_SIDE_TIMEOUT, DEFAULT_SIDE_TIMEOUT_S)
 
@@ -405,10 +404,9 @@ def source_target(env: dict[str, str] | None = None) -> tuple[str, str] | None:
     """(kind, target) of the source `tailtrace dashboard` named for the app: TAILTRACE_DASHBOARD_API
     ('api'), else TAILTRACE_DASHBOARD_STORE ('store'), else TAILTRACE_DASHBOARD_DB ('db'), from `env`
     (default os.environ); None if none is set."""
-    env = os.environ if env is None else env
     for key, kind in ((ENV_API, "api"), (ENV_STORE, "store"), (ENV_DB, "db")):
-        if env.get(key):
-            return kind, env[key]
+        if value := envs.raw(key, env):
+            return kind, value
     return None
 
 

@@ -34,7 +34,7 @@ from dashboard.data import (
     QueryResult,
     QueryTimeout,
 )
-from semantics import catalog
+from semantics import catalog, envs
 
 __all__ = [
     "LIVE_REFRESH_CHOICES",
@@ -295,9 +295,7 @@ def _fixed_now() -> dt.datetime | None:
     """$TAILTRACE_DASHBOARD_NOW as a naive UTC datetime (unix seconds or ISO 8601; a time without an
     offset is UTC), None when unset. It ends every "Last …" range instead of the clock or the newest
     request. Raises DataError for a value that is not a time."""
-    import os
-
-    raw = os.environ.get(ENV_NOW, "").strip()
+    raw = (envs.raw(ENV_NOW) or "").strip()
     if not raw:
         return None
     try:

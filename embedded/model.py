@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from plumbing.errors import UserError
+from semantics import envs
 
 __all__ = ["TINY", "build_tiny_model", "default_model_dir", "register"]
 
@@ -38,9 +39,8 @@ _CORPUS_DIR = Path(__file__).parent / "corpus"
 def default_model_dir() -> Path:
     """Where `tailtrace model tiny` writes by default: $TAILTRACE_HOME/models/tiny-llama
     (TAILTRACE_HOME defaults to ./.tailtrace)."""
-    import os
 
-    home = Path(os.environ.get("TAILTRACE_HOME", ".tailtrace"))
+    home = Path(envs.get("TAILTRACE_HOME"))
     return home / "models" / "tiny-llama"
 
 

@@ -20,13 +20,13 @@ from pathlib import Path
 from plumbing.errors import UserError
 from plumbing.procs import (
     check_port_free,
-    env_port_default,
     start_process,
     stop_on_sigint,
     stop_on_sigterm,
     stop_process,
     wait_http,
 )
+from semantics import envs
 
 __all__ = ["ServeConfig", "pin_engine_core", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env",
            "worker_cores"]
@@ -113,7 +113,7 @@ def env_vllm_args(environ: dict | None = None) -> list[str]:
     Raises `UserError` on unbalanced quotes."""
     import shlex
 
-    text = (os.environ if environ is None else environ).get(VLLM_ARGS_ENV, "")
+    text = envs.get(VLLM_ARGS_ENV, environ)
     try:
         return shlex.split(text)
     except ValueError as e:
@@ -264,10 +264,10 @@ def register(sub) -> None:
     """Register `tailtrace serve`."""
     p = sub.add_parser("serve", help="start vLLM's OpenAI server with tailtrace's instrumentation")
     p.add_argument("--model", default="tiny", help="tiny (built locally), a model directory, or a hub name")
-    p.add_argument("--host", default=os.environ.get("TAILTRACE_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=env_port_default("TAILTRACE_VLLM_PORT", 8000))
+    p.add_argument("--host", default=envs.get("TAILTRACE_HOST"))
+    p.add_argument("--port", type=int, default=envs.port_default("TAILTRACE_VLLM_PORT"))
     p.add_argument("--otlp-endpoint", default=None, help="collector OTLP/HTTP URL (default http://127.0.0.1:4318)")
-    p.add_argument("--decode-spans", default=os.environ.get("TAILTRACE_DECODE_SPANS", "tail"),
+    p.add_argument("--decode-spans", default=envs.get("TAILTRACE_DECODE_SPANS"),
                    help="full | tail | off: per-token spans (decode_steps rows are stored in every mode)")
     p.add_argument("--no-instrument", action="store_true", help="plain vLLM (for A/B overhead runs)")
     p.add_argument("--no-sampler", action="store_true", help="do not run the device sampler in this process")

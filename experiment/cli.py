@@ -10,9 +10,8 @@
 
 from __future__ import annotations
 
-import os
-
 from plumbing.argtypes import positive
+from semantics import envs
 
 __all__ = ["register"]
 
@@ -56,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--api", metavar="URL", help="URL mode: the collector's SQL API (default $TAILTRACE_API_URL, "
                    "else http://127.0.0.1:9464); store: traffic read through it")
     p.add_argument("--otlp-endpoint", metavar="URL", help="URL mode: that collector's OTLP/HTTP URL")
-    p.add_argument("--out", default=os.environ.get("TAILTRACE_TRY_DIR", ".tailtrace/try"), metavar="DIR",
+    p.add_argument("--out", default=envs.get("TAILTRACE_TRY_DIR"), metavar="DIR",
                    help="traffic, logs and (embedded) the store (default .tailtrace/try)")
     p.add_argument("--priority", choices=("interactive", "batch"),
                    help="compare only the requests of this class (default: every request)")
@@ -168,7 +167,7 @@ def _try(args) -> int:
     cfg = TrialConfig(out_dir=Path(args.out), changes=changes, base=base, traffic=args.traffic, block_s=args.block_s,
                       start_s=args.start, speed=args.speed, rate=args.rate, max_requests=args.max_requests,
                       pairs=args.blocks, slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,
-                      candidate_url=args.candidate, api=args.api or os.environ.get("TAILTRACE_API_URL"),
+                      candidate_url=args.candidate, api=args.api or envs.get("TAILTRACE_API_URL"),
                       otlp_endpoint=args.otlp_endpoint, priority=args.priority, level=args.confidence,
                       store_api=args.api if args.traffic.startswith("store:") else None)
     import signal

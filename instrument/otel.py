@@ -17,6 +17,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+from semantics import envs
 from semantics.semconv import HOST_NAME
 
 __all__ = ["DEFAULT_OTLP_ENDPOINT", "CountingBatchSpanProcessor", "make_tracer_provider", "otlp_endpoint"]
@@ -32,7 +33,7 @@ def otlp_endpoint(flag: str | None = None) -> str:
     http(s) URL with a host and a valid port."""
     from plumbing.urls import check_http_url
 
-    sources = (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", os.environ.get("TAILTRACE_OTLP_ENDPOINT")),
+    sources = (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", envs.get("TAILTRACE_OTLP_ENDPOINT")),
                ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
                ("the default OTLP endpoint", DEFAULT_OTLP_ENDPOINT))
     what, value = next((w, v) for w, v in sources if v)  # the default is always set
@@ -89,7 +90,7 @@ def make_tracer_provider(
     resource = Resource({HOST_NAME: socket.gethostname()}).merge(Resource.create(attrs))
     provider = TracerProvider(resource=resource)
     url = otlp_endpoint(endpoint)
-    if os.environ.get("TAILTRACE_DIRECT_EXPORT", "1") == "0":
+    if envs.get("TAILTRACE_DIRECT_EXPORT") == "0":
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=10)

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
+
+from semantics import envs
 
 __all__ = ["ENGINE_STATS_ENV", "REJECTION_BY_ERROR", "engine_stats_plan", "install_admission_hooks"]
 
@@ -90,7 +91,7 @@ def install_admission_hooks(async_llm_module, state, current) -> None:
     def load_stat_logger_plugin_factories(*args, **kwargs):
         factories = orig_load(*args, **kwargs)
         try:
-            plan, line = engine_stats_plan(state.disable_log_stats, len(factories), os.environ.get(ENGINE_STATS_ENV))
+            plan, line = engine_stats_plan(state.disable_log_stats, len(factories), envs.raw(ENGINE_STATS_ENV))
             state.engine_stats = plan
             if line:
                 log.info(line)

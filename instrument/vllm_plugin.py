@@ -36,6 +36,7 @@ from instrument import semconv as sc
 from instrument import vllm_compat
 from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
 from instrument.step_clock import StepClock
+from semantics import envs
 
 __all__ = ["SUPPORTED_VLLM", "check_vllm_version", "register"]
 
@@ -93,7 +94,7 @@ def register() -> None:
     found, the hook point that differs or the range supported, how to switch tailtrace off),
     installs nothing, and vLLM serves untraced. It then sets TAILTRACE_VLLM=refused in this
     process's environment, so the processes vLLM starts afterwards do not repeat the line."""
-    if os.environ.get("TAILTRACE_VLLM") != "1" or _State.installed:
+    if envs.raw("TAILTRACE_VLLM") != "1" or _State.installed:
         return
     version = "unknown"
     try:
@@ -193,10 +194,10 @@ def _sink() -> SpanSink:
                             "unknown)", exc_info=True)
         _State.provider = make_tracer_provider("vllm", extra_resource=extra)
         _State.tracer = _State.provider.get_tracer("tailtrace.vllm")
-        threshold = os.environ.get("TAILTRACE_TAIL_THRESHOLD_MS")
-        mode = os.environ.get("TAILTRACE_DECODE_SPANS", "tail")
+        threshold = envs.raw("TAILTRACE_TAIL_THRESHOLD_MS")
+        mode = envs.get("TAILTRACE_DECODE_SPANS")
         writer = None
-        if mode != "off" and os.environ.get("TAILTRACE_DIRECT_STEP_SPANS", "1") != "0":
+        if mode != "off" and envs.get("TAILTRACE_DIRECT_STEP_SPANS") != "0":
             from instrument.otel import otlp_endpoint
             from instrument.step_spans import DecodeStepWriter
 
@@ -479,7 +480,7 @@ def _install_config_hooks(EngineArgs) -> None:
         return config
 
     EngineArgs.create_engine_config = create_engine_config
-    if os.environ.get("TAILTRACE_SHOW_ITERATIONS") != "1":
+    if envs.raw("TAILTRACE_SHOW_ITERATIONS") != "1":
         logging.getLogger("vllm.v1.metrics.loggers").addFilter(_DropIterationLines())
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
+
+from semantics import envs
 
 __all__ = ["register"]
 
@@ -77,7 +78,7 @@ def _positive_int(text: str) -> int:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
-    p.add_argument("--target", default=os.environ.get("TAILTRACE_TARGET", "http://127.0.0.1:8080"),
+    p.add_argument("--target", default=envs.get("TAILTRACE_TARGET"),
                    help="the server's base URL (gateway or vLLM), e.g. http://127.0.0.1:8080 "
                         "[$TAILTRACE_TARGET, default %(default)s]")
     p.add_argument("--model", help="model name to request (default: first model of /v1/models)")

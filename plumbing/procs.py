@@ -18,21 +18,8 @@ from pathlib import Path
 
 from plumbing.errors import UserError
 
-__all__ = ["check_port_free", "env_port_default", "free_port", "start_process", "stop_on_sigint", "stop_on_sigterm",
+__all__ = ["check_port_free", "free_port", "start_process", "stop_on_sigint", "stop_on_sigterm",
            "stop_process", "wait_http"]
-
-
-def env_port_default(env: str, default: int) -> str:
-    """The default of a `--...-port` option: the environment variable `env` as given (a string:
-    argparse converts a string default with the option's `type`, so a bad value is its one-line
-    usage error, exit 2, when the command runs, not a traceback while the parser is built),
-    else `default`. Use with `type=int`."""
-    value = os.environ.get(env)
-    if value is None:
-        return str(default)
-    if not value.strip().isdigit():
-        return f"{value!r} (from {env})"  # int() refuses it: argparse names the option and this value
-    return value.strip()
 
 
 def check_port_free(host: str, port: int, what: str) -> None:

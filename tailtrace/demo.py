@@ -32,6 +32,7 @@ from embedded.stack import sql_api as _sql  # _report's queries (tests point it 
 from embedded.stack import wait_for_store as _wait_for_store
 from plumbing.errors import UserError
 from plumbing.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
+from semantics import envs
 from semantics.catalog import QUANTILE_LABELS, format_ms
 
 __all__ = ["DemoConfig", "register", "run_demo"]
@@ -388,7 +389,7 @@ def register(sub) -> None:
     p.add_argument("--speed", type=float, default=None, help="a fixed replay speed instead (no capacity probe)")
     p.add_argument("--start", type=float, default=0.0, help="offset into the trace, s")
     p.add_argument("--model", default="tiny", help="tiny (CPU default), or a model path / hub name on a GPU host")
-    p.add_argument("--out", default=os.environ.get("TAILTRACE_DEMO_DIR", ".tailtrace/demo"), help="store and logs folder")
+    p.add_argument("--out", default=envs.get("TAILTRACE_DEMO_DIR"), help="store and logs folder")
     p.add_argument("--dashboard", action="store_true", help="keep the dashboard up on the result")
     p.add_argument("--decode-spans", default="tail", choices=("full", "tail", "off"))
     p.add_argument("--host", default="127.0.0.1")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from plumbing.procs import free_port, stop_process
+from semantics import envs
 
 # vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
 # stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
@@ -154,7 +155,7 @@ def marked_processes(mark: str) -> list:
     out = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("TAILTRACE_TEST_MARK") == mark:
+            if envs.raw("TAILTRACE_TEST_MARK", p.environ()) == mark:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
             pass

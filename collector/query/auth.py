@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import os
+from semantics import envs
 
 __all__ = ["TOKEN_ENV", "api_token", "bearer_headers"]
 
@@ -12,7 +12,7 @@ TOKEN_ENV = "TAILTRACE_API_TOKEN"
 
 def api_token() -> str | None:
     """The token from $TAILTRACE_API_TOKEN, or None when unset or empty (the API is then open)."""
-    return os.environ.get(TOKEN_ENV) or None
+    return envs.raw(TOKEN_ENV) or None
 
 
 def bearer_headers() -> dict[str, str]:

@@ -10,6 +10,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 
 from plumbing.errors import UserError
+from semantics import envs
 
 __all__ = ["DEFAULT_API", "Query", "add_store_flags", "api_query", "db_query", "iso", "open_store", "sql_api",
            "store_query"]
@@ -140,7 +141,6 @@ def add_store_flags(parser) -> None:
 def open_store(args) -> tuple[Query, Callable[[], None]]:
     """(query, close) for the flags `add_store_flags` added. Raises UserError (see store_query,
     db_query, api_query)."""
-    import os
 
     if getattr(args, "store", None) is not None:
         return store_query(args.store)  # an empty one is refused there, never a fallback
@@ -151,4 +151,4 @@ def open_store(args) -> tuple[Query, Callable[[], None]]:
     api = getattr(args, "api", None)
     if api is not None and not api.strip():
         raise UserError(f"--api is empty: give the collector's query API, e.g. {DEFAULT_API}")
-    return api_query(api or os.environ.get("TAILTRACE_API_URL") or DEFAULT_API), (lambda: None)
+    return api_query(api or envs.get("TAILTRACE_API_URL") or DEFAULT_API), (lambda: None)

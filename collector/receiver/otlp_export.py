@@ -15,19 +15,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 from collector.errors import BadRequest, InternalError
 from collector.processor.enrich import metrics_to_batch, traces_to_batch
 from collector.processor.fastpath import fast_traces_to_batch
+from semantics import envs
 
 __all__ = ["SIGNALS", "Signal", "decode_request", "export_request", "new_stats"]
 
 log = logging.getLogger("tailtrace.collector.receiver")
 
 # TAILTRACE_COLLECTOR_FASTPATH=0 turns the fast trace converter off (bench/ingest.py measures both)
-_FASTPATH = os.environ.get("TAILTRACE_COLLECTOR_FASTPATH", "1") != "0"
+_FASTPATH = envs.get("TAILTRACE_COLLECTOR_FASTPATH") != "0"
 
 
 @dataclass(frozen=True)

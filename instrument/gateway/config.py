@@ -6,11 +6,11 @@ Precedence (DESIGN.md): flag, then the `TAILTRACE_GATEWAY_*` env var named here,
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 
 from plumbing.errors import UserError
 from plumbing.urls import check_http_url
+from semantics import envs
 
 __all__ = ["BATCH", "INTERACTIVE", "PRIORITIES", "SETTINGS", "GatewayConfig", "Setting"]
 
@@ -125,7 +125,7 @@ class GatewayConfig:
         for s in SETTINGS:
             v = getattr(args, s.name, None)
             if v in (None, [], ()):
-                raw = os.environ.get(s.env)
+                raw = envs.raw(s.env)
                 if raw not in (None, ""):
                     if s.name == "upstreams":
                         v = _split_csv(raw)

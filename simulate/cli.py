@@ -63,6 +63,9 @@ def register(sub) -> None:
         p.add_argument("--over-long", default="cut", choices=("cut", "refuse"),
                        help="requests longer than max_model_len: cut as `tailtrace replay` sends them (default) or "
                             "refused as vLLM answers them sent whole (HTTP 400)")
+        p.add_argument("--tolerance", default="0.2", metavar="SHARE",
+                       help="the calibration check's tolerance on each P99 and the throughput, in (0, 1] "
+                            "(default 0.2: off by more than 20%% makes every answer uncalibrated)")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
@@ -128,6 +131,9 @@ def _prepare(args):
     from simulate.model import load_model
     from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
 
+    from simulate.calibrate import check_tolerance
+
+    args.tolerance = check_tolerance(args.tolerance)
     if args.json:
         from loadgen.cli import check_writable
 
@@ -146,6 +152,21 @@ def _prepare(args):
     return model, objectives, format_slo(objectives), (engine, gateway), (engine_b, gateway_b), changes, traffic, name
 
 
+def _calibration(args, model):
+    """The check on the measured run: the traffic's when it is one (store:…), else the run the
+    model was fitted on when it names one (simulate/calibrate.py)."""
+    from simulate.calibrate import Calibration, calibrate
+
+    if str(args.traffic).startswith("store:"):
+        return calibrate(model, args.traffic, api=args.api, tolerance=args.tolerance, over_long=args.over_long)
+    src = model.source or {}
+    if src.get("run_id") and src.get("store"):
+        return calibrate(model, f"store:{src['store']}#{src['run_id']}", tolerance=args.tolerance,
+                         over_long=args.over_long)
+    return Calibration("not-checked", args.tolerance, None, "the traffic is a trace, not a measured run, and the model "
+                       "was fitted on no one run (fit with --run-id, or give --traffic store:STORE#RUN)")
+
+
 def _run(args) -> int:
     from simulate.cluster import simulate
     from simulate.report import comparison_doc, render_lines, summarize
@@ -157,6 +178,7 @@ def _run(args) -> int:
 
         check_store_out(args.store_out)
         check_writable(args.store_out, "--store-out")
+    cal = _calibration(args, model)
     t = traffic.scaled(args.rate_x)
     ra = simulate(t, model, ea, ga, args.replicas, seed=args.seed)
     rb = simulate(t, model, eb, gb, args.replicas, seed=args.seed) if changes else None
@@ -164,6 +186,7 @@ def _run(args) -> int:
                          changes=changes, replicas=args.replicas, rate_x=args.rate_x, model_fit=model.fit,
                          traffic=name)
     doc["over_long"] = args.over_long_report
+    doc["calibration"] = cal.to_dict()
     lines = render_lines(doc)
     if args.store_out:
         from simulate.store import write_store
@@ -188,8 +211,12 @@ def _capacity(args) -> int:
     if unsimulated:  # never a rate that "misses at any rate" because of what is not simulated
         raise UserError(f"--slo {', '.join(unsimulated)}: not simulated (per-token times are not kept); capacity "
                         f"takes objectives on {', '.join(METRICS)}")
+    cal = _calibration(args, model)
     rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
+    for row in rows:
+        row["calibration"] = cal.state
     doc = {"schema": "tailtrace.simulate-capacity/1", "slo": slo, "traffic": name, "changes": changes,
-           "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit, "over_long": args.over_long_report}
+           "mix": mix_of(traffic), "capacity": rows, "model_fit": model.fit, "over_long": args.over_long_report,
+           "calibration": cal.to_dict()}
     _emit(doc, capacity_lines(doc), args)
     return 0

@@ -100,6 +100,14 @@ class StepModel:
         pre, post = pool[self._rng.randrange(len(pool))]
         return float(pre), float(post)
 
+    def scaled(self, factor: float, coef_ms: list[float] | None = None) -> StepModel:
+        """A copy whose step law is `factor` times this one's (or `coef_ms` times factor): every
+        step `factor` times as long; residuals, overheads and the rest unchanged. For the
+        sensitivity of a prediction to the step law's error, and for refits (simulate/intervals.py)."""
+        import dataclasses
+
+        return dataclasses.replace(self, coef_ms=[float(c) * factor for c in (coef_ms or self.coef_ms)])
+
     def to_dict(self) -> dict:
         """The JSON document (schema SCHEMA)."""
         d = asdict(self)

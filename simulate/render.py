@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from semantics.catalog import format_ms
+from simulate.calibrate import calibration_lines
+from simulate.report import answer_mark
 
 __all__ = ["capacity_lines", "fit_lines"]
 
@@ -44,6 +46,9 @@ def capacity_lines(doc: dict) -> list[str]:
            + (f" with {', '.join(doc['changes'])}" if doc["changes"] else "")]
     if doc.get("over_long"):
         out.append(f"  {doc['over_long']['text']}")
+    if doc.get("calibration"):
+        out += calibration_lines(doc["calibration"])
+    mark = answer_mark(doc.get("calibration"))
     for row in doc["capacity"]:
         if row["rate_x"] is None:
             out.append(f"  {row['replicas']} replica(s): {row['why']}")
@@ -52,5 +57,5 @@ def capacity_lines(doc: dict) -> list[str]:
         worst = max((o for o in s["objectives"] if o["ratio"] is not None), key=lambda o: o["ratio"], default=None)
         rate = f"~{row['rate_rps']:.2f} req/s" if row["rate_rps"] is not None else f"{row['rate_x']:.2f}x the traffic"
         out.append(f"  {row['replicas']} replica(s) hold {rate} ({row['rate_x']:.2f}x the traffic's rate)"
-                   + (f"; there {worst['objective']} is {format_ms(worst['value_ms'])}" if worst else ""))
+                   + (f"; there {worst['objective']} is {format_ms(worst['value_ms'])}" if worst else "") + mark)
     return out

@@ -13,8 +13,9 @@ import numpy as np
 
 from semantics.catalog import REQUEST_METRIC_COLUMNS, format_ms, quantile_label
 from semantics.slo import Objective, goodput_sql
+from simulate.calibrate import calibration_lines
 
-__all__ = ["SCHEMA", "comparison_doc", "render_lines", "summarize"]
+__all__ = ["SCHEMA", "answer_mark", "comparison_doc", "render_lines", "summarize"]
 
 SCHEMA = "tailtrace.simulate/1"
 METRICS = ("ttft", "tpot", "e2e")
@@ -146,11 +147,25 @@ def render_lines(doc: dict) -> list[str]:
         out.append(f"  the step-time model's held-out error: median {ho['median_err_decode']:.1%} (decode steps), "
                    f"{(ho.get('median_err_mixed') or 0):.1%} (mixed); summed over {ho['window']:,} steps "
                    f"{ho['window_sum_err']:.1%} at worst")
+    cal = doc.get("calibration")
+    if cal:
+        out += calibration_lines(cal)
     a = doc["arms"]["A"]
     out += _arm_lines("A (as recorded)" if doc["changes"] else "as recorded", a)
     if "B" in doc["arms"]:
         out += _arm_lines(f"B ({', '.join(doc['changes'])})", doc["arms"]["B"])
+        mark = answer_mark(cal)
         for m, qs in doc["ratios"].items():
             out.append(f"  B/A {m.upper():5} " + "  ".join(f"{k} {'n/a' if v is None else f'{v:.2f}x'}"
-                                                       for k, v in qs.items()))
+                                                       for k, v in qs.items()) + mark)
     return out
+
+
+def answer_mark(cal: dict | None) -> str:
+    """What every B/A and capacity line carries after it: "" when calibrated, else why it is no
+    evidence ("  UNCALIBRATED (…)" or "  (calibration not checked)")."""
+    if not cal or cal["state"] == "ok":
+        return ""
+    if cal["state"] == "uncalibrated":
+        return "  UNCALIBRATED (no evidence: see the calibration above)"
+    return "  (calibration not checked)"

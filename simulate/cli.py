@@ -127,11 +127,10 @@ def _fit(args) -> int:
 
 def _prepare(args):
     from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+    from simulate.calibrate import check_tolerance
     from simulate.limits import check_vllm_config, fit_to_model_len
     from simulate.model import load_model
     from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
-
-    from simulate.calibrate import check_tolerance
 
     args.tolerance = check_tolerance(args.tolerance)
     if args.json:

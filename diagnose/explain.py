@@ -60,6 +60,7 @@ def explain(query: Query, scope: Scope) -> Report:
         report = _slo_first(query, scope, verdicts, common)
     if spec_note:
         report.notes.insert(0, spec_note)
+    report.notes.extend(deployment.notes())  # a recorded value that failed its check reads '?': say which
     return report
 
 

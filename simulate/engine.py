@@ -134,7 +134,7 @@ class Engine:
         self.steps = 0                           # engine steps simulated
         self.events = 0                          # step-end events processed
         self.preemptions = 0
-        self.step_log = None                     # a list gets (t_end, n_seqs, prefill_tokens, decode_tokens, ms | None, steps)
+        self.step_log = None                     # a list gets (t_end, n_seqs, prefill_tokens, decode_tokens, ms, steps): a decode run's ms is all its k steps'
 
     # --- arrivals -------------------------------------------------------------------------------
     def admit(self, req: Req, t: float) -> bool:
@@ -279,7 +279,7 @@ class Engine:
         for req, q in chunks:
             pre_tokens += q
             attn += q * (req.computed + q / 2)
-        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1, mixed=True)
+        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1, mixed=True, n=n)
         self.run = None
         self.step_end = (chunks, n, pre_tokens, ms)
         schedule(t + ms / 1e3, self, self.version)
@@ -292,7 +292,7 @@ class Engine:
         if self.total_blocks is not None:
             k = min(k, self._kv_safe_steps(k))
         ctx = self.sum_base + n * self.G
-        eps = self.model.noise(k)
+        eps = self.model.noise(k, n=n)
         self.run = (t, k, n, ctx, eps)
         self.step_end = None
         schedule(t + self.model.run_ms(k, n, ctx) * eps / 1e3, self, self.version)
@@ -304,12 +304,12 @@ class Engine:
             return
         self.events += 1
         if self.run is not None:
-            _, k, n, _, _ = self.run
+            t0, k, n, _, _ = self.run
             self.run = None
             self.G += k
             self.steps += k
             if self.step_log is not None:
-                self.step_log.append((t, n, 0, n, None, k))
+                self.step_log.append((t, n, 0, n, (t - t0) * 1e3, k))
         else:
             chunks, n, pre_tokens, ms = self.step_end
             self.step_end = None

@@ -11,19 +11,13 @@ Read with SQL from the store (so a DuckDB file, ClickHouse or a collector's API 
   to the requests whose prefill ends in it (their last chunk), the rest to the requests still in
   prefill, oldest first — as vLLM's running list serves them.
 
-The coefficients minimise the squared relative error (weights 1/t) under non-negativity, solved
-exactly: every subset of the five terms by least squares, the best with no negative coefficient
-(Lawson & Hanson's NNLS reaches the same optimum; five terms make 31 subsets). Steps off by more
-than 50% after a first fit (the engine's first compiled steps, a stall) are left out of the
-second and counted. The later 30% of the steps are held out: the report gives the median per-step
-error of decode-only and mixed steps there, and the worst error of the summed time over any 1,000
-consecutive held-out steps.
+The law's coefficients, residuals, held-out report and refits on resampled steps: simulate/law.py
+(`fit_law`; unweighted non-negative least squares over every step, held out by interleaved blocks).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
 import random
 
 import numpy as np
@@ -32,36 +26,13 @@ from collector.query.deployment import read_deployment
 from collector.query.reader import Query, iso
 from collector.query.runs import list_runs, runs_present
 from plumbing.errors import UserError
+from simulate.law import TARGETS, fit_law, nnls_exact
 from simulate.model import IDENTITY_KEYS, StepModel
 
 __all__ = ["TARGETS", "fit_model", "nnls_exact", "read_steps"]
 
-# the issue's targets for the held-out fit: median |error| decode-only, mixed; summed over 1,000 steps
-TARGETS = {"median_err_decode": 0.05, "median_err_mixed": 0.10, "window_sum_err": 0.02}
-HOLD_OUT = 0.3
-WINDOW = 1000
 MIN_STEPS = 200
-
-
-def nnls_exact(X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
-    """argmin_b Σ w²(Xb − y)² subject to b >= 0, for a few columns (2^p − 1 least-squares solves).
-    X (m, p), y (m,), w (m,) or None. Returns b (p,)."""
-    _m, p = X.shape
-    Xw = X * (w[:, None] if w is not None else 1.0)
-    yw = y * (w if w is not None else 1.0)
-    best, best_cost = np.zeros(p), float(yw @ yw)
-    for k in range(1, p + 1):
-        for cols in itertools.combinations(range(p), k):
-            sub = Xw[:, cols]
-            b, *_ = np.linalg.lstsq(sub, yw, rcond=None)
-            if np.any(b < 0):
-                continue
-            r = sub @ b - yw
-            cost = float(r @ r)
-            if cost < best_cost - 1e-12 * max(best_cost, 1.0):
-                best, best_cost = np.zeros(p), cost
-                best[list(cols)] = b
-    return best
+DRAWS = 40  # refits on resampled steps kept in the model (simulate/law.py)
 
 
 def _window(query: Query, run_id: str | None) -> tuple[str | None, str | None]:
@@ -182,21 +153,8 @@ def _features(s: dict) -> np.ndarray:
                             s["prefill_attn"] / 1e6])
 
 
-def _report(pred: np.ndarray, y: np.ndarray, mixed: np.ndarray) -> dict:
-    err = (pred - y) / y
-    dec, mix = np.abs(err[~mixed]), np.abs(err[mixed])
-    w = min(WINDOW, len(y))
-    cs_p, cs_y = np.r_[0, np.cumsum(pred)], np.r_[0, np.cumsum(y)]
-    sums = (cs_p[w:] - cs_p[:-w]) / (cs_y[w:] - cs_y[:-w]) - 1
-    return {"steps": len(y), "decode_steps": len(dec), "mixed_steps": len(mix),
-            "median_err_decode": float(np.median(dec)) if len(dec) else None,
-            "median_err_mixed": float(np.median(mix)) if len(mix) else None,
-            "window": int(w), "window_sum_err": float(np.max(np.abs(sums))) if len(sums) else None,
-            "total_err": float(pred.sum() / y.sum() - 1)}
-
-
 def fit_model(query: Query, *, store: str, run_id: str | None = None, service: str | None = None,
-              seed: int = 0) -> StepModel:
+              seed: int = 0, draws: int = DRAWS) -> StepModel:
     """Fit a StepModel to `service`'s steps (the only engine service when None) in `run_id`'s window
     (all steps when None). Raises UserError: no steps, several services and none picked, fewer than
     MIN_STEPS busy cycles, no request with its engine phases measured."""
@@ -209,19 +167,8 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
         raise UserError(f"{int(ok.sum())} busy engine steps of {service} to fit on; a fit needs {MIN_STEPS}+ "
                         "(replay more traffic, or a longer run)")
     X, y, mixed = _features(s)[ok], y_all[ok], s["prefill_tokens"][ok] > 0
-    cut = int(len(y) * (1 - HOLD_OUT))
-    tr = np.arange(len(y)) < cut
-    coef = nnls_exact(X[tr], y[tr], 1 / y[tr])
-    rel = np.abs(X @ coef - y) / y
-    keep = tr & (rel <= 0.5)
-    coef = nnls_exact(X[keep], y[keep], 1 / y[keep])
-    pred = X @ coef
-    ratio = y / np.maximum(pred, 1e-9)
-    qs = np.linspace(0, 1, 201)
-    resid = {"decode": np.quantile(ratio[tr & ~mixed], qs).round(5).tolist() if np.any(tr & ~mixed) else [1.0],
-             "mixed": np.quantile(ratio[tr & mixed], qs).round(5).tolist() if np.any(tr & mixed) else None}
-    report = {"train": _report(pred[tr], y[tr], mixed[tr]), "held_out": _report(pred[~tr], y[~tr], mixed[~tr]),
-              "excluded_outliers": int((tr & ~keep).sum()), "targets": TARGETS}
+    law = fit_law(X, y, mixed, s["n_seqs"][ok], draws=draws, seed=seed)
+    report = {**law.report, "targets": TARGETS}
     ho = report["held_out"]
     report["met"] = {k: (ho[k] is not None and ho[k] <= v) for k, v in TARGETS.items()}
     dep = read_deployment(query, *(_span_window(s["t_us"])))
@@ -231,10 +178,11 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
     vllm = dep.vllm or {}
     identity = {"service": service, "model": model_name[0][0],
                 **{k: vllm.get(k) for k in IDENTITY_KEYS if k not in ("service", "model")}}
-    return StepModel([float(x) for x in coef], resid, _overheads(query, since, until, seed, s), identity, vllm,
+    return StepModel(law.coef, law.residuals, _overheads(query, since, until, seed, s), identity, vllm,
                      dep.gateway, report,
                      {"store": store, "run_id": run_id, "service": service, "first_step": iso(s["t_us"][0]),
-                      "last_step": iso(s["t_us"][-1]), "steps": len(y_all), "busy_steps": int(ok.sum())})
+                      "last_step": iso(s["t_us"][-1]), "steps": len(y_all), "busy_steps": int(ok.sum())},
+                     coef_draws=law.draws)
 
 
 def _span_window(t_us: np.ndarray) -> tuple[str, str]:

@@ -1,7 +1,7 @@
 """The fitted model of one deployment: its step-time law, its residuals, and the time a request
 spends outside the engine's queue and steps — what `tailtrace simulate fit` writes and `simulate
-run` reads (JSON, `schema` "tailtrace.simulate-model/1", documented in docs/simulate.md and
-docs/simulate-model.schema.json).
+run` reads (JSON, `schema` "tailtrace.simulate-model/1", documented in
+docs/simulate.md).
 
 Step time (one engine step's full cycle: the end of the previous step to the end of this one, so
 the scheduler's and the output processor's time between model executions is in it), in ms:
@@ -39,7 +39,8 @@ IDENTITY_KEYS = ("service", "model", "version", "block_size", "tensor_parallel_s
 class StepModel:
     """A fitted model (see the module docstring). `coef_ms` per TERMS; `residuals`: {"decode":
     [...], "mixed": [...]} the quantiles (0, 0.5%, …, 100%) of measured/predicted cycle time on the
-    fit's steps; `overheads`: [[pre_ms, post_ms, in_flight], ...] per measured request, the time
+    fit's steps, and {"decode_by_batch": {bucket: [...]}, "mixed_by_batch": …} the same per
+    power-of-two bucket of the batch (simulate/law.py); `coef_draws`: refits on resampled steps; `overheads`: [[pre_ms, post_ms, in_flight], ...] per measured request, the time
     outside the engine before its first token (network, gateway processing, the API server) and after
     its last, and the requests in flight when it arrived; `identity` (IDENTITY_KEYS), `deployment` (the recorded vLLM config), `gateway` (the
     recorded gateway config or None), `fit` (the held-out report), `source` (store, run, window)."""
@@ -52,6 +53,7 @@ class StepModel:
     gateway: dict | None = None
     fit: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
+    coef_draws: list = field(default_factory=list)
     schema: str = SCHEMA
 
     def __post_init__(self):
@@ -60,6 +62,13 @@ class StepModel:
         self._dec = [float(x) for x in self.residuals.get("decode") or [1.0]]
         self._mix = [float(x) for x in self.residuals.get("mixed") or self._dec]
         self._dec_mean = sum(self._dec) / len(self._dec)
+        # residuals per power-of-two bucket of the batch (simulate/law.py), with their means
+        self._buckets = {}
+        for key, fallback in (("decode_by_batch", self._dec), ("mixed_by_batch", self._mix)):
+            by = {int(k): [float(x) for x in v] for k, v in (self.residuals.get(key) or {}).items() if v}
+            self._buckets[key] = ({k: (v, sum(v) / len(v)) for k, v in by.items()},
+                                  (fallback, sum(fallback) / len(fallback)))
+        self._bucket_cache: dict = {}
         self._by_load: dict[int, list] = {}  # bit_length(in flight at arrival) -> [(pre_ms, post_ms)]
         for o in self.overheads:
             self._by_load.setdefault(max(int(o[2]) if len(o) > 2 else 1, 1).bit_length(), []).append((o[0], o[1]))
@@ -77,17 +86,33 @@ class StepModel:
         first (each step adds n): k·(a0 + (a1+b)·n + c·ctx/1e3) + c·n/1e3·k(k−1)/2."""
         return k * (self.a0 + (self.a1 + self.b) * n + self.c * ctx / 1e3) + self.c * n / 1e3 * k * (k - 1) / 2
 
-    def noise(self, k: int = 1, mixed: bool = False) -> float:
+    def _residuals(self, mixed: bool, n: int | None) -> tuple[list, float]:
+        """(quantiles, their mean) for a step of batch n: its power-of-two bucket's, else the nearest
+        bucket fitted, else the regime's over every batch."""
+        key = (mixed, n.bit_length() if n else 0)
+        hit = self._bucket_cache.get(key)
+        if hit is None:
+            by, whole = self._buckets["mixed_by_batch" if mixed else "decode_by_batch"]
+            if not n or not by:
+                hit = whole
+            else:
+                b = key[1]
+                hit = by.get(b) or by[min(by, key=lambda x: (abs(x - b), x))]
+            self._bucket_cache[key] = hit
+        return hit
+
+    def noise(self, k: int = 1, mixed: bool = False, n: int | None = None) -> float:
         """A multiplicative residual for one step (k = 1) or the mean over a run of k pure-decode
-        steps: a draw from the fitted residuals, pulled toward their mean by 1/sqrt(k) (the spread
-        of a mean of k independent draws), so a run's total is neither noiseless nor k times one draw."""
-        qs = self._mix if mixed else self._dec
+        steps of batch `n` (None: any batch): a draw from the fitted residuals of its regime and
+        batch bucket, pulled toward their mean by 1/sqrt(k) (the spread of a mean of k independent
+        draws), so a run's total is neither noiseless nor k times one draw."""
+        qs, mean = self._residuals(mixed, n)
         u = self._rng.random() * (len(qs) - 1)
         i = int(u)
         e = qs[i] + (qs[min(i + 1, len(qs) - 1)] - qs[i]) * (u - i)
         if k <= 1:
             return e
-        return self._dec_mean + (e - self._dec_mean) / math.sqrt(k)
+        return mean + (e - mean) / math.sqrt(k)
 
     def overhead(self, in_flight: int = 1) -> tuple[float, float]:
         """(pre_ms, post_ms) of one measured request that arrived with about as many requests in
@@ -103,7 +128,7 @@ class StepModel:
     def scaled(self, factor: float, coef_ms: list[float] | None = None) -> StepModel:
         """A copy whose step law is `factor` times this one's (or `coef_ms` times factor): every
         step `factor` times as long; residuals, overheads and the rest unchanged. For the
-        sensitivity of a prediction to the step law's error, and for refits (simulate/intervals.py)."""
+        sensitivity of a prediction to the step law's error, and for refits (`coef_draws`)."""
         import dataclasses
 
         return dataclasses.replace(self, coef_ms=[float(c) * factor for c in (coef_ms or self.coef_ms)])
@@ -148,8 +173,11 @@ def load_model(path: str | Path) -> StepModel:
         if len(coef) != len(TERMS) or not all(math.isfinite(x) and x >= 0 for x in coef):
             raise ValueError
         _check_shapes(doc)
+        draws = [[float(x) for x in d] for d in doc.get("coef_draws") or []]
+        if any(len(d) != len(TERMS) or not all(math.isfinite(x) and x >= 0 for x in d) for d in draws):
+            raise ValueError
         return StepModel(coef, doc["residuals"], doc.get("overheads") or [], doc["identity"], doc["deployment"],
-                         doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {})
+                         doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {}, draws)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         raise UserError(f"{p}: a model file needs coef_ms ({len(TERMS)} non-negative numbers), residuals "
                         "({\"decode\": [positive numbers], \"mixed\": [...]}), overheads ([[pre_ms, post_ms, "
@@ -163,8 +191,13 @@ def _check_shapes(doc: dict) -> None:
     res = doc["residuals"]
     if not isinstance(res, dict):
         raise TypeError
-    for key in ("decode", "mixed"):
-        qs = res.get(key) or []
+    lists = [res.get("decode") or [], res.get("mixed") or []]
+    for key in ("decode_by_batch", "mixed_by_batch"):
+        by = res.get(key) or {}
+        if not isinstance(by, dict) or not all(str(k).isdigit() for k in by):
+            raise ValueError
+        lists += [v or [] for v in by.values()]
+    for qs in lists:
         if not isinstance(qs, list) or not all(math.isfinite(float(x)) and float(x) > 0 for x in qs):
             raise ValueError
     for o in doc.get("overheads") or []:

@@ -33,7 +33,11 @@ def fit_lines(model, path) -> list[str]:
     if t:
         out.append("  targets (held-out): " + ", ".join(
             f"{k.replace('_', ' ')} <= {v:.0%} {'met' if met.get(k) else 'NOT met'}" for k, v in t.items()))
-    out.append(f"  {fit.get('excluded_outliers', 0):,} steps off by more than 50% left out of the fit; "
+    ins = fit.get("in_sample") or {}
+    if ins:
+        out.append(f"  in-sample ({ins['steps']:,} steps, the model's fit): summed time {ins['total_err']:+.1%}; "
+                   f"{fit.get('off_by_half', 0):,} steps off by more than 50% kept (real engine time)")
+    out.append(f"  {len(model.coef_draws):,} refits on resampled steps kept (the law's uncertainty); "
                f"{len(model.overheads):,} requests' time outside the engine kept")
     return out
 

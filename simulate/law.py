@@ -1,0 +1,140 @@
+"""The step-time law fitted to arrays of steps: coefficients, residuals by regime and batch, the
+held-out report and refits on resampled steps. simulate/fit.py reads the steps from a store and
+calls `fit_law`; the tests call it on synthetic steps.
+
+Why these choices (issue 45, measured on the demo's run at its max_num_seqs cap, 4,708 steps):
+- **Unweighted least squares.** The earlier fit minimised the squared *relative* error: it is
+  pulled toward the ~3,000 one-to-eight-request steps (12 s of the run's 95 s of engine time) and,
+  the cycle times being right-skewed, it predicts low: the summed time came out −35% in-sample and
+  the steps at the cap −45%. Plain least squares with its intercept makes the fitted steps' summed
+  time equal the measured one exactly (the normal equation of the intercept), so a run's work per
+  second is right first.
+- **No step left out.** Steps off by more than 50% (stalls, a core taken by another process) are
+  real engine time: left out (494 of 4,708), the law missed that time. They are counted.
+- **Held out by interleaved blocks**, not the run's later 30%: a demo run reaches its cap only
+  late, so a later-30% hold-out had no capped step in training. Blocks of BLOCK steps, three of
+  every ten held out; the report's fit is on the rest, the model's on every step.
+- **Residuals by regime and batch**: measured / predicted per step, as 201 quantiles, for decode-only
+  and mixed steps, and within each for every power-of-two bucket of the batch with MIN_BUCKET steps
+  or more. A step draws from its own bucket, so the mean of the draws, and the summed time, holds
+  per batch size and not only over the run.
+- **Refits on resampled steps** (block bootstrap, blocks of BLOCK consecutive steps so that a
+  slow stretch stays one draw): `draws` coefficient vectors, the law's own uncertainty, kept in the
+  model file as `coef_draws`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["BLOCK", "TARGETS", "LawFit", "batch_bucket", "fit_law", "nnls_exact"]
+
+# the issue's targets for the held-out fit: median |error| decode-only, mixed; summed over 1,000 steps
+TARGETS = {"median_err_decode": 0.05, "median_err_mixed": 0.10, "window_sum_err": 0.02}
+WINDOW = 1000
+
+BLOCK = 100
+HELD_OUT_BLOCKS = (2, 5, 8)  # of every ten
+MIN_BUCKET = 30
+QS = np.linspace(0, 1, 201)
+
+
+def batch_bucket(n) -> int:
+    """The power-of-two bucket of a batch of n requests (1 → 1, 2-3 → 2, 4-7 → 3, …)."""
+    return max(int(n), 1).bit_length()
+
+
+@dataclass
+class LawFit:
+    """`coef` (the law's five terms, ms), `residuals` (the model file's: "decode", "mixed" and
+    "decode_by_batch" / "mixed_by_batch" {bucket: quantiles}), `report` (train, held_out, steps off by
+    more than 50%), `draws` (refitted coefficient vectors)."""
+
+    coef: list
+    residuals: dict
+    report: dict
+    draws: list
+
+
+def nnls_exact(X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """argmin_b Σ w²(Xb − y)² subject to b >= 0, for a few columns (2^p − 1 least-squares solves:
+    every subset of the terms, the best with no negative coefficient; Lawson & Hanson's NNLS reaches
+    the same optimum). X (m, p), y (m,), w (m,) or None. Returns b (p,)."""
+    import itertools
+
+    _m, p = X.shape
+    Xw = X * (w[:, None] if w is not None else 1.0)
+    yw = y * (w if w is not None else 1.0)
+    best, best_cost = np.zeros(p), float(yw @ yw)
+    for k in range(1, p + 1):
+        for cols in itertools.combinations(range(p), k):
+            sub = Xw[:, cols]
+            b, *_ = np.linalg.lstsq(sub, yw, rcond=None)
+            if np.any(b < 0):
+                continue
+            r = sub @ b - yw
+            cost = float(r @ r)
+            if cost < best_cost - 1e-12 * max(best_cost, 1.0):
+                best, best_cost = np.zeros(p), cost
+                best[list(cols)] = b
+    return best
+
+
+def _report(pred: np.ndarray, y: np.ndarray, mixed: np.ndarray) -> dict:
+    """Median |error| of decode-only and mixed steps, the worst error of the summed time over any
+    WINDOW consecutive steps, and the total's error."""
+    if not len(y):
+        return {"steps": 0, "decode_steps": 0, "mixed_steps": 0, "median_err_decode": None, "median_err_mixed": None,
+                "window": 0, "window_sum_err": None, "total_err": None}
+    err = (pred - y) / y
+    dec, mix = np.abs(err[~mixed]), np.abs(err[mixed])
+    w = min(WINDOW, len(y))
+    cs_p, cs_y = np.r_[0, np.cumsum(pred)], np.r_[0, np.cumsum(y)]
+    sums = (cs_p[w:] - cs_p[:-w]) / (cs_y[w:] - cs_y[:-w]) - 1
+    return {"steps": len(y), "decode_steps": len(dec), "mixed_steps": len(mix),
+            "median_err_decode": float(np.median(dec)) if len(dec) else None,
+            "median_err_mixed": float(np.median(mix)) if len(mix) else None,
+            "window": int(w), "window_sum_err": float(np.max(np.abs(sums))) if len(sums) else None,
+            "total_err": float(pred.sum() / y.sum() - 1)}
+
+
+def _quantiles(x: np.ndarray) -> list | None:
+    return np.quantile(x, QS).round(5).tolist() if len(x) else None
+
+
+def _by_batch(ratio: np.ndarray, n: np.ndarray) -> dict:
+    b = np.array([batch_bucket(v) for v in n])
+    return {str(k): _quantiles(ratio[b == k]) for k in sorted(set(b.tolist())) if (b == k).sum() >= MIN_BUCKET}
+
+
+def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray, *, draws: int = 0,
+            seed: int = 0) -> LawFit:
+    """Fit the law (module docstring) to steps in time order: X (m, 5) the terms of simulate/model.py,
+    y (m,) measured cycles (ms, > 0), mixed (m,) bool (prefill in the step), n_seqs (m,) the batch.
+    `draws` refits on block-resampled steps (seeded by `seed`)."""
+    m = len(y)
+    blk = (np.arange(m) // BLOCK) % 10
+    tr = ~np.isin(blk, HELD_OUT_BLOCKS)
+    if tr.all() or not tr.any():  # fewer than three blocks: the later 30% held out
+        tr = np.arange(m) < int(m * 0.7)
+    coef_tr = nnls_exact(X[tr], y[tr])
+    p_tr = np.maximum(X @ coef_tr, 1e-6)
+    coef = nnls_exact(X, y)
+    pred = np.maximum(X @ coef, 1e-6)
+    ratio = y / pred
+    resid = {"decode": _quantiles(ratio[~mixed]) or [1.0], "mixed": _quantiles(ratio[mixed]),
+             "decode_by_batch": _by_batch(ratio[~mixed], n_seqs[~mixed]),
+             "mixed_by_batch": _by_batch(ratio[mixed], n_seqs[mixed])}
+    report = {"train": _report(p_tr[tr], y[tr], mixed[tr]), "held_out": _report(p_tr[~tr], y[~tr], mixed[~tr]),
+              "in_sample": _report(pred, y, mixed), "excluded_outliers": 0,
+              "off_by_half": int((np.abs(pred - y) / y > 0.5).sum()), "hold_out": f"blocks of {BLOCK} steps, 3 in 10"}
+    rng = np.random.default_rng(seed)
+    nb = -(-m // BLOCK)
+    out = []
+    for _ in range(draws):
+        pick = rng.integers(0, nb, nb)
+        idx = np.concatenate([np.arange(b * BLOCK, min((b + 1) * BLOCK, m)) for b in pick])
+        out.append([round(float(c), 6) for c in nnls_exact(X[idx], y[idx])])
+    return LawFit([float(c) for c in coef], resid, report, out)

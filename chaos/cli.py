@@ -8,27 +8,15 @@ control of the engine (net-delay, admission).
 from __future__ import annotations
 
 import argparse
-import math
 import signal
 import sys
 from pathlib import Path
 
+from plumbing.argtypes import RATE, SEED, TOKENS, bounded_float, bounded_int, seconds
 from plumbing.errors import UserError
 from semantics import envs
 
 __all__ = ["register"]
-
-
-def _positive(what: str):
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} must be a number > 0, not {text!r}") from None
-        if not (math.isfinite(v) and v > 0):
-            raise argparse.ArgumentTypeError(f"{what} must be a number > 0, not {text!r}")
-        return v
-    return parse
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
@@ -158,23 +146,23 @@ def register(sub) -> None:
     p.add_argument("experiment", metavar="EXPERIMENT",
                    help=f"one of {', '.join(EXPERIMENTS)}; {' and '.join(remote_names())} also work against a "
                         "user's --gateway, the others on the embedded stack")
-    p.add_argument("--duration", type=_positive("--duration"), default=30.0,
+    p.add_argument("--duration", type=seconds(), default=30.0,
                    help="seconds of steady load (net-delay, replica-kill, cpu-contention; default 30)")
     p.add_argument("--json", default=None, metavar="PATH", help="write the table (and per-request truth) as JSON")
-    p.add_argument("--ms", type=_positive("--ms"), default=50.0, help="net-delay: the delay D, ms (default 50)")
+    p.add_argument("--ms", type=bounded_float(0.0, 60_000.0, lo_open=True), default=50.0, help="net-delay: the delay D, ms (default 50)")
     p.add_argument("--direction", choices=("in", "out", "both"), default="both", help="net-delay: which way")
-    p.add_argument("--rate", type=_positive("--rate"), default=2.0, help="req/s of each stream (default 2)")
-    p.add_argument("--burst", type=int, default=12,
+    p.add_argument("--rate", type=RATE, default=2.0, help="req/s of each stream (default 2)")
+    p.add_argument("--burst", type=bounded_int(2, 100_000), default=12,
                    help="admission, kv-pressure: requests in the burst (default 12)")
-    p.add_argument("--seconds", type=_positive("--seconds"), default=10.0,
+    p.add_argument("--seconds", type=seconds(), default=10.0,
                    help="cpu-contention: how long the CPU hog spins, mid-load (< --duration; default 10)")
-    p.add_argument("--input-tokens", type=int, default=16, help="prompt tokens of every request (default 16)")
-    p.add_argument("--output-tokens", type=int, default=None,
+    p.add_argument("--input-tokens", type=TOKENS, default=16, help="prompt tokens of every request (default 16)")
+    p.add_argument("--output-tokens", type=TOKENS, default=None,
                    help="output tokens of every request (default 8; long-prompt: of the steady stream, 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--no-progress", action="store_true",
                    help="no progress of the load (else a bar on a terminal, a plain line every 10 s otherwise)")
-    p.add_argument("--prompt-tokens", type=int, default=14_000,
+    p.add_argument("--prompt-tokens", type=TOKENS, default=14_000,
                    help="long-prompt: the long prompt's length in tokens (default 14000; must fit max_model_len)")
     p.add_argument("--gateway", default=None, metavar="URL", help="a user's gateway (remote mode)")
     p.add_argument("--collector-api", default=None, metavar="URL", help="that stack's collector SQL API")

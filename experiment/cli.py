@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import positive
+from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_int, seconds
 from semantics import envs
 
 __all__ = ["register"]
@@ -37,18 +37,18 @@ def register(sub) -> None:
                    help="the baseline's own settings, same form (embedded stack; default: its defaults)")
     p.add_argument("--traffic", default="azure-conv",
                    help="a trace (azure-conv, mooncake-conv, a CSV) or store:STORE[#RUN_ID] (default azure-conv)")
-    p.add_argument("--block-s", type=positive("--block-s"), default=60.0, metavar="S",
+    p.add_argument("--block-s", type=seconds(), default=60.0, metavar="S",
                    help="seconds of traffic per block (default 60)")
-    p.add_argument("--blocks", type=positive("--blocks", int), default=4, metavar="N",
+    p.add_argument("--blocks", type=bounded_int(1, 1000), default=4, metavar="N",
                    help="block pairs (A B or B A each; default 4: eight blocks)")
-    p.add_argument("--start", type=float, default=0.0, metavar="OFFSET", help="trace seconds to skip (default 0)")
+    p.add_argument("--start", type=TRACE_OFFSET_S, default=0.0, metavar="OFFSET", help="trace seconds to skip (default 0)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--speed", type=positive("--speed"), metavar="X", help="play the traffic X times faster")
-    g.add_argument("--rate", type=positive("--rate"), metavar="R", help="rescale the traffic to R req/s")
-    p.add_argument("--max-requests", type=positive("--max-requests", int), metavar="N",
+    g.add_argument("--speed", type=SPEED, metavar="X", help="play the traffic X times faster")
+    g.add_argument("--rate", type=RATE, metavar="R", help="rescale the traffic to R req/s")
+    p.add_argument("--max-requests", type=REQUESTS, metavar="N",
                    help="at most N requests per block")
     p.add_argument("--slo", metavar="SPEC", help="the objectives (default ttft_p99=2s,tpot_p99=100ms)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--model", default="tiny", help="embedded: the model to serve (default tiny)")
     p.add_argument("--baseline", metavar="URL", help="the baseline's OpenAI-compatible URL (URL mode)")
     p.add_argument("--candidate", metavar="URL", help="the candidate's URL, running the change (URL mode)")
@@ -78,7 +78,7 @@ def register(sub) -> None:
                    help="compare only the requests of this class (default: every request)")
     p.add_argument("--confidence", type=float, default=0.95, choices=(0.95, 0.99, 0.999),
                    help="the intervals' confidence level (default 0.95)")
-    p.add_argument("--split", type=positive("--split", int), default=4, metavar="K",
+    p.add_argument("--split", type=bounded_int(1, 1000), default=4, metavar="K",
                    help="one run per arm: stretches per run (default 4)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
     p.set_defaults(func=_compare)

@@ -4,8 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import math
 
+from plumbing.argtypes import (
+    RATE,
+    REQUESTS,
+    SEED,
+    SPEED,
+    TOKENS,
+    TRACE_OFFSET_S,
+    bounded_float,
+    bounded_int,
+    bounded_list,
+    seconds,
+)
 from semantics import envs
 
 __all__ = ["register"]
@@ -13,16 +24,6 @@ __all__ = ["register"]
 _TRACE_HELP = ("azure-conv, mooncake-conv, a CSV path in either trace's format, or store:STORE[#RUN_ID]: "
                "a traced run of a store (a path, duckdb:///…, chdb:///…, clickhouse://…, or a collector's "
                "http://127.0.0.1:9464), replayed with its arrivals, lengths and priority classes")
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < v < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return v
 
 
 def check_writable(path: str, flag: str = "--out") -> None:
@@ -66,37 +67,27 @@ def check_writable(path: str, flag: str = "--out") -> None:
                 pass
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
     p.add_argument("--target", default=envs.get("TAILTRACE_TARGET"),
                    help="the server's base URL (gateway or vLLM), e.g. http://127.0.0.1:8080 "
                         "[$TAILTRACE_TARGET, default %(default)s]")
     p.add_argument("--model", help="model name to request (default: first model of /v1/models)")
-    p.add_argument("--duration", type=_positive_float, metavar="S", help="seconds of schedule to send")
-    p.add_argument("--start", type=float, default=0.0, metavar="OFFSET",
+    p.add_argument("--duration", type=seconds(31_536_000), metavar="S", help="seconds of schedule to send")
+    p.add_argument("--start", type=TRACE_OFFSET_S, default=0.0, metavar="OFFSET",
                    help="start this many trace seconds into the trace (default 0)")
-    p.add_argument("--max-requests", type=_positive_int, metavar="N", help="send at most N requests")
-    p.add_argument("--max-input", type=_positive_int, metavar="N",
+    p.add_argument("--max-requests", type=REQUESTS, metavar="N", help="send at most N requests")
+    p.add_argument("--max-input", type=TOKENS, metavar="N",
                    help="clip prompts to N tokens (default: the model's max_model_len - output length)")
-    p.add_argument("--concurrency-cap", type=_positive_int, metavar="N",
+    p.add_argument("--concurrency-cap", type=bounded_int(1, 1_000_000), metavar="N",
                    help="at most N requests outstanding; the wait is reported as client queue time")
     p.add_argument("--arrival", choices=("poisson", "gamma"),
                    help="synthetic arrivals at --rate with lengths drawn from TRACE")
-    p.add_argument("--burstiness", type=_positive_float, default=1.0, metavar="K",
+    p.add_argument("--burstiness", type=bounded_float(0.0, 1000.0, lo_open=True), default=1.0, metavar="K",
                    help="Gamma shape of inter-arrival times with --arrival gamma (<1 burstier; default 1)")
     p.add_argument("--jitter", choices=("uniform", "none"), default="uniform",
                    help="spread Mooncake's 3 s timestamp slots uniformly (default) or send each slot at once")
-    p.add_argument("--seed", type=int, default=0, help="seed for jitter, synthetic arrivals and prompt ids")
+    p.add_argument("--seed", type=SEED, default=0, help="seed for jitter, synthetic arrivals and prompt ids")
     p.add_argument("--slo", default=None, metavar="SPEC",
                    help="latency objectives, e.g. ttft_p99=2s,tpot_p99=100ms (default that)")
     p.add_argument("--otlp-endpoint", "--collector", dest="otlp_endpoint", metavar="URL",
@@ -105,11 +96,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-spans", action="store_true", help="export no client spans (traceparent is still sent)")
     p.add_argument("--priority", choices=("interactive", "batch"), default="interactive",
                    help="priority class (x-priority) of the requests the trace gives none (default interactive)")
-    p.add_argument("--max-output-tokens", type=_positive_int, metavar="N",
+    p.add_argument("--max-output-tokens", type=TOKENS, metavar="N",
                    help="ask for at most N output tokens per request (a client-side cap; default the trace's)")
     p.add_argument("--api", metavar="URL", help="with store: or store:#RUN_ID, read the run through this "
                    "collector's SQL API (e.g. http://127.0.0.1:9464)")
-    p.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+    p.add_argument("--timeout", type=seconds(), default=600.0, metavar="S",
                    help="per-request timeout (default 600 s)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (else a bar on a terminal, a plain line every 10 s otherwise)")
@@ -123,8 +114,8 @@ def register(sub) -> None:
                                    "what the client saw. Emits one client.request span per request.")
     _common(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--speed", type=_positive_float, metavar="X", help="play the trace X times faster (default 1)")
-    g.add_argument("--rate", type=_positive_float, metavar="R",
+    g.add_argument("--speed", type=SPEED, metavar="X", help="play the trace X times faster (default 1)")
+    g.add_argument("--rate", type=RATE, metavar="R",
                    help="rescale the trace to a mean of R req/s (with --arrival: the synthetic rate)")
     p.add_argument("--out", metavar="FILE", help="write per-request results: .json (with summary) or .csv")
     p.add_argument("--run-id", metavar="ID", help="tag the run's client spans (tailtrace.run.id) with ID "
@@ -139,7 +130,8 @@ def register(sub) -> None:
                                    "--rates for --duration seconds, print throughput and P50/P99/P999 "
                                    "TTFT/TPOT/E2E per rate and the highest rate meeting --slo.")
     _common(p)
-    p.add_argument("--rates", required=True, metavar="R1,R2,...", help="request rates to sweep (req/s)")
+    p.add_argument("--rates", required=True, type=bounded_list(RATE, 64), metavar="R1,R2,...",
+                   help="request rates to sweep (req/s)")
     p.add_argument("--out", metavar="FILE",
                    help="results JSON (a CSV beside it); default ./tailtrace-sweep-<id>.json")
     p.set_defaults(func=_sweep, duration=None)
@@ -201,9 +193,9 @@ def _sweep(args) -> int:
     from rich.console import Console
 
     from loadgen.report import print_summary, print_sweep
-    from loadgen.sweep import parse_rates, run_sweep
+    from loadgen.sweep import run_sweep
 
-    rates = parse_rates(args.rates)
+    rates = sorted(set(args.rates))  # each in range, 1 to 64 of them (argparse: plumbing.argtypes)
     console = Console()
     if args.duration is None and args.max_requests is None:
         from plumbing.errors import UserError

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 
+from plumbing.argtypes import RangeHelpFormatter
 from plumbing.errors import UserError
 from tailtrace import __version__
 
@@ -34,8 +35,13 @@ _COMMAND_MODULES = (
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `tailtrace replay: error: ... (see --help)`, exit 2.
-    Sub-command parsers inherit the class (argparse uses type(parent) for them)."""
+    """argparse with one-line errors: `tailtrace replay: error: ... (see --help)`, exit 2, and each
+    bounded number's range in --help (plumbing.argtypes.RangeHelpFormatter). Sub-command parsers
+    inherit the class (argparse uses type(parent) for them)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", RangeHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")

@@ -14,7 +14,7 @@ import argparse
 import math
 
 __all__ = ["PORT", "PORT_OR_OFF", "RATE", "REQUESTS", "SEED", "SPEED", "TOKENS", "TRACE_OFFSET_S", "ArgRangeError", "RangeHelpFormatter", "bounded_float",
-           "bounded_int", "bounded_list", "positive", "seconds"]
+           "bounded_int", "bounded_list", "seconds"]
 
 
 class ArgRangeError(argparse.ArgumentTypeError, ValueError):
@@ -128,21 +128,6 @@ def bounded_list(item: _Bounded, max_items: int) -> _BoundedList:
 def seconds(hi: float = 86400.0) -> _Bounded:
     """A duration or time budget in seconds: more than 0, at most `hi` (a day unless said)."""
     return bounded_float(0.0, hi, lo_open=True)
-
-
-def positive(flag: str, kind=float):
-    """An argparse `type` for `flag`: a `kind` (float or int) that is finite and > 0, else
-    `ArgumentTypeError` naming the flag ("--rate-x 'x' is not a number", "--blocks must be more than 0").
-    Unbounded above: prefer `bounded_int` / `bounded_float`, which state the range."""
-    def conv(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
-        if not v > 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{flag} must be more than 0")
-        return v
-    return conv
 
 
 # Ranges of quantities many commands take (one definition each).

@@ -8,28 +8,9 @@
 
 from __future__ import annotations
 
-import argparse
-
-from plumbing.argtypes import positive
+from plumbing.argtypes import REQUESTS, SEED, bounded_float, bounded_int, bounded_list
 
 __all__ = ["register"]
-
-
-def _replicas(text: str) -> int:
-    n = _replica_list(text)
-    if len(n) != 1:
-        raise argparse.ArgumentTypeError(f"--replicas {text!r}: one count here (simulate capacity takes a list)")
-    return n[0]
-
-
-def _replica_list(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--replicas {text!r}: give counts like 1,2,4,8") from None
-    if not out or any(n < 1 or n > 1024 for n in out):
-        raise argparse.ArgumentTypeError(f"--replicas {text!r}: counts from 1 to 1024, e.g. 1,2,4,8")
-    return out
 
 
 def register(sub) -> None:
@@ -66,21 +47,21 @@ def register(sub) -> None:
         p.add_argument("--tolerance", default="0.2", metavar="SHARE",
                        help="the calibration check's tolerance on each P99 and the throughput, in (0, 1] "
                             "(default 0.2: off by more than 20%% makes every answer uncalibrated)")
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=SEED, default=0)
         p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
         if name == "run":
-            p.add_argument("--rate-x", type=positive("--rate-x"), default=1.0, metavar="X",
+            p.add_argument("--rate-x", type=bounded_float(0.0, 1000.0, lo_open=True), default=1.0, metavar="X",
                            help="arrivals X times as fast as the traffic's (default 1)")
-            p.add_argument("--replicas", type=_replicas, default=1, metavar="N",
+            p.add_argument("--replicas", type=bounded_int(1, 1024), default=1, metavar="N",
                            help="replicas behind the gateway (default 1)")
             p.add_argument("--store-out", metavar="FILE.duckdb",
                            help="also write the simulated requests as a store (run kind simulation)")
             p.set_defaults(func=_run)
         else:
-            p.add_argument("--replicas", type=_replica_list, default=[1], metavar="N[,N…]",
+            p.add_argument("--replicas", type=bounded_list(bounded_int(1, 1024), 64), default=[1], metavar="N[,N…]",
                            help="replica counts to answer for (default 1)")
-            p.add_argument("--min-requests", type=positive("--min-requests", int), default=3000, metavar="N",
+            p.add_argument("--min-requests", type=REQUESTS, default=3000, metavar="N",
                            help="repeat the traffic to at least N requests (default 3000)")
             p.set_defaults(func=_capacity)
 

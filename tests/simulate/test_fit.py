@@ -155,8 +155,8 @@ def _trace(path, rows):
     (["--set", "max_num_seqs=lots"], "not a valid value"),
     (["--set", "max_num_batched_tokens=8"], "must be >= max_num_seqs"),
     (["--slo", "ttft_p99=fast"], "bad --slo item"),
-    (["--replicas", "100000"], "counts from 1 to 1024"),
-    (["--rate-x", "0"], "--rate-x must be more than 0"),
+    (["--replicas", "100000"], "argument --replicas: '100000' is out of range: 1 to 1024"),
+    (["--rate-x", "0"], "argument --rate-x: '0' is out of range: more than 0, at most 1000"),
     (["--set", "kv_cache_blocks=0"], "kv_cache_blocks must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_file, tmp_path, capsys, extra, msg):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from semantics import semconv as sc
 
 __all__ = [
+    "CLIENT_LEFT_STATUSES",
     "DERIVED",
     "ENGINE_STATS_OFF_WHY",
     "HISTOGRAM_BUCKETS_PER_DECADE",
@@ -34,9 +35,13 @@ __all__ = [
     "SLO_DEFAULTS_MS",
     "SOURCES",
     "SOURCE_PLUGIN",
+    "SOURCE_SGLANG",
+    "SOURCE_TGI",
+    "SOURCE_TRTLLM",
     "SOURCE_VLLM_NATIVE",
     "STATUSES",
     "STATUS_ABORT",
+    "STATUS_CANCELLED",
     "STATUS_ERROR",
     "STATUS_OK",
     "STATUS_REJECTED",
@@ -49,6 +54,7 @@ __all__ = [
     "format_ms",
     "phase_by_column",
     "quantile_label",
+    "sql_in",
 ]
 
 
@@ -115,10 +121,25 @@ ENGINE_STATS_OFF_WHY = ("vLLM ran with --disable-log-stats and TAILTRACE_ENGINE_
                         "queue/schedule events")
 
 # Statuses of a request, as the layer that saw it (`tailtrace.status`). `rejected`: an admission
-# limit refused it before any work (the gateway's queue, vLLM's --max-num-queued-reqs/-tokens); its
-# reason is `requests.rejection`. Not an error of the engine: counted per reason, apart.
+# limit refused its last attempt before any work (the gateway's queue, vLLM's
+# --max-num-queued-reqs/-tokens); its reason is `requests.rejection`. Not an error of the engine:
+# counted per reason, apart. An attempt's rejection belongs to that attempt: a request retried and
+# served is `ok` (its retries are `requests.retries`). `abort`: a serving layer saw its client leave
+# before the response's last byte. `cancelled`: the client itself cancelled it (it says so on its
+# own span: loadgen's Ctrl-C). Neither is a failure of a serving layer.
 STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED = "ok", "error", "abort", "rejected"
-STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED)
+STATUS_CANCELLED = "cancelled"
+STATUSES: tuple[str, ...] = (STATUS_OK, STATUS_ERROR, STATUS_ABORT, STATUS_REJECTED, STATUS_CANCELLED)
+# The statuses of a request its client left before the end: the engine goes on after the client
+# left, so its phases do not tile what the client saw (`unattributed_ms` and the way out are NULL,
+# never a negative residual), and no serving layer failed it.
+CLIENT_LEFT_STATUSES: tuple[str, ...] = (STATUS_ABORT, STATUS_CANCELLED)
+
+
+def sql_in(values: tuple[str, ...]) -> str:
+    """`('a', 'b')`: a SQL list of the (quote-free) catalog strings `values`, for `x IN ...`."""
+    assert all("'" not in v for v in values)
+    return "(" + ", ".join(f"'{v}'" for v in values) + ")"
 
 # Latency percentiles (and tails) are over the requests that are `ok`, as vLLM's benchmark_serving
 # computes its metrics over successful requests; failures are counted apart (and are misses for
@@ -195,6 +216,7 @@ class Source:
     e2e: str
     ttft: str
     null_columns: tuple[str, ...]
+    engine: str = "vLLM"  # the engine whose telemetry it is: "not measured (engine X does not emit it)"
 
 
 SOURCE_PLUGIN = Source(
@@ -213,7 +235,28 @@ SOURCE_VLLM_NATIVE = Source(
          "first token's output processing",
     # vLLM's span has no per-step timings, frontend split, preemption time, cached tokens or finish reason
     null_columns=("frontend_ms", "preempted_ms", "preemptions", "cached_tokens", "finish_reason"))
-SOURCES: tuple[Source, ...] = (SOURCE_PLUGIN, SOURCE_VLLM_NATIVE)
+# Other engines' own tracing, read without a plugin (collector/processor/engines/, docs/engines.md).
+SOURCE_SGLANG = Source(
+    "sglang-native", "SGLang's own tracing (--enable-trace --otlp-traces-endpoint)",
+    e2e="SGLang's `gen_ai.latency.e2e`: from the tokenizer manager's receipt (before tokenization) to the "
+        "last output handled by it",
+    ttft="SGLang's `gen_ai.latency.time_to_first_token`: from that receipt to the first output token",
+    # prefill is its queue-inclusive prefill less the prefill_waiting slice; the time a retracted request
+    # waits again is inside its decode (SGLang has no slice for it)
+    null_columns=("preempted_ms",), engine="SGLang")
+SOURCE_TRTLLM = Source(
+    "trtllm-native", "TensorRT-LLM's own tracing (trtllm-serve --otlp_traces_endpoint)",
+    e2e="TensorRT-LLM's `gen_ai.latency.e2e` on its llm_request span", ttft="its `gen_ai.latency.time_to_first_token`",
+    null_columns=("frontend_ms", "prefill_ms", "decode_ms", "preempted_ms", "preemptions", "cached_tokens"),
+    engine="TensorRT-LLM")
+SOURCE_TGI = Source(
+    "tgi-native", "TGI's own tracing (text-generation-launcher --otlp-endpoint)",
+    e2e="TGI's `total_time` on the router's request span (a Rust Duration string)",
+    ttft="not emitted by TGI (its span has no first-token time)",
+    # inference_time is prefill + decode unsplit: service_time_ms, never prefill_ms or decode_ms
+    null_columns=("prefill_ms", "decode_ms", "preempted_ms", "preemptions", "cached_tokens", "finish_reason",
+                  "ttft_ms", "prompt_tokens", "output_tokens", "tpot_ms"), engine="TGI")
+SOURCES: tuple[Source, ...] = (SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, SOURCE_SGLANG, SOURCE_TRTLLM, SOURCE_TGI)
 
 
 @dataclass(frozen=True)

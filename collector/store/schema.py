@@ -9,7 +9,7 @@ from __future__ import annotations
 from collector.store import clock, latency_histogram, totals
 from collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
 from semantics import semconv as sc
-from semantics.catalog import DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, STATUS_ABORT, STATUS_REJECTED
+from semantics.catalog import CLIENT_LEFT_STATUSES, DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, STATUS_REJECTED, sql_in
 
 __all__ = [
     "COLD_STARTS_VIEW",
@@ -108,7 +108,8 @@ _PLUGIN_ENGINE_PHASES = ", ".join(f"'{p}'" for p in (sc.PHASE_ENGINE, sc.PHASE_F
 # The requests of the dirty traces. Letters as in DESIGN.md: C client.request, G gateway server
 # span, A sum of gateway.admission, U gateway.upstream, R llm.request, N vLLM's own llm_request
 # span (phase vllm_request). When a trace holds several spans of one root phase (a retried
-# upstream, say) the one that ended last counts.
+# upstream, say) the one that ended last counts. Each gateway server span is one attempt of the
+# client (an SDK retrying a 429 sends the same trace again); without a gateway, each engine span.
 def per_trace_sql(where: str) -> str:
     """The per-trace aggregate (one row per trace of `_request_spans` rows matching the SQL condition
     `where`): the relation `requests_sql` reads. DuckDB SQL; collector/clickhouse/dialect.py
@@ -140,13 +141,24 @@ PER_TRACE_AGGREGATES = f"""
         sum(duration_ms) FILTER (WHERE {_p(sc.PHASE_GATEWAY_QUEUE)}) AS a,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_UPSTREAM)}) AS u,
         arg_max(duration_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r,
-        min(start_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_start,
+        -- the start of the engine span that ended last (the last attempt's, as r is its duration)
+        arg_max(start_ns, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_start,
         arg_max(request_id, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS request_id,
         arg_max(model, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_model,
         any_value(model) AS any_model,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_status,
-        -- the admission limit that refused it (the gateway's queue, vLLM's --max-num-queued-*): one layer refuses
-        min(rejection) AS rejection,
+        -- the admission limit that refused an attempt (the gateway's queue, vLLM's --max-num-queued-*), the
+        -- latest one, and when its span ended: a rejection is the request's only when no attempt started after it
+        arg_max(rejection, end_ns) FILTER (WHERE rejection IS NOT NULL) AS rejection,
+        max(end_ns) FILTER (WHERE rejection IS NOT NULL) AS rejection_end,
+        -- attempts: the gateway's server spans, else the engine's spans (the plugin's, else vLLM's own);
+        -- and when the last one started
+        count(*) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_attempts,
+        max(start_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_last_start,
+        count(*) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_attempts,
+        max(start_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_last_start,
+        count(*) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_attempts,
+        max(start_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_last_start,
         arg_max(finish_reason, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS finish_reason,
         arg_max(prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS prompt_tokens,
         arg_max(output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS output_tokens,
@@ -168,7 +180,7 @@ PER_TRACE_AGGREGATES = f"""
         -- the gateway's first byte out (gateway.stream's first chunk, stamped before its write)
         min(first_byte_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS g_first,
         -- vLLM's own llm_request span (N): its latencies in seconds, NULL where missing or bad
-        min(start_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_start,
+        arg_max(start_ns, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_start,
         arg_max(f.request_id, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_request_id,
         arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_status,
         arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_svc,
@@ -216,6 +228,8 @@ WITH {{offsets}}, x AS (
             CASE WHEN native THEN n_decode_s * 1000 ELSE decode_ms END AS decode_ms),
         CASE WHEN native THEN n_e2e_s * 1000 ELSE r END AS e,
         CASE WHEN native THEN n_start ELSE r_start END AS e_start,
+        coalesce(nullif(g_attempts, 0), nullif(CASE WHEN native THEN n_attempts ELSE r_attempts END, 0)) AS attempts,
+        coalesce(g_last_start, CASE WHEN native THEN n_last_start ELSE r_last_start END) AS last_start,
         -- the client's own wait before it sent (a --concurrency-cap slot): part of what its user felt
         CASE WHEN c IS NOT NULL THEN greatest(coalesce(c_queue, 0), 0) END AS cq,
         CASE WHEN plugin_spans > 0 THEN '{SOURCE_PLUGIN.key}'
@@ -233,7 +247,8 @@ WITH {{offsets}}, x AS (
         (s_end - r_end) / 1e6 + coalesce(ogr.theta_ms, 0) AS gr_out,
         coalesce(ocr.theta_ms, 0) AS cr_theta,
         -- the gateway's own E2E ends with its last byte out; its span may end later (post-response work)
-        CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE g END AS g_crit,
+        -- (from its first attempt: a client's retries are part of what its user waited)
+        CASE WHEN s_end IS NOT NULL THEN (s_end - g_start) / 1e6 ELSE (g_end - g_start) / 1e6 END AS g_crit,
         (g_first - g_start) / 1e6 AS g_ttft
     FROM x
     LEFT JOIN o ocg ON ocg.upstream_host = x.c_host AND ocg.downstream_host = x.g_host
@@ -248,14 +263,16 @@ WITH {{offsets}}, x AS (
              ELSE coalesce(cg_in, 0) + coalesce(gr_in, 0) END AS network_in_ms,
         -- no way out when the client left first (abort): a later layer then ends after an earlier one,
         -- and a negative hop (only a disconnect makes one on one host) is refused, never stored
-        CASE WHEN coalesce(c_status, g_status, r_status) = '{STATUS_ABORT}' THEN NULL
+        CASE WHEN coalesce(c_status, g_status, r_status) IN {sql_in(CLIENT_LEFT_STATUSES)} THEN NULL
              WHEN g IS NULL AND (c_end - r_end) / 1e6 + cr_theta < 0 THEN NULL
              WHEN g IS NULL THEN (c_end - r_end) / 1e6 + cr_theta
              WHEN s_end IS NULL THEN NULL
              WHEN cg_out IS NULL AND gr_out IS NULL THEN NULL
              WHEN cg_out < 0 OR gr_out < 0 THEN NULL
              ELSE coalesce(cg_out, 0) + coalesce(gr_out, 0) END AS network_out_ms,
-        CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_start) / 1e6 - coalesce(a, 0)
+        -- over the last attempt: the client's earlier attempts and its waits between them are no
+        -- phase's (unattributed_ms holds them)
+        CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_last_start) / 1e6 - coalesce(a, 0)
              ELSE g - coalesce(a, 0) - coalesce(u, 0) END AS gateway_ms,
         (g_end - s_end) / 1e6 AS gateway_after_ms
     FROM h
@@ -275,8 +292,9 @@ WITH {{offsets}}, x AS (
 SELECT
     request_id, trace_id, coalesce(r_model, any_model) AS model,
     make_timestamp(coalesce(c_start - CAST(round(cq * 1e6) AS BIGINT), g_start, e_start) // 1000) AS arrival_time,
-    -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did)
-    CASE WHEN b2.rejection IS NOT NULL THEN '{STATUS_REJECTED}' ELSE coalesce(c_status, g_status, r_status) END
+    -- the outermost layer that saw the request judges it (a client timeout is not ok, whatever the engine did);
+    -- a rejection, whichever layer made it, when it refused the last attempt
+    CASE WHEN b2.rejection_end >= last_start THEN '{STATUS_REJECTED}' ELSE coalesce(c_status, g_status, r_status) END
         AS status, finish_reason, prompt_tokens, output_tokens,
     cached_tokens, preemptions, network_ms, gateway_ms, a AS gateway_queue_ms, frontend_ms, queue_ms,
     prefill_ms,
@@ -285,7 +303,7 @@ SELECT
     decode_ms,
     -- an abandoned request's phases do not tile what its outermost layer saw (the engine goes on
     -- after the client left): not measured rather than a negative residual
-    CASE WHEN coalesce(c_status, g_status, r_status) = '{STATUS_ABORT}' THEN NULL ELSE
+    CASE WHEN coalesce(c_status, g_status, r_status) IN {sql_in(CLIENT_LEFT_STATUSES)} THEN NULL ELSE
     coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
         + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) END AS unattributed_ms,
@@ -301,7 +319,9 @@ SELECT
     network_in_ms, network_out_ms, gateway_after_ms, upstream, source,
     -- as the client reported it: NULL when it did not (or sent an impossible value, refused at ingest)
     CASE WHEN c IS NOT NULL THEN c_queue END AS client_queue_ms,
-    b2.rejection AS rejection,
+    -- the limit that refused it (status rejected), else NULL: a rejected earlier attempt is a retry
+    CASE WHEN b2.rejection_end >= last_start THEN b2.rejection END AS rejection,
+    attempts - 1 AS retries,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

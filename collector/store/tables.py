@@ -49,7 +49,7 @@ __all__ = [
 
 # The version of the layout below. A column declared with `since` > 1 is added (ALTER TABLE) to a
 # file written before it existed, and every `requests` row is then recomputed once.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # logical type -> pyarrow type factory (arguments)
 _ARROW = {"VARCHAR": ("string",), "JSON": ("string",), "BIGINT": ("int64",), "INTEGER": ("int32",),
@@ -137,6 +137,7 @@ _V3 = 3  # added in schema version 3 (clock offsets, the gateway's first byte)
 _V4 = 4  # added in schema version 4 (vLLM's own llm_request span: its latencies, requests.source)
 _V5 = 5  # added in schema version 5 (the client's own queue: --concurrency-cap)
 _V6 = 6  # added in schema version 6 (admission rejections: the limit that refused a request)
+_V7 = 7  # added in schema version 7 (a request's retries: a rejected attempt is no rejected request)
 
 SPANS = _table("spans", [
     ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("kind", _S),
@@ -241,6 +242,7 @@ REQUESTS = _table("requests", [
     ("outer_e2e_ms", _D, _V2), ("outer_ttft_ms", _D, _V2), ("completion_time", _T, _V2), ("ok", _BOOL, _V2),
     ("network_in_ms", _D, _V2), ("network_out_ms", _D, _V2), ("gateway_after_ms", _D, _V2),
     ("upstream", _S, _V2), ("source", _S, _V4), ("client_queue_ms", _D, _V5), ("rejection", _S, _V6),
+    ("retries", _B, _V7),
 ], time="arrival_time")
 
 # Not stored: the per-token arrays `tailtrace.steps.*` of each llm.request span, one row per span

@@ -6,6 +6,7 @@ Registration is cheap: DuckDB, pyarrow, uvicorn are imported inside each command
 from __future__ import annotations
 
 from collector.query.auth import bearer_headers
+from plumbing.argtypes import PORT, PORT_OR_OFF, bounded_float, bounded_int
 from plumbing.errors import UserError
 from plumbing.urls import check_http_url
 from semantics import envs
@@ -13,6 +14,9 @@ from semantics import envs
 __all__ = ["register"]
 
 DEFAULT_API = "http://127.0.0.1:9464"
+_MEMORY_MB = bounded_int(64, 1_048_576)  # MiB: 64 MiB to 1 TiB
+_TIMEOUT_S = bounded_float(0.0, 86400.0, lo_open=True, hi_open=True)  # a statement's time budget: under a day
+_MAX_ROWS = bounded_int(1, 100_000_000)  # a row cap: more rows than one answer can carry
 
 
 def register(sub) -> None:
@@ -25,30 +29,30 @@ def register(sub) -> None:
                    help="DuckDB file (created if missing; env TAILTRACE_DB; default tailtrace.duckdb)")
     p.add_argument("--host", default=envs.get("TAILTRACE_COLLECTOR_HOST"),
                    help="address the OTLP/HTTP, OTLP/gRPC and API servers bind (default 127.0.0.1)")
-    p.add_argument("--otlp-port", type=int, default=envs.port_default("TAILTRACE_OTLP_PORT"),
+    p.add_argument("--otlp-port", type=PORT, default=envs.port_default("TAILTRACE_OTLP_PORT"),
                    help="OTLP/HTTP port (env TAILTRACE_OTLP_PORT; default 4318)")
-    p.add_argument("--grpc-port", type=int, default=envs.port_default("TAILTRACE_GRPC_PORT"),
+    p.add_argument("--grpc-port", type=PORT_OR_OFF, default=envs.port_default("TAILTRACE_GRPC_PORT"),
                    help="OTLP/gRPC port, same host (env TAILTRACE_GRPC_PORT; default 4317; 0 turns the gRPC "
                         "receiver off)")
-    p.add_argument("--api-port", type=int, default=envs.port_default("TAILTRACE_API_PORT"),
+    p.add_argument("--api-port", type=PORT, default=envs.port_default("TAILTRACE_API_PORT"),
                    help="SQL API, /metrics and /healthz port (env TAILTRACE_API_PORT; default 9464)")
     p.add_argument("--retention", default=envs.get("TAILTRACE_RETENTION"),
                    help="drop rows older than this, e.g. 7d, 12h (default: keep everything)")
-    p.add_argument("--max-body-mb", type=float, default=16.0,
+    p.add_argument("--max-body-mb", type=bounded_float(0.0, 1024.0, lo_open=True, hi_open=True), default=16.0,
                    help="largest OTLP request body or gRPC message, compressed or not, in MiB (HTTP 413, "
                         "gRPC RESOURCE_EXHAUSTED above; default 16)")
-    p.add_argument("--memory-limit-mb", type=int, default=2048,
+    p.add_argument("--memory-limit-mb", type=_MEMORY_MB, default=2048,
                    help="resident memory above which OTLP requests get 503 + Retry-After (default 2048)")
-    p.add_argument("--duckdb-memory-mb", type=int, default=1024, help="DuckDB's memory_limit (default 1024)")
-    p.add_argument("--max-pending-rows", type=int, default=200_000,
+    p.add_argument("--duckdb-memory-mb", type=_MEMORY_MB, default=1024, help="DuckDB's memory_limit (default 1024)")
+    p.add_argument("--max-pending-rows", type=bounded_int(1, 100_000_000), default=200_000,
                    help="rows queued for the writer above which OTLP requests get 429 (default 200000)")
-    p.add_argument("--max-inflight", type=int, default=32,
+    p.add_argument("--max-inflight", type=bounded_int(1, 10_000), default=32,
                    help="OTLP requests read or decoded at once above which new ones get 429 (default 32)")
-    p.add_argument("--query-timeout", type=float, default=10.0, help="SQL statement timeout, s (default 10)")
-    p.add_argument("--max-rows", type=int, default=10_000, help="row cap of /api/sql (default 10000)")
+    p.add_argument("--query-timeout", type=_TIMEOUT_S, default=10.0, help="SQL statement timeout, s (default 10)")
+    p.add_argument("--max-rows", type=_MAX_ROWS, default=10_000, help="row cap of /api/sql (default 10000)")
     p.add_argument("--scrape", action="append", default=[], metavar="URL",
                    help="Prometheus endpoint to scrape into metric_points (repeatable)")
-    p.add_argument("--scrape-interval", type=float, default=1.0, help="scrape interval, s (default 1.0)")
+    p.add_argument("--scrape-interval", type=bounded_float(0.05, 3600.0), default=1.0, help="scrape interval, s (default 1.0)")
     p.add_argument("--scrape-buckets", action="store_true",
                    help="also store the scraped histograms' _bucket series (left out by default: tailtrace's "
                         "latency tails are exact, from spans; OTLP histograms always keep their buckets)")
@@ -65,8 +69,8 @@ def register(sub) -> None:
                                 "the short form of --store duckdb:///path")
     g.add_argument("--api", help=f"collector API base URL (default $TAILTRACE_API_URL or {DEFAULT_API})")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    q.add_argument("--timeout", type=float, default=30.0, help="statement timeout, s (--db; default 30)")
-    q.add_argument("--max-rows", type=int, default=10_000, help="row cap (--db; default 10000)")
+    q.add_argument("--timeout", type=_TIMEOUT_S, default=30.0, help="statement timeout, s (--db; default 30)")
+    q.add_argument("--max-rows", type=_MAX_ROWS, default=10_000, help="row cap (--db; default 10000)")
     q.set_defaults(func=_sql)
 
     e = sub.add_parser("export", help="export the store to Parquet, partitioned by table and hour",

@@ -11,6 +11,7 @@ collector stopped: a running collector holds its file, and serves `/metrics` its
 
 from __future__ import annotations
 
+from plumbing.argtypes import PORT, seconds
 from plumbing.errors import UserError
 
 __all__ = ["register", "serve"]
@@ -57,9 +58,9 @@ def register(sub) -> None:
     g.add_argument("--store", help="store URL: clickhouse://host:8123/db, chdb:///dir or duckdb:///path")
     g.add_argument("--db", help="a DuckDB store file (the short form of --store duckdb:///path)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=envs.port_default("TAILTRACE_METRICS_PORT"),
+    p.add_argument("--port", type=PORT, default=envs.port_default("TAILTRACE_METRICS_PORT"),
                    help="port of /metrics (env TAILTRACE_METRICS_PORT; default 9465)")
-    p.add_argument("--query-timeout", type=float, default=10.0, help="per-query time budget, s (default 10)")
+    p.add_argument("--query-timeout", type=seconds(), default=10.0, help="per-query time budget, s (default 10)")
     p.add_argument("--slo", metavar="SPEC", help="the objectives exported as tailtrace_slo_objective_seconds "
                                                  "(default ttft_p99=2s,tpot_p99=100ms)")
     p.set_defaults(func=_metrics)

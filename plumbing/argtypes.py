@@ -3,7 +3,7 @@ argparse's one line and exit 2, before the command does any work).
 
 Every count and size a command takes has a stated range: `bounded_int(lo, hi)`,
 `bounded_float(lo, hi)` and `bounded_list(item, max_items)` make the argparse `type`; the range
-reads in the error ("argument --blocks: '1000000000000' is out of range: 1 to 1000") and, through
+reads in the error ("argument --blocks: '1000000000000' is out of range: at least 1, at most 1000") and, through
 `RangeHelpFormatter` (the `tailtrace` parser's), in `--help`. Shared ranges are named here (PORT,
 SEED, TOKENS, ...) so that the same quantity has the same range in every command.
 """
@@ -42,8 +42,6 @@ class _Bounded:
 
     @property
     def range_text(self) -> str:
-        if not self.lo_open and not self.hi_open:
-            return f"{_num(self.lo)} to {_num(self.hi)}"
         low = f"more than {_num(self.lo)}" if self.lo_open else f"at least {_num(self.lo)}"
         high = f"less than {_num(self.hi)}" if self.hi_open else f"at most {_num(self.hi)}"
         return f"{low}, {high}"
@@ -81,7 +79,7 @@ def _shown(text) -> str:
 
 def bounded_int(lo: int, hi: int) -> _Bounded:
     """An argparse `type`: a whole number from `lo` to `hi` (both included), else `ArgRangeError`
-    with the range ("'0' is out of range: 1 to 1000"; "'2.5' is not a whole number (1 to 1000)").
+    with the range ("'0' is out of range: at least 1, at most 1000"; "'2.5' is not a whole number (...)").
     Python's int() text: '1_000' is 1000; more than 4300 digits is refused by int() itself."""
     return _Bounded(int, lo, hi)
 
@@ -143,7 +141,7 @@ TRACE_OFFSET_S = bounded_float(0.0, 31_536_000.0)    # seconds into a trace (a y
 
 class RangeHelpFormatter(argparse.HelpFormatter):
     """argparse's help formatter, with each bounded argument's range after its help:
-    `--blocks N  block pairs (default 4) (range: 1 to 1000)`."""
+    `--blocks N  block pairs (default 4) (range: at least 1, at most 1000)`."""
 
     def _format_action(self, action):
         if not action.help and getattr(action.type, "range_text", None):  # no help: the range alone

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from plumbing.argtypes import bounded_int
+
 __all__ = ["register"]
 
 
@@ -17,7 +19,7 @@ def register(sub) -> None:
                                     "(step_histogram, latency_histogram, totals) and metric_points.")
     i.add_argument("--url", required=True,
                    help="chdb:///dir (in-process, one process per directory) or clickhouse://host:8123/db")
-    i.add_argument("--ttl-hours", type=int, default=None,
+    i.add_argument("--ttl-hours", type=bounded_int(0, MAX_TTL_HOURS), default=None,
                    help="TTL of otel_traces, otel_metrics_* and decode_steps, hours (0: none; default 72 for a new "
                         "store; an existing store keeps the TTL it was created with)")
     i.set_defaults(func=_init)

@@ -44,11 +44,11 @@ def _one_line(capsys) -> str:
     (["chaos", "net-delay", "--ms", "inf"], ["argument --ms", "not a finite number"]),
     (["chaos", "net-delay", "--direction", "sideways"], ["--direction", "invalid choice"]),
     (["chaos", "net-delay", "--duration", "0"], ["argument --duration", "'0' is out of range"]),
-    (["chaos", "admission", "--burst", "1"], ["argument --burst", "'1' is out of range: 2 to"]),
-    (["chaos", "net-delay", "--input-tokens", "-1"], ["argument --input-tokens", "'-1' is out of range: 1 to"]),  # named the trace file
+    (["chaos", "admission", "--burst", "1"], ["argument --burst", "'1' is out of range: at least 2"]),
+    (["chaos", "net-delay", "--input-tokens", "-1"], ["argument --input-tokens", "'-1' is out of range: at least 1"]),  # named the trace file
     (["chaos", "long-prompt", "--prompt-tokens", "16381"], ["--prompt-tokens 16381 does not fit", "max_model_len is 16384",
                                                             "at most 16380"]),
-    (["chaos", "long-prompt", "--prompt-tokens", "0"], ["argument --prompt-tokens", "'0' is out of range: 1 to"]),
+    (["chaos", "long-prompt", "--prompt-tokens", "0"], ["argument --prompt-tokens", "'0' is out of range: at least 1"]),
     (["chaos", "long-prompt", "--prompt-tokens", "many"], ["--prompt-tokens", "'many' is not a whole number"]),
     (["chaos", "cpu-contention", "--seconds", "0"], ["argument --seconds", "'0' is out of range"]),
     (["chaos", "cpu-contention", "--seconds", "30", "--duration", "30"], ["--seconds must be > 0 and < --duration"]),

@@ -155,7 +155,7 @@ def _trace(path, rows):
     (["--set", "max_num_seqs=lots"], "not a valid value"),
     (["--set", "max_num_batched_tokens=8"], "must be >= max_num_seqs"),
     (["--slo", "ttft_p99=fast"], "bad --slo item"),
-    (["--replicas", "100000"], "argument --replicas: '100000' is out of range: 1 to 1024"),
+    (["--replicas", "100000"], "argument --replicas: '100000' is out of range: at least 1, at most 1024"),
     (["--rate-x", "0"], "argument --rate-x: '0' is out of range: more than 0, at most 1000"),
     (["--set", "kv_cache_blocks=0"], "kv_cache_blocks must be >= 1"),
 ])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from plumbing.argtypes import PORT, seconds
 from plumbing.urls import check_http_url
 from semantics import envs
 
@@ -33,13 +34,13 @@ def register(sub) -> None:
                      help="a store URL, as `tailtrace explain --store` takes: duckdb:///path (as --db), "
                           "clickhouse://host:8123/db, or chdb:///dir (one process per directory: tests and "
                           "a single reader; docs/fleet.md)")
-    p.add_argument("--port", type=int, default=None, help=f"port to serve on (default {DEFAULT_PORT}; "
+    p.add_argument("--port", type=PORT, default=None, help=f"port to serve on (default {DEFAULT_PORT}; "
                                                           "TAILTRACE_DASHBOARD_PORT)")
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1; TAILTRACE_DASHBOARD_HOST)")
-    p.add_argument("--query-timeout", default=None, metavar="S",
+    p.add_argument("--query-timeout", type=seconds(), default=None, metavar="S",
                    help="time budget in seconds of each query of a page's main chart or table (default 60; "
                         "TAILTRACE_DASHBOARD_QUERY_TIMEOUT_S); past it the page shows the error")
-    p.add_argument("--side-timeout", default=None, metavar="S",
+    p.add_argument("--side-timeout", type=seconds(), default=None, metavar="S",
                    help="time budget in seconds of each side-panel query (default 5; "
                         "TAILTRACE_DASHBOARD_SIDE_TIMEOUT_S); past it the panel shows n/a, the page renders")
     p.set_defaults(func=_run)

@@ -102,9 +102,9 @@ def test_cli_rejects_bad_input_with_one_line(tmp_path):
                         (("--api", "localhost:9464"), "not an http(s) URL"),
                         (("--api", "http://[::1"), "not a valid URL"),
                         (("--db", str(tmp_path)), "is a folder"),
-                        (("--db", str(junk), "--port", "70000"), "not a TCP port"),
-                        (("--side-timeout", "0"), "--side-timeout must be a positive number of seconds"),
-                        (("--query-timeout", "soon"), "--query-timeout must be a number of seconds")):
+                        (("--db", str(junk), "--port", "70000"), "argument --port: '70000' is out of range: at least 1, at most 65535"),
+                        (("--side-timeout", "0"), "argument --side-timeout: '0' is out of range: more than 0"),
+                        (("--query-timeout", "soon"), "argument --query-timeout: 'soon' is not a number")):
         r = _cli(*args)
         assert r.returncode == 2, (args, r.stderr)
         lines = r.stderr.strip().splitlines()

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from plumbing.argtypes import PORT
 from plumbing.errors import UserError
 from plumbing.procs import (
     check_port_free,
@@ -265,7 +266,7 @@ def register(sub) -> None:
     p = sub.add_parser("serve", help="start vLLM's OpenAI server with tailtrace's instrumentation")
     p.add_argument("--model", default="tiny", help="tiny (built locally), a model directory, or a hub name")
     p.add_argument("--host", default=envs.get("TAILTRACE_HOST"))
-    p.add_argument("--port", type=int, default=envs.port_default("TAILTRACE_VLLM_PORT"))
+    p.add_argument("--port", type=PORT, default=envs.port_default("TAILTRACE_VLLM_PORT"))
     p.add_argument("--otlp-endpoint", default=None, help="collector OTLP/HTTP URL (default http://127.0.0.1:4318)")
     p.add_argument("--decode-spans", default=envs.get("TAILTRACE_DECODE_SPANS"),
                    help="full | tail | off: per-token spans (decode_steps rows are stored in every mode)")

@@ -30,6 +30,7 @@ from embedded.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
 from embedded.stack import StackConfig, preflight, start_stack, tailtrace_command
 from embedded.stack import sql_api as _sql  # _report's queries (tests point it at a store)
 from embedded.stack import wait_for_store as _wait_for_store
+from plumbing.argtypes import PORT, PORT_OR_OFF, SPEED, TRACE_OFFSET_S, bounded_float, seconds
 from plumbing.errors import UserError
 from plumbing.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
 from semantics import envs
@@ -383,21 +384,21 @@ def register(sub) -> None:
     p.add_argument("--trace", default="azure-conv", help="azure-conv (default), mooncake-conv or a CSV path")
     p.add_argument("--slo", metavar="SPEC", help="the objectives the run is judged by, e.g. ttft_p99=2s,tpot_p99=100ms "
                                                  "(default); recorded with the run")
-    p.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, help="seconds of schedule replayed (default 120)")
-    p.add_argument("--load", type=float, default=None,
+    p.add_argument("--duration", type=seconds(), default=DEFAULT_DURATION_S, help="seconds of schedule replayed (default 120)")
+    p.add_argument("--load", type=bounded_float(0.0, 100.0, lo_open=True), default=None,
                    help=f"mean offered load as a share of the capacity the probe measures (default {DEFAULT_LOAD:g})")
-    p.add_argument("--speed", type=float, default=None, help="a fixed replay speed instead (no capacity probe)")
-    p.add_argument("--start", type=float, default=0.0, help="offset into the trace, s")
+    p.add_argument("--speed", type=SPEED, default=None, help="a fixed replay speed instead (no capacity probe)")
+    p.add_argument("--start", type=TRACE_OFFSET_S, default=0.0, help="offset into the trace, s")
     p.add_argument("--model", default="tiny", help="tiny (CPU default), or a model path / hub name on a GPU host")
     p.add_argument("--out", default=envs.get("TAILTRACE_DEMO_DIR"), help="store and logs folder")
     p.add_argument("--dashboard", action="store_true", help="keep the dashboard up on the result")
     p.add_argument("--decode-spans", default="tail", choices=("full", "tail", "off"))
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--vllm-port", type=int, default=8000)
-    p.add_argument("--gateway-port", type=int, default=8080)
-    p.add_argument("--otlp-port", type=int, default=4318)
-    p.add_argument("--api-port", type=int, default=9464)
-    p.add_argument("--grpc-port", type=int, default=4317, help="the collector's OTLP/gRPC port (0: off)")
-    p.add_argument("--dashboard-port", type=int, default=8501)
+    p.add_argument("--vllm-port", type=PORT, default=8000)
+    p.add_argument("--gateway-port", type=PORT, default=8080)
+    p.add_argument("--otlp-port", type=PORT, default=4318)
+    p.add_argument("--api-port", type=PORT, default=9464)
+    p.add_argument("--grpc-port", type=PORT_OR_OFF, default=4317, help="the collector's OTLP/gRPC port (0: off)")
+    p.add_argument("--dashboard-port", type=PORT, default=8501)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
     p.set_defaults(func=_cmd_demo)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from plumbing.argtypes import bounded_float, seconds
+
 __all__ = ["register"]
 
 
@@ -19,8 +21,8 @@ def register(sub) -> None:
             "stores them in device_samples."
         ),
     )
-    p.add_argument("--interval", type=float, default=0.1, help="sampling period in seconds (default 0.1)")
-    p.add_argument("--export-interval", type=float, default=1.0, help="export period in seconds (default 1.0)")
+    p.add_argument("--interval", type=bounded_float(0.01, 60.0), default=0.1, help="sampling period in seconds (default 0.1)")
+    p.add_argument("--export-interval", type=bounded_float(0.01, 600.0), default=1.0, help="export period in seconds (default 1.0)")
     p.add_argument(
         "--otlp-endpoint", default=None,
         help="collector OTLP/HTTP base URL (default: $TAILTRACE_OTLP_ENDPOINT, $OTEL_EXPORTER_OTLP_ENDPOINT, "
@@ -28,7 +30,7 @@ def register(sub) -> None:
     )
     p.add_argument("--source", choices=("auto", "nvml", "cpu"), default="auto",
                    help="auto: NVML when a GPU is visible, else the CPU (default auto)")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds (default: run until Ctrl-C)")
+    p.add_argument("--duration", type=seconds(31_536_000), default=None, help="stop after this many seconds (default: run until Ctrl-C)")
     p.add_argument("--print", dest="print_samples", action="store_true", help="also print each sweep on stdout")
     p.set_defaults(func=_run)
 

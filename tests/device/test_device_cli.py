@@ -25,9 +25,9 @@ def test_sample_runs_and_exports(otlp_receiver):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--interval", "0"], "sampling interval must be between"),
+    (["--interval", "0"], "argument --interval: '0' is out of range: at least 0.01, at most 60"),
     (["--interval", "1", "--export-interval", "0.5"], "export interval must be between"),
-    (["--duration", "-1"], "--duration must be > 0"),
+    (["--duration", "-1"], "argument --duration: '-1' is out of range: more than 0"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, msg):
     p = _run(*args, "--otlp-endpoint", "http://127.0.0.1:9")

@@ -20,7 +20,7 @@ from diagnose.runs import RunScope, resolve_runs
 from diagnose.source import Query, Scope, sql_time
 from diagnose.tail import phase_split, resolve_window, tail_set
 from plumbing.errors import UserError
-from semantics.catalog import ENGINE_STATS_OFF_WHY, LAYER_NONE, LAYERS
+from semantics.catalog import ENGINE_STATS_OFF_WHY, FAILED_POPULATION, LAYER_NONE, LAYERS
 from semantics.slo import DEFAULT_SLO, parse_slo
 
 __all__ = ["capacity_line", "explain"]
@@ -161,7 +161,7 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
     # A failed request is a miss as a tail request is: the errors finding ranks by its share of all
     # misses (failures + tail), so a latency finding, which explains a share of the tail's excess,
     # ranks by that share of the tail's part of the misses (docs/explain.md, "Ranking").
-    failed = query(f"SELECT count(*) FILTER (WHERE ok IS NOT TRUE) FROM requests WHERE {ctx.base_where}",
+    failed = query(f"SELECT count(*) FILTER (WHERE {FAILED_POPULATION}) FROM requests WHERE {ctx.base_where}",
                    ctx.base_params)[0][0] or 0
     latency_weight = ts.n_tail / (ts.n_tail + failed) if ts.n_tail + failed else 1.0
     findings.sort(key=lambda f: (-f.rank_key() * (1.0 if f.cause in _MISS_CAUSES else latency_weight), f.cause))

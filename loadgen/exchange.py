@@ -10,6 +10,7 @@ import time
 
 from loadgen.stats import RequestRecord
 from semantics import semconv as sc
+from semantics.catalog import STATUS_CANCELLED
 
 __all__ = ["Exchange", "reserved_ids"]
 
@@ -178,6 +179,8 @@ class Exchange:
                 attrs[sc.CLIENT_CHUNK_TIMES] = rec.chunk_unix_nano.tolist()
             if rec.error:
                 attrs[sc.CLIENT_ERROR] = rec.error
+            if rec.error == STATUS_CANCELLED:  # the client's own doing (Ctrl-C), not a failure of what it called
+                attrs[sc.STATUS] = STATUS_CANCELLED
             self.ids.use(ids)
             try:
                 span = self.tracer.start_span(sc.SPAN_CLIENT, context=Context(), kind=SpanKind.CLIENT,

@@ -411,12 +411,13 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
     sys.setswitchinterval(min(old_switch, 0.0005))
     from loadgen.clock import LatencySlice, TimerSlack
 
+    interrupted = True  # until the runner says otherwise (an exception out of it ends the run early too)
     try:
         with LatencySlice(config.latency_slice_us), TimerSlack(1000):
             interrupted = await runner.run()
     finally:
         sys.setswitchinterval(old_switch)
-        _record_run(provider, run_id, config, slos, runner.records)
+        _record_run(provider, run_id, config, slos, runner.records, interrupted)
         if owned:
             await loop.run_in_executor(None, _shutdown_provider, provider)
     summary = summarize(runner.records, slos, notes)
@@ -425,11 +426,14 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
                         interrupted=interrupted, notes=notes + warned)
 
 
-def _record_run(provider, run_id: str, config: ReplayConfig, slos: list[Slo], records) -> None:
+def _record_run(provider, run_id: str, config: ReplayConfig, slos: list[Slo], records,
+                interrupted: bool = False) -> None:
     """One `tailtrace.run` span (phase `run`) for the run: its id, kind (config.run_kind, else read
     from the id: semantics.slo.run_kind_of), the SLO spec it was judged by (none: the readers'
-    default), the trace and the requests scheduled; from the first scheduled send to the last
-    response end. Readers (diagnose/runs.py) join it to the run's requests by run id."""
+    default), the trace, the requests scheduled, and `tailtrace.run.interrupted` when it was stopped
+    before its schedule ended (Ctrl-C: its outstanding requests are `cancelled`); from the first
+    scheduled send to the last response end. Readers (collector/query/runs.py) join it to the
+    run's requests by run id."""
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind
 
@@ -442,6 +446,8 @@ def _record_run(provider, run_id: str, config: ReplayConfig, slos: list[Slo], re
              sc.RUN_TRACE: str(config.trace), sc.RUN_REQUESTS: len(records)}
     if slos:
         attrs[sc.RUN_SLO] = format_slo(slos)
+    if interrupted:
+        attrs[sc.RUN_INTERRUPTED] = True
     try:
         span = provider.get_tracer("tailtrace.loadgen").start_span(sc.SPAN_RUN, context=Context(),
                                                                   kind=SpanKind.INTERNAL, start_time=start,

@@ -12,6 +12,7 @@ import math
 import time
 
 from loadgen.stats import RequestRecord
+from semantics.catalog import STATUS_CANCELLED
 
 __all__ = ["Runner"]
 
@@ -446,7 +447,7 @@ class Runner(Exchange):
                        "traceparent": f"00-{ids[0]:032x}-{ids[1]:016x}-{self.flags}"}
             await self._exchange(rec, payload, headers)
         except asyncio.CancelledError:
-            rec.error, rec.error_message = "cancelled", "run interrupted"
+            rec.error, rec.error_message = STATUS_CANCELLED, "run interrupted"  # its span says so too
             raise
         except TimeoutError:
             rec.error, rec.error_message = "timeout", f"no complete answer within {self.config.timeout_s:g} s"

@@ -17,6 +17,7 @@ __all__ = [
     "CLIENT_LEFT_STATUSES",
     "DERIVED",
     "ENGINE_STATS_OFF_WHY",
+    "FAILED_POPULATION",
     "HISTOGRAM_BUCKETS_PER_DECADE",
     "ITL_POPULATION",
     "LATENCY_BUCKETS_SECONDS",
@@ -140,6 +141,12 @@ def sql_in(values: tuple[str, ...]) -> str:
     """`('a', 'b')`: a SQL list of the (quote-free) catalog strings `values`, for `x IN ...`."""
     assert all("'" not in v for v in values)
     return "(" + ", ".join(f"'{v}'" for v in values) + ")"
+
+# The requests that failed: not `ok`, and not left by their client (`cancelled`, `abort`): a request
+# its client gave up on failed no layer that served it; its client's leaving is counted apart. They
+# are misses beside the slow ones (explain's ranking, its errors finding). A SQL condition over
+# `requests`; a rejection is among them (explain's rejections finding names its limit).
+FAILED_POPULATION = f"ok IS NOT TRUE AND (status IS NULL OR status NOT IN {sql_in(CLIENT_LEFT_STATUSES)})"
 
 # Latency percentiles (and tails) are over the requests that are `ok`, as vLLM's benchmark_serving
 # computes its metrics over successful requests; failures are counted apart (and are misses for

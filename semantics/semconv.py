@@ -137,6 +137,7 @@ RUN_KIND = "tailtrace.run.kind"                  # semantics.slo.RUN_KINDS: repl
 RUN_SLO = "tailtrace.run.slo"                    # the SLO spec the run was judged by (semantics/slo.py)
 RUN_TRACE = "tailtrace.run.trace"                # the trace replayed (a name or a file path)
 RUN_REQUESTS = "tailtrace.run.requests"          # requests scheduled
+RUN_INTERRUPTED = "tailtrace.run.interrupted"    # bool: stopped before its schedule ended (Ctrl-C); absent: ran to its end
 
 # ---------------------------------------------------------------- tailtrace keys: deployment (resource)
 VLLM_CONFIG = "tailtrace.vllm.config"            # JSON: the engine's effective configuration (instrument/deployment.py)

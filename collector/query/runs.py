@@ -1,6 +1,6 @@
 """The runs a store holds: one per `requests.run_id` (the requests of no run as one with id None),
-with the kind and the SLO spec of its run span (`tailtrace.run`, loadgen/replay.py) where it has one,
-else the kind read from its id (semantics.slo.run_kind_of). Which of them an answer speaks of is
+with the kind, the SLO spec and whether it was interrupted (Ctrl-C) from its run span (`tailtrace.run`,
+loadgen/replay.py) where it has one, else the kind read from its id (semantics.slo.run_kind_of). Which of them an answer speaks of is
 diagnose/runs.py's; which traffic `replay store:` sends is loadgen/store_traffic.py's.
 """
 
@@ -21,7 +21,8 @@ __all__ = ["Run", "latest_traffic_run", "list_runs", "runs_present"]
 class Run:
     """One run of the store: `run_id` (None: the requests of no run), `kind` (semantics.slo.RUN_KINDS;
     None for no run), `requests`, `start`/`end` (ISO UTC: first arrival, last completion), `slo` (the
-    spec recorded on its run span, None when none was)."""
+    spec recorded on its run span, None when none was), `interrupted` (its run span says it was
+    stopped before its schedule ended: Ctrl-C; its outstanding requests are `cancelled`)."""
 
     run_id: str | None
     kind: str | None
@@ -29,6 +30,7 @@ class Run:
     start: str | None
     end: str | None
     slo: str | None = None
+    interrupted: bool = False
 
     def window(self) -> tuple[dt.datetime, dt.datetime] | None:
         """[first arrival, last completion + 1 ms) as naive UTC datetimes; None without times."""
@@ -38,9 +40,11 @@ class Run:
         return at(self.start), at(self.end) + dt.timedelta(milliseconds=1)
 
     def describe(self) -> str:
-        """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`."""
+        """`demo-1a2b (replay, 696 requests, from 2026-12-04T02:10:00Z)`; `(replay, interrupted, ...)`
+        for a run stopped before its end."""
         name = self.run_id if self.run_id is not None else "(no run: traffic no load generator sent)"
-        return f"{name} ({self.kind or 'traffic'}, {self.requests:,} requests, from {self.start})"
+        cut = ", interrupted" if self.interrupted else ""
+        return f"{name} ({self.kind or 'traffic'}{cut}, {self.requests:,} requests, from {self.start})"
 
 
 
@@ -49,20 +53,21 @@ def list_runs(query: Query) -> list[Run]:
     None), oldest last completion first, with the kind and SLO spec of its run span when it has one."""
     rows = query("SELECT run_id, count(*), epoch_us(min(arrival_time)), epoch_us(max(completion_time)) "
                  "FROM requests GROUP BY run_id ORDER BY 4, 1", [])
-    recorded: dict[str, tuple[str | None, str | None]] = {}
+    recorded: dict[str, tuple[str | None, str | None, bool]] = {}
     try:
         spans = query(f"""SELECT json_extract_string(attributes, '$."{sc.RUN_ID}"'),
-       json_extract_string(attributes, '$."{sc.RUN_KIND}"'), json_extract_string(attributes, '$."{sc.RUN_SLO}"')
+       json_extract_string(attributes, '$."{sc.RUN_KIND}"'), json_extract_string(attributes, '$."{sc.RUN_SLO}"'),
+       lower(coalesce(json_extract_string(attributes, '$."{sc.RUN_INTERRUPTED}"'), '')) = 'true'
 FROM spans WHERE phase = '{sc.PHASE_RUN}' ORDER BY end_time""", [])
     except UserError:  # a store without spans (a requests-only extract): kinds from the ids
         spans = []
-    for rid, kind, slo in spans:
+    for rid, kind, slo, cut in spans:
         if rid:
-            recorded[rid] = (kind, slo)
+            recorded[rid] = (kind, slo, bool(cut))
     out = []
     for rid, n, first, last in rows:
-        kind, slo = recorded.get(rid, (None, None)) if rid is not None else (None, None)
-        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo))
+        kind, slo, cut = recorded.get(rid, (None, None, False)) if rid is not None else (None, None, False)
+        out.append(Run(rid, run_kind_of(rid, kind), int(n), iso(first), iso(last), slo, cut))
     return out
 
 

@@ -15,7 +15,7 @@ from diagnose.detectors.context import replicas as _replicas
 from diagnose.report import Evidence, Finding
 from diagnose.source import iso
 from semantics import semconv as sc
-from semantics.catalog import LAYER_GATEWAY, STATUS_REJECTED
+from semantics.catalog import CLIENT_LEFT_STATUSES, FAILED_POPULATION, LAYER_GATEWAY, STATUS_REJECTED, sql_in
 
 MITIGATIONS.update({
     "client_queue": ["raise the client's concurrency cap (or its connection pool) to what the deployment serves",
@@ -243,13 +243,16 @@ def detect_errors(ctx: Context) -> list[Finding]:
     Ranked by the larger of the excess the retried tail requests hold and the failures' share of
     all misses (failures + tail requests)."""
     ts = ctx.ts
-    # a rejection is no failure of an upstream (detect_rejections counts them)
+    # a rejection is no failure of an upstream (detect_rejections counts them), nor is a request its
+    # client cancelled or abandoned (a Ctrl-C'd run): counted apart, as `left`
     sql = f"""SELECT upstream, count(*) AS n,
-  count(*) FILTER (WHERE ok IS NOT TRUE AND status IS DISTINCT FROM '{STATUS_REJECTED}') AS failed
+  count(*) FILTER (WHERE {FAILED_POPULATION} AND status IS DISTINCT FROM '{STATUS_REJECTED}') AS failed,
+  count(*) FILTER (WHERE status IN {sql_in(CLIENT_LEFT_STATUSES)}) AS left_by_client
 FROM requests WHERE {ctx.base_where} GROUP BY upstream ORDER BY failed DESC, upstream NULLS LAST"""
     rows = ctx.query(sql, ctx.base_params)
     failed = sum(r[2] for r in rows)
     total = sum(r[1] for r in rows)
+    left = sum(r[3] for r in rows)
     retry_sql = f"""SELECT count(*), coalesce(sum({ts.column} - ?), 0) FROM requests
 WHERE {ts.tail_where} AND trace_id IN (
   SELECT trace_id FROM spans WHERE phase = '{sc.PHASE_UPSTREAM}'
@@ -263,7 +266,7 @@ WHERE {ts.tail_where} AND trace_id IN (
         return []
     worst = rows[0]
     ev = Evidence("requests and failures (not ok as the outermost layer saw them) per upstream",
-                  {"failed": failed, "requests": total,
+                  {"failed": failed, "requests": total, "left_by_client": left,
                    "upstreams": [{"upstream": r[0], "n": r[1], "failed": r[2]} for r in rows]},
                   _clean(sql), ctx.base_params)
     miss_share = failed / (failed + ts.n_tail) if failed + ts.n_tail else 0.0
@@ -274,7 +277,8 @@ WHERE {ts.tail_where} AND trace_id IN (
     conf = "high" if (concentrated and miss_share >= 0.3) or ctx.share(retried_ms) >= 0.3 else \
         ("medium" if score >= 0.1 else "low")
     summary = (f"{failed} of {total} requests failed ({failed / total:.1%}){where}"
-               + (f"; {retried} tail requests were retried on another upstream" if retried else ""))
+               + (f"; {retried} tail requests were retried on another upstream" if retried else "")
+               + (f"; {left} more were cancelled or abandoned by their client (not counted)" if left else ""))
     n = _replicas(ctx)
     acts = [action("errors", "drain_upstream", None, worst[0], {"errors": "down"},
                    f"{worst[2]} of the {failed} failures came from {worst[0]}")] if concentrated else []

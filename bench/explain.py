@@ -18,7 +18,7 @@ file and cores, through the same `query` (diagnose.source.db_query: read-only, t
     for the trace, that of E2E plus the request's row and its decode steps),
 and prints them (median of --repeats), the ratios ours / limit, the goal of issue 18 (explain under
 5 s at 1M requests / 200M steps), then each stage of the diagnosis (window, tail set, phase split,
-capacity) and each detector (diagnose/detectors.py DETECTORS, wrapped for the run, their code
+capacity) and each detector (diagnose/detectors/ DETECTORS, wrapped for the run, their code
 unchanged) with its slowest query, so the slow one is visible. The load average is printed with the
 numbers: the box is shared.
 """

@@ -129,8 +129,8 @@ tailtrace demo
 
 # or piece by piece
 tailtrace collect --db tailtrace.duckdb            # OTLP on :4318, SQL API on :9464
-tailtrace serve MODEL                              # vLLM with the tailtrace plugin, on :8000
-tailtrace replay data/traces/azure2023_conv.csv --url http://127.0.0.1:8000
+tailtrace serve --model MODEL                      # vLLM with the tailtrace plugin, on :8000
+tailtrace replay azure-conv --target http://127.0.0.1:8000
 tailtrace dashboard --api http://127.0.0.1:9464    # live, through the collector
 tailtrace dashboard --db tailtrace.duckdb          # or a saved store file (collector stopped)
 ```

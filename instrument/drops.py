@@ -8,7 +8,7 @@ fit. Each exporter counts both (`DirectOTLPSpanExporter.failed`, `DecodeStepWrit
 `bad_value`; the exporter's resource, so `service.name` says which process), after the next export that
 succeeded: the collector is up then, and the count reaches `metric_points`. The dashboard's Overview
 shows it. What it cannot count: spans held in a process's memory when that process is killed (kill -9);
-the store infers those from the layers a request lacks (collector/query/coverage.py).
+the store shows them as the layers a request lacks: their columns are NULL (docs/schema.md).
 """
 
 from __future__ import annotations

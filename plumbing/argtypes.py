@@ -34,20 +34,25 @@ class _Bounded:
     """An argparse `type`: text -> a `kind` (int or float) within [lo, hi] (either end open where
     asked), else `ArgRangeError`. `range_text` says the range in words."""
 
-    def __init__(self, kind: type, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
+    def __init__(self, kind: type, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False,
+                 also: tuple = ()):
         if not lo <= hi:
             raise ValueError(f"empty range {lo}..{hi}")
         self.kind, self.lo, self.hi, self.lo_open, self.hi_open = kind, lo, hi, lo_open, hi_open
+        self.also = tuple(also)  # values taken outside the range (0: off)
         self.__name__ = kind.__name__  # argparse names the type by it in its own messages
 
     @property
     def range_text(self) -> str:
         low = f"more than {_num(self.lo)}" if self.lo_open else f"at least {_num(self.lo)}"
         high = f"less than {_num(self.hi)}" if self.hi_open else f"at most {_num(self.hi)}"
-        return f"{low}, {high}"
+        also = "".join(f"{_num(v)}, or " for v in self.also)
+        return f"{also}{low}, {high}"
 
     def contains(self, v: float) -> bool:
-        """Whether `v` lies in the range (NaN never does)."""
+        """Whether `v` lies in the range or is one of `also` (NaN never does)."""
+        if v in self.also:
+            return True
         above = v > self.lo if self.lo_open else v >= self.lo
         below = v < self.hi if self.hi_open else v <= self.hi
         return bool(above and below)
@@ -77,11 +82,12 @@ def _shown(text) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
-def bounded_int(lo: int, hi: int) -> _Bounded:
-    """An argparse `type`: a whole number from `lo` to `hi` (both included), else `ArgRangeError`
+def bounded_int(lo: int, hi: int, *, also: tuple[int, ...] = ()) -> _Bounded:
+    """An argparse `type`: a whole number from `lo` to `hi` (both included) or one of `also` (a value
+    with its own meaning outside the range, such as 0 for off), else `ArgRangeError`
     with the range ("'0' is out of range: at least 1, at most 1000"; "'2.5' is not a whole number (...)").
     Python's int() text: '1_000' is 1000; more than 4300 digits is refused by int() itself."""
-    return _Bounded(int, lo, hi)
+    return _Bounded(int, lo, hi, also=also)
 
 
 def bounded_float(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> _Bounded:

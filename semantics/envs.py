@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ENV_VARS", "EnvVar", "UnknownEnvVar", "get", "markdown", "port_default", "raw"]
+__all__ = ["ENV_VARS", "FAMILIES", "EnvVar", "UnknownEnvVar", "family_of", "get", "markdown", "port_default", "raw"]
 
 
 @dataclass(frozen=True)
@@ -44,29 +44,12 @@ class UnknownEnvVar(KeyError):
         self.name = name
 
 
-_G = "tailtrace gateway"
-_GW = (  # (name suffix, type, default, one line): one per gateway flag (instrument/gateway/config.py SETTINGS)
-    ("UPSTREAMS", "str", None, "upstream base URLs, comma-separated (--upstream)"),
-    ("UPSTREAM_DNS", "url", None, "a base URL whose name resolves to every replica (--upstream-dns)"),
-    ("DNS_INTERVAL", "float", "10.0", "seconds between two resolutions of the upstream name (--dns-interval)"),
-    ("HOST", "str", "127.0.0.1", "address the gateway binds (--host)"),
-    ("PORT", "int", "8080", "port the gateway listens on (--port)"),
-    ("MAX_CONCURRENCY", "int", "256", "requests in flight per upstream (--max-concurrency)"),
-    ("QUEUE_INTERACTIVE", "int", "1024", "admission queue bound of the interactive class (--queue-interactive)"),
-    ("QUEUE_BATCH", "int", "1024", "admission queue bound of the batch class (--queue-batch)"),
-    ("PRIORITY_CLASSES", "choice", "on", "on: interactive before batch; off: one FIFO order (--priority-classes)"),
-    ("MAX_OUTPUT_TOKENS", "int", None, "cap on every request's max_tokens; unset: no cap (--max-output-tokens)"),
-    ("MAX_BODY_BYTES", "int", str(8 * 1024 * 1024), "largest request body; larger gets 413 (--max-body-bytes)"),
-    ("MAX_INPUT_TOKENS", "int", "131072", "largest prompt in tokens; larger gets 400 (--max-input-tokens)"),
-    ("TRUNCATE", "choice", "off", "off (400) or middle: what an over-long prompt gets (--truncate)"),
-    ("TOKENIZER", "path", None, "tokenizer.json that counts text-prompt tokens exactly (--tokenizer)"),
-    ("CONNECT_TIMEOUT", "float", "5.0", "seconds to connect to an upstream, then 502 (--connect-timeout)"),
-    ("UPSTREAM_TIMEOUT", "float", "600.0", "seconds an upstream may stay silent, then 504 (--upstream-timeout)"),
-    ("HEALTH_INTERVAL", "float", "2.0", "seconds between health checks of each upstream (--health-interval)"),
-    ("HEALTH_PATH", "str", "/health", "path probed on each upstream (--health-path)"),
-    ("GIL_SWITCH_INTERVAL", "float", "0.5", "milliseconds a thread may hold the GIL (--gil-switch-interval)"),
-)
-_GW_CHOICES = {"PRIORITY_CLASSES": ("on", "off"), "TRUNCATE": ("off", "middle")}
+# A family: the variables of one part's settings table, each declared there with its flag, type,
+# default and help (one declaration, not two), named with the family's prefix.
+FAMILIES: dict[str, str] = {
+    "TAILTRACE_GATEWAY_": "instrument/gateway/config.py SETTINGS: one per flag of `tailtrace gateway` "
+                          "(--max-concurrency: TAILTRACE_GATEWAY_MAX_CONCURRENCY), listed in docs/gateway.md",
+}
 
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     # ---- where things are
@@ -138,29 +121,38 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     # ---- tests
     EnvVar("TAILTRACE_TEST_MARK", "str", None, "marks a process a test started, so the test can find what it left",
            "tests/conftest.py"),
-) + tuple(EnvVar(f"TAILTRACE_GATEWAY_{s}", t, d, h, _G, _GW_CHOICES.get(s, ())) for s, t, d, h in _GW)}
+)}
 
 
-def _declared(name: str) -> EnvVar:
-    try:
+def family_of(name: str) -> str | None:
+    """The prefix of `FAMILIES` that `name` belongs to, else None."""
+    return next((f for f in FAMILIES if name.startswith(f) and len(name) > len(f)), None)
+
+
+def _declared(name: str) -> EnvVar | None:
+    if name in ENV_VARS:
         return ENV_VARS[name]
-    except KeyError:
-        raise UnknownEnvVar(name) from None
+    if family_of(name) is None:
+        raise UnknownEnvVar(name)
+    return None
 
 
 def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The value of the declared variable `name` in `environ` (default `os.environ`) as set, None
-    when unset. Raises `UnknownEnvVar` for a name not in `ENV_VARS`."""
+    """The value of the declared variable `name` (in `ENV_VARS` or a family of `FAMILIES`) in
+    `environ` (default `os.environ`) as set, None when unset. Raises `UnknownEnvVar` otherwise."""
     _declared(name)
     return (os.environ if environ is None else environ).get(name)
 
 
 def get(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     """The value of the declared variable `name` in `environ` (default `os.environ`), else its
-    declared default (a string, or None). A variable set to "" is returned as "" (the readers that
-    treat empty as unset say so). Raises `UnknownEnvVar` for a name not in `ENV_VARS`."""
+    declared default (a string, or None; a family's member has its default in its part's table).
+    A variable set to "" is returned as "" (the readers that treat empty as unset say so). Raises
+    `UnknownEnvVar` for a name not declared."""
     value = raw(name, environ)
-    return ENV_VARS[name].default if value is None else value
+    if value is None and name in ENV_VARS:
+        return ENV_VARS[name].default
+    return value
 
 
 def port_default(name: str, environ: Mapping[str, str] | None = None) -> str:
@@ -186,6 +178,8 @@ def markdown() -> str:
         typ = v.type + (f" ({', '.join(v.choices)})" if v.choices else "")
         default = "unset" if v.default is None else f"`{v.default}`" if v.default else '`""`'
         lines.append(f"| `{v.name}` | {typ} | {default} | {cell(v.help)} | {cell(v.read_by)} |")
+    for prefix, where in FAMILIES.items():
+        lines.append(f"| `{prefix}*` | per setting | per setting | {cell(where)} | {prefix.split('_')[1].lower()} |")
     return "\n".join(lines) + "\n"
 
 

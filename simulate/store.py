@@ -106,6 +106,9 @@ def check_store_out(path: str | Path) -> None:
         raise UserError(f"--store-out {path} is a directory: give a .duckdb file")
     if not p.exists():
         return
+    from collector.store.store_path import check_store_file
+
+    check_store_file(p, "--store-out")  # a JSON/CSV/Parquet file would open in memory: nothing written
     try:
         duckdb.connect(str(p)).close()
     except duckdb.Error as exc:

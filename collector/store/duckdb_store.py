@@ -35,6 +35,7 @@ from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store import derive, latency_histogram, step_rollup, totals
 from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
 from collector.store.step_histogram import COMPACT_STEP_HISTOGRAM, REBUILD_STEP_HISTOGRAM
+from collector.store.store_path import check_opened_is_file, check_store_file
 from collector.store.tables import STORED_TABLES
 from plumbing.errors import UserError
 
@@ -149,6 +150,7 @@ class DuckDBStore:
             return self
         if not self.path.parent.is_dir():  # a typo must not create directory trees
             raise UserError(f"the folder of {self.path} does not exist; create it first or give another --db")
+        check_store_file(self.path)  # a CSV/JSON/Parquet file would open in memory: every span lost
         try:
             self._root = duckdb.connect(str(self.path),
                                         config=_db_config(self.memory_limit_mb, self.threads, False))
@@ -159,6 +161,12 @@ class DuckDBStore:
             raise UserError(f"cannot open {self.path}: {exc}") from None
         except duckdb.Error as exc:
             raise UserError(f"cannot open {self.path} as a DuckDB file: {exc}") from None
+        try:
+            check_opened_is_file(self._root, self.path)
+        except UserError:
+            self._root.close()
+            self._root = None
+            raise
         con = self._root.cursor()
         try:
             # a file holding other tables or views of these names (a foreign DuckDB file): refuse

@@ -131,7 +131,7 @@ def test_attempts_on_both_engines(tmp_path):
 
     b = TraceBuilder()
     t0 = time.time_ns() - 60 * 10**9
-    ms = lambda x: t0 + int(x * MS)  # noqa: E731
+    ms = lambda x: t0 + int(x * MS)
     gw_ok = {sc.PHASE: sc.PHASE_GATEWAY, sc.UPSTREAM: "http://up:8000"}
     refused = {sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "rejected", sc.REJECTION: "gateway.queue_full"}
 

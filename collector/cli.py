@@ -216,10 +216,14 @@ def _print(out: dict, fmt: str) -> None:
     else:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
-        t = Table(*cols, show_lines=False)
+        # values and names as Text, never as markup: a value "[run-a]" printed as an empty cell
+        t = Table(show_lines=False)
+        for c in cols:
+            t.add_column(Text(str(c)))
         for r in rows:
-            t.add_row(*["NULL" if v is None else str(v) for v in r])
+            t.add_row(*[Text("NULL" if v is None else str(v)) for v in r])
         console = Console()
         if not console.is_terminal:  # piped or redirected: the table's own width, never cut to 80 columns
             console = Console(width=100_000)

@@ -37,7 +37,7 @@ VLLM_KEYS: dict[str, tuple[str, str]] = {
 }
 
 GATEWAY_KEYS = ("max_concurrency", "queue_interactive", "queue_batch", "priority_classes", "max_input_tokens",
-                "max_output_tokens", "truncate")
+                "max_output_tokens", "truncate", "slo", "ladder", "queue_order")
 
 
 def _plain(v):

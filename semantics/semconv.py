@@ -153,6 +153,15 @@ STREAM_BYTES = "tailtrace.gateway.bytes"
 STREAM_CHUNKS = "tailtrace.gateway.chunks"
 TRUNCATED_TOKENS = "tailtrace.gateway.truncated_tokens"
 OUTPUT_TOKENS_CAP = "tailtrace.gateway.output_tokens_cap"  # --max-output-tokens, when it lowered max_tokens
+# the degradation ladder (instrument/gateway/ladder.py), on the gateway's server span of each LLM request
+LADDER_LEVEL = "tailtrace.gateway.ladder_level"  # int: the ladder's level when the request arrived (0: no step)
+DEGRADATION = "tailtrace.gateway.degradation"    # what the ladder did to it: none | capped | deferred | shed (comma-joined)
+PREDICTED_TTFT_MS = "tailtrace.gateway.predicted_ttft_ms"  # the TTFT predicted at its arrival (semantics/ttft_predict.py)
+EVENT_GATEWAY_DEGRADE = "gateway.degrade"        # span event: the ladder changed level
+LADDER_FROM_LEVEL = "tailtrace.gateway.ladder_from_level"  # event attribute: the level before
+LADDER_REASON = "tailtrace.gateway.ladder_reason"  # event attribute: why (one line)
+LADDER_RATIO = "tailtrace.gateway.ladder_ratio"  # event attribute: predicted / (margin x bound), worst objective
+REJECTION_SHED = "gateway.shed"                  # `tailtrace.rejection` of the ladder's 503
 
 # ---------------------------------------------------------------- device metrics (OTLP metrics)
 # Gauges exported by the device sampler; data point attributes: host, device_index, device_uuid,

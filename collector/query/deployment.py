@@ -102,6 +102,9 @@ GATEWAY_FIELDS: dict[str, _Field] = {
     "max_input_tokens": _COUNT1,
     "max_output_tokens": _COUNT1,
     "truncate": _Field("choice", choices=("off", "middle")),
+    "slo": _TEXT,  # the objectives the ladder holds (--slo)
+    "ladder": _TEXT,  # its steps (--ladder), e.g. batch:8,output:256,defer-batch,shed
+    "queue_order": _Field("choice", choices=("fifo", "sjf")),
     "upstreams": _COUNT0,
     "routing": _TEXT,
 }

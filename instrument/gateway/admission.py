@@ -8,7 +8,9 @@
 - Admission: each upstream takes at most `max_concurrency` requests at once. A request that finds
   no free slot waits in the bounded FIFO queue of its priority class; a freed slot goes to the
   oldest *interactive* request first, then the oldest *batch* one. A full queue refuses at once
-  (`QueueFull`, which the app answers 429 with Retry-After).
+  (`QueueFull`, which the app answers 429 with Retry-After). Within a class the order is the
+  queue's (instrument/gateway/queue_order.py: fifo, or sjf with ageing), and a class the ladder
+  holds (`held(priority)`, its defer-batch step) gets no slot until it is released.
 
 Threading contract: everything here runs on the event loop's thread; no locks.
 """
@@ -18,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from instrument.gateway.config import PRIORITIES
+from instrument.gateway.queue_order import make_queue
 
 __all__ = ["AdmissionController", "QueueFull", "Upstream", "UpstreamPool"]
 
@@ -110,25 +112,36 @@ class UpstreamPool:
 
 
 class _Waiter:
-    __slots__ = ("future", "priority")
+    __slots__ = ("enqueued_s", "future", "job", "priority", "seq", "tokens", "work")
 
-    def __init__(self, future, priority):
+    def __init__(self, future, priority, job, enqueued_s, seq):
         self.future = future
         self.priority = priority
+        self.job = job  # the request's plan (instrument/gateway/control.py) or None
+        self.work = job.work if job is not None else float("inf")
+        self.tokens = job.prompt_tokens if job is not None else 0
+        self.enqueued_s = enqueued_s
+        self.seq = seq
 
 
 class AdmissionController:
     """Grants upstream slots: `await acquire(priority)` returns the `Upstream` to use (its
     `outstanding` already counted); `release(upstream)` gives the slot back and hands it to the
-    next waiter (interactive first). `queue_limits` maps priority class -> queue bound.
+    next waiter (interactive first). `queue_limits` maps priority class -> queue bound; `order`
+    and `max_wait_s` the order within a class (queue_order.py). `held(priority)` (set by the
+    ladder) says whether requests of that class are held back; call `dispatch()` when it changes.
+    A waiter's `job` (the request's plan) gets `deferred = True` when it was held back.
     """
 
-    def __init__(self, pool: UpstreamPool, queue_limits: dict[str, int], clock=time.monotonic):
+    def __init__(self, pool: UpstreamPool, queue_limits: dict[str, int], clock=time.monotonic,
+                 order: str = "fifo", max_wait_s: float = 30.0):
         self.pool = pool
         self.queue_limits = dict(queue_limits)
-        self.queues: dict[str, deque[_Waiter]] = {p: deque() for p in PRIORITIES}
+        self.queues = {p: make_queue(order, max_wait_s) for p in PRIORITIES}
         self._clock = clock
+        self._seq = 0
         self._hold_ewma_s = 1.0  # exponentially weighted mean of slot hold times, for Retry-After
+        self.held = _never
         pool.on_change = self._dispatch
 
     def depth(self, priority: str | None = None) -> int:
@@ -137,11 +150,26 @@ class AdmissionController:
             return len(self.queues[priority])
         return sum(len(q) for q in self.queues.values())
 
-    def try_acquire(self, priority: str) -> Upstream | None:
-        """A slot at once, or None when the request must queue. Never overtakes a waiting request
-        of the same or a higher class."""
+    def ahead(self, queue_class: str, work: float) -> tuple[int, int]:
+        """(requests, prompt tokens) waiting that would get a slot before a request of `work`
+        joining `queue_class` now: every one of a higher class, and those of its own its queue's
+        order puts first."""
+        n = tokens = 0
         for p in PRIORITIES:
-            if self.queues[p]:
+            if p == queue_class:
+                a, t = self.queues[p].ahead(work, self._clock())
+                return n + a, tokens + t
+            n += len(self.queues[p])
+            tokens += sum(w.tokens for w in self.queues[p])
+        return n, tokens
+
+    def try_acquire(self, priority: str, job=None) -> Upstream | None:
+        """A slot at once, or None when the request must queue. Never overtakes a waiting request
+        of the same or a higher class; a class held back (`held`) always queues."""
+        if self.held(job.priority if job is not None else priority):
+            return None
+        for p in PRIORITIES:
+            if len(self.queues[p]):
                 return None
             if p == priority:
                 break
@@ -150,28 +178,31 @@ class AdmissionController:
             up.outstanding += 1
         return up
 
-    async def acquire(self, priority: str) -> Upstream:
-        """Wait for a slot. Raises `QueueFull` at once when the class's queue is at its bound.
+    async def acquire(self, priority: str, job=None) -> Upstream:
+        """Wait for a slot in the queue of class `priority`. `job` (optional): the request's plan,
+        with `priority` (its own class, when one queue serves all), `work` and `prompt_tokens`.
+        Raises `QueueFull` at once when the class's queue is at its bound.
         Cancellation (client gone) removes the request from the queue and frees any slot it got."""
-        up = self.try_acquire(priority)
+        up = self.try_acquire(priority, job)
         if up is not None:
             return up
         q = self.queues[priority]
         limit = self.queue_limits[priority]
         if len(q) >= limit:
             raise QueueFull(priority, limit, self.retry_after_s())
-        waiter = _Waiter(asyncio.get_running_loop().create_future(), priority)
-        q.append(waiter)
+        self._seq += 1
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), job.priority if job is not None else priority,
+                         job, self._clock(), self._seq)
+        q.push(waiter)
+        if job is not None and self.held(waiter.priority):
+            job.deferred = True
         try:
             return await waiter.future
         except BaseException:
             if waiter.future.done() and not waiter.future.cancelled():
                 self.release(waiter.future.result())  # granted while being cancelled: give it back
             else:
-                try:
-                    q.remove(waiter)
-                except ValueError:
-                    pass
+                q.remove(waiter)
             raise
 
     def release(self, upstream: Upstream, held_s: float | None = None) -> None:
@@ -187,21 +218,36 @@ class AdmissionController:
         slots = max(1, self.pool.max_concurrency * max(1, sum(u.healthy for u in self.pool.upstreams)))
         return max(1, math.ceil(self._hold_ewma_s * (self.depth() + 1) / slots))
 
+    def dispatch(self) -> None:
+        """Hand free slots to waiters (call after `held` or the pool's concurrency changed)."""
+        self._dispatch()
+
+    def _eligible(self, w) -> bool:
+        if self.held(w.priority):
+            if w.job is not None:
+                w.job.deferred = True
+            return False
+        return True
+
     def _dispatch(self) -> None:
         while True:
-            waiter = None
+            waiter = q = None
+            now = self._clock()
             for p in PRIORITIES:
                 q = self.queues[p]
-                while q and q[0].future.done():  # cancelled while waiting
-                    q.popleft()
-                if q:
-                    waiter = q[0]
-                    break
+                if len(q):
+                    waiter = q.pick(now, self._eligible)
+                    if waiter is not None:
+                        break
             if waiter is None:
                 return
             up = self.pool.pick()
             if up is None:
                 return
-            self.queues[waiter.priority].popleft()
+            q.remove(waiter)
             up.outstanding += 1
             waiter.future.set_result(up)
+
+
+def _never(priority: str) -> bool:
+    return False

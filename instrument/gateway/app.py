@@ -46,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from instrument import semconv as sc
 from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
 from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
+from instrument.gateway.control import GatewayControl
 from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
 from instrument.gateway.stream_end import EndOfResponse
 from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
@@ -94,7 +95,9 @@ class _Gateway:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.pool = UpstreamPool(config.upstreams, config.max_concurrency)
-        self.admission = AdmissionController(self.pool, {p: config.queue_limit(p) for p in PRIORITIES})
+        self.admission = AdmissionController(self.pool, {p: config.queue_limit(p) for p in PRIORITIES},
+                                             order=config.queue_order, max_wait_s=config.max_wait_s)
+        self.control = GatewayControl(config, self.pool, self.admission)  # ladder, SJF, predictions
         self.counter = TokenCounter(config.tokenizer)
         self.own_provider = False
         if not config.tracing_enabled:
@@ -134,8 +137,10 @@ class _Gateway:
             self._dns_task = asyncio.create_task(self._every(c.dns_interval_s, self.resolve_upstreams,
                                                              "upstream resolution", wait_first=True))
         self._health_task = asyncio.create_task(self._every(c.health_interval_s, self.check_health, "health check round"))
+        self.control.start()
 
     async def stop(self) -> None:
+        await self.control.stop()
         for name in ("_health_task", "_dns_task"):
             task = getattr(self, name)
             if task is not None:
@@ -222,8 +227,9 @@ class ProxyResponse(Response):
     """
 
     def __init__(self, gw: _Gateway, method: str, path: str, body: bytes, headers: list, priority: str,
-                 server_span, body_received_ns: int):
+                 server_span, body_received_ns: int, plan=None):
         self.gw = gw
+        self.plan = plan  # the control loop's plan (instrument/gateway/control.py) or None
         self.method = method
         self.path = path
         self.body = body
@@ -268,10 +274,11 @@ class ProxyResponse(Response):
         aspan = tracer.start_span(sc.SPAN_GATEWAY_ADMISSION, context=ctx, start_time=t0, attributes={
             sc.PHASE: sc.PHASE_GATEWAY_QUEUE, sc.PRIORITY: self.priority,
             sc.QUEUE_DEPTH_AT_ENTRY: adm.depth(queue)})
+        plan = self.plan
         try:
-            up = adm.try_acquire(queue)
+            up = adm.try_acquire(queue, plan)
             if up is None:
-                up = await adm.acquire(queue)
+                up = await adm.acquire(queue, plan)
         except QueueFull as exc:
             _end_error(aspan, "queue full", _STATUS_REJECTED)
             sspan.set_attribute(sc.STATUS, _STATUS_REJECTED)
@@ -285,12 +292,19 @@ class ProxyResponse(Response):
                 sspan.set_status(Status(StatusCode.ERROR, "cancelled"))
                 sspan.set_attribute(sc.STATUS, _STATUS_ABORT)
             raise
+        finally:
+            if plan is not None:
+                gw.control.record(sspan, plan)
         aspan.end()
+        if plan is not None:
+            send = gw.control.sent(plan, send)
         held_from = time.monotonic()
         try:
             await self._exchange(send, up, ctx)
         finally:
             gw.admission.release(self._current_up, time.monotonic() - held_from)
+            if plan is not None:
+                gw.control.finished(plan)
 
     async def _exchange(self, send, up, ctx) -> None:
         import aiohttp
@@ -515,6 +529,7 @@ def create_app(config: GatewayConfig) -> FastAPI:
         if kind is not None:
             body = await _read_body(request, config.max_body_bytes)
         received = time.time_ns()
+        plan = None
         if kind is not None:
             try:
                 parsed = json.loads(body)
@@ -526,7 +541,8 @@ def create_app(config: GatewayConfig) -> FastAPI:
                 raise LimitError(400, "the request body must be a JSON object", "invalid_json")
             check = check_input(parsed, kind, gw.counter, config.max_input_tokens, config.truncate)
             capped = cap_output(parsed, config.max_output_tokens)
-            if check.changed or capped:
+            plan = gw.control.plan(priority, config.queue_class(priority), parsed, check.input_tokens)
+            if check.changed or capped or (plan is not None and plan.capped):
                 body = json.dumps(parsed).encode()
             if span.is_recording():
                 model = parsed.get("model")
@@ -538,8 +554,10 @@ def create_app(config: GatewayConfig) -> FastAPI:
                     span.set_attribute(sc.OUTPUT_TOKENS_CAP, config.max_output_tokens)
         if span.is_recording():
             span.set_attribute(sc.PRIORITY, priority)
+        if plan is not None and plan.shed:  # the ladder's last step: a graceful 503
+            return gw.control.shed_response(span, plan)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw if k not in _DROP_REQUEST]
-        return ProxyResponse(gw, request.method, request.url.path, body, headers, priority, span, received)
+        return ProxyResponse(gw, request.method, request.url.path, body, headers, priority, span, received, plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -562,11 +580,15 @@ def create_app(config: GatewayConfig) -> FastAPI:
     async def status():
         return {"upstreams": [u.as_dict() for u in gw.pool.upstreams],
                 "queued": {p: gw.admission.depth(p) for p in PRIORITIES},
-                "max_concurrency": config.max_concurrency}
+                "max_concurrency": config.max_concurrency, "control": gw.control.status()}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(gw.control.metrics_text(), media_type="text/plain; version=0.0.4")
 
     if config.tracing_enabled:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         FastAPIInstrumentor.instrument_app(app, tracer_provider=gw.provider, server_request_hook=_server_request_hook,
-                                           excluded_urls="/health,/gateway/status", exclude_spans=["receive", "send"])
+                                           excluded_urls="/health,/gateway/status,/metrics", exclude_spans=["receive", "send"])
     return app

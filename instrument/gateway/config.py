@@ -76,6 +76,22 @@ SETTINGS: tuple[Setting, ...] = (
             "seconds between health checks of each upstream"),
     Setting("health_path", "--health-path", "TAILTRACE_GATEWAY_HEALTH_PATH", str, "/health",
             "path probed on each upstream; any answer below 500 counts as healthy"),
+    Setting("slo", "--slo", "TAILTRACE_GATEWAY_SLO", str, None,
+            "objectives the ladder holds, e.g. ttft_p99=2s,tpot_p99=100ms (TTFT, TPOT and E2E; ITL cannot be "
+            "predicted here): each request's predicted TTFT is recorded"),
+    Setting("ladder", "--ladder", "TAILTRACE_GATEWAY_LADDER", str, None,
+            "degradation steps taken in order while predicted latency is over the --slo margin: "
+            "batch[:N] (concurrency per upstream), output:N (max_tokens cap), defer-batch (hold x-priority: "
+            "batch), shed (503 with Retry-After); e.g. batch:8,output:256,defer-batch,shed (default: none)"),
+    Setting("ladder_margin", "--ladder-margin", "TAILTRACE_GATEWAY_LADDER_MARGIN", float, 0.8,
+            "the ladder steps down when a prediction is over this fraction of its objective's bound"),
+    Setting("ladder_hold_s", "--ladder-hold", "TAILTRACE_GATEWAY_LADDER_HOLD", float, 10.0,
+            "hold-down: seconds predictions must stay under the margin before the ladder steps back up one step"),
+    Setting("queue_order", "--queue-order", "TAILTRACE_GATEWAY_QUEUE_ORDER", str, "fifo",
+            "order within each admission queue: 'fifo' (arrival) or 'sjf' (least prompt + max_tokens first; "
+            "the recent P50 output where a request gives no max_tokens)", choices=("fifo", "sjf")),
+    Setting("max_wait_s", "--max-wait", "TAILTRACE_GATEWAY_MAX_WAIT", float, 30.0,
+            "with --queue-order sjf: a request that has waited this many seconds goes before shorter ones"),
     Setting("gil_switch_interval_ms", "--gil-switch-interval", "TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL", float, 0.5,
             "milliseconds a thread (the span exporter's) may hold the GIL while the event loop waits "
             "(sys.setswitchinterval; Python's default is 5)"),
@@ -113,6 +129,12 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     health_interval_s: float = 2.0
     health_path: str = "/health"
+    slo: str | None = None
+    ladder: str | None = None
+    ladder_margin: float = 0.8
+    ladder_hold_s: float = 10.0
+    queue_order: str = "fifo"
+    max_wait_s: float = 30.0
     gil_switch_interval_ms: float = 0.5
     # Not a flag: a TracerProvider to use instead of building one (tests, in-process demo).
     tracer_provider: object | None = field(default=None, repr=False)
@@ -179,6 +201,9 @@ class GatewayConfig:
             raise UserError("--gil-switch-interval must be more than 0 and at most 100 milliseconds")
         if not self.health_path.startswith("/"):
             raise UserError(f"--health-path {self.health_path!r} must start with '/'")
+        from instrument.gateway.control import check_control
+
+        check_control(self)
         return self
 
     @property

@@ -135,7 +135,8 @@ def test_every_key_the_plugin_and_gateway_record_is_checked_and_a_sound_config_p
                                      "0.32.0", False, "on")[sc.VLLM_CONFIG])
     assert set(written) <= set(VLLM_FIELDS)
     assert validate_config("vllm", written) == (written, [])
-    gw = json.loads(gateway_config(SimpleNamespace(**{k: {"priority_classes": "on", "truncate": "off"}.get(k, 8)
+    gw = json.loads(gateway_config(SimpleNamespace(**{k: {"priority_classes": "on", "truncate": "off", "slo": "ttft_p99=2s",
+                                                       "ladder": "shed", "queue_order": "sjf"}.get(k, 8)
                                                       for k in GATEWAY_KEYS}, upstreams=("a", "b")))[sc.GATEWAY_CONFIG])
     assert set(gw) <= set(GATEWAY_FIELDS) and set(GATEWAY_KEYS) <= set(GATEWAY_FIELDS)
     assert validate_config("gateway", gw) == (gw, [])

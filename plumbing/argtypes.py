@@ -79,7 +79,7 @@ class _Bounded:
 
 def _shown(text) -> str:
     s = repr(text)
-    return s if len(s) <= 40 else s[:37] + "..."
+    return s if len(s) <= 80 else s[:77] + "..."
 
 
 def bounded_int(lo: int, hi: int, *, also: tuple[int, ...] = ()) -> _Bounded:

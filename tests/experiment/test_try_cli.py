@@ -96,7 +96,7 @@ def test_compare_json_follows_its_schema_and_bad_runs_are_one_line(tmp_path, cap
 @pytest.mark.parametrize("argv, msg", [
     (["--change", "gateway:--max-concurrency=abc"], "the gateway refuses --max-concurrency abc: argument"),
     (["--change", "gateway:--priority-classes=maybe"], "invalid choice: 'maybe'"),
-    (["--change", "gateway:--max-output-tokens=0"], "--max-output-tokens must be at least 1"),
+    (["--change", "gateway:--max-output-tokens=0"], "refuses --max-output-tokens 0: argument --max-output-tokens: '0' is out of range"),
     (["--base", "gateway:--max-concurrency=0"], "--base: the gateway refuses"),
     (["--json", "/proc/nope/x.json"], "--json '/proc/nope/x.json' cannot be written"),
     (["--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9", "--base", "vllm:--max-num-seqs=8"],

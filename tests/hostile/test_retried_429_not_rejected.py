@@ -28,7 +28,7 @@ from tests.hostile.engines import rows_on_both
 
 openai = pytest.importorskip("openai")  # installed with vLLM
 
-HOLD_S = 0.8  # how long the upstream holds the one slot for a request whose user is "slow"
+HOLD_S = 2.0  # how long the upstream holds the one slot for a request whose user is "slow"
 _ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
                       "choices": [{"index": 0, "text": " t", "finish_reason": "length", "logprobs": None}],
                       "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}}).encode()
@@ -89,7 +89,11 @@ def _hold_the_slot(base: str, tid: str) -> threading.Thread:
     t = threading.Thread(target=httpx.post, args=(base + "/v1/completions",),
                          kwargs={"json": body, "headers": {"traceparent": _traceparent(tid)}, "timeout": 60})
     t.start()
-    time.sleep(0.3)  # the slot is taken (the upstream holds it HOLD_S)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # until the slot is taken (the upstream then holds it HOLD_S)
+        if httpx.get(base + "/gateway/status", timeout=10).json()["upstreams"][0]["outstanding"] == 1:
+            break
+        time.sleep(0.02)
     return t
 
 

@@ -68,7 +68,7 @@ class EngineMeter:
         self._outputs: deque[int] = deque(maxlen=recent)
         self._tpots: deque[tuple[float, float]] = deque(maxlen=recent)
         self._p50 = None
-        self._p50_at = None
+        self._p50_stale = False
 
     def _advance(self) -> float:
         now = self._clock()
@@ -120,6 +120,7 @@ class EngineMeter:
         self._finished += 1
         if f.output_tokens is not None:
             self._outputs.append(f.output_tokens)
+            self._p50_stale = True
             if f.output_tokens > 1 and f.first_s >= 0 and f.last_chunk_s is not None:
                 self._tpots.append((now, (f.last_chunk_s - f.first_s) / (f.output_tokens - 1)))
 
@@ -156,10 +157,9 @@ class EngineMeter:
         return statistics.median(recent)
 
     def output_p50(self) -> float | None:
-        """The median output tokens of the last requests whose output was measured (recomputed at
-        most once a second); None when none was."""
-        now = self._clock()
-        if self._p50_at is None or now - self._p50_at >= 1.0:
-            self._p50 = statistics.median(self._outputs) if self._outputs else None
-            self._p50_at = now
+        """The median output tokens of the last `recent` requests whose output was measured
+        (recomputed when one more was); None when none was."""
+        if self._p50_stale:
+            self._p50 = statistics.median(self._outputs)
+            self._p50_stale = False
         return self._p50

@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from semantics import catalog
 from semantics.catalog import format_ms
 
 __all__ = [
@@ -32,12 +33,18 @@ __all__ = [
     "waterfall",
 ]
 
-# One colour per phase, grouped by layer (blues: gateway/infra, oranges: scheduling, greens: compute).
-PHASE_COLORS = {
-    "network_ms": "#9ecae1", "gateway_ms": "#6baed6", "gateway_queue_ms": "#2171b5",
+# One colour per phase of the catalog, grouped by layer (blues: gateway/infra, oranges: scheduling,
+# greens: compute); a phase without a colour of its own here takes its layer's.
+_LAYER_COLORS = {catalog.LAYER_GATEWAY.key: "#4292c6", catalog.LAYER_SCHEDULING.key: "#fd8d3c",
+                 catalog.LAYER_COMPUTE.key: "#41ab5d", catalog.LAYER_SHAPE.key: "#756bb1",
+                 catalog.LAYER_NONE.key: "#bdbdbd"}
+_OWN_COLORS = {
+    "client_queue_ms": "#c6dbef", "network_ms": "#9ecae1", "gateway_ms": "#6baed6", "gateway_queue_ms": "#2171b5",
     "frontend_ms": "#fdae6b", "queue_ms": "#e6550d", "preempted_ms": "#a63603",
     "prefill_ms": "#74c476", "decode_ms": "#238b45", "unattributed_ms": "#bdbdbd",
 }
+PHASE_COLORS = {p.column: _OWN_COLORS.get(p.column, _LAYER_COLORS[p.layer.key])
+                for p in (*catalog.PHASES, catalog.UNATTRIBUTED)}
 SPAN_PHASE_COLORS = {
     "client": "#636363", "gateway": "#6baed6", "gateway_queue": "#2171b5", "upstream": "#4292c6",
     "network": "#9ecae1", "http": "#c6dbef", "engine": "#fd8d3c", "frontend": "#fdae6b", "queue": "#e6550d",
@@ -119,7 +126,7 @@ def stacked_phases(tl: pd.DataFrame, phases: Sequence[tuple[str, str, str]]) -> 
 
 def tail_shares(shares: pd.DataFrame, phases: Sequence[tuple[str, str, str]], metric_label: str) -> go.Figure:
     """Mean ms per phase: all requests vs the tail (above P99), as stacked horizontal bars."""
-    fig = _fig(f"All requests vs the tail (above P99 of {metric_label}): mean ms per phase",
+    fig = _fig(f"All requests vs the tail (above P99 of {metric_label}): raw mean ms per phase",
                barmode="stack", xaxis_title="ms per request")
     names = {"all": "all requests", "tail": "above P99"}
     for col, label, _ in phases:

@@ -23,11 +23,15 @@ from diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
 from plumbing.errors import UserError
 from semantics.catalog import (
     LATENCY_POPULATION,
-    LAYER_GATEWAY,
     LAYER_NONE,
+    NETWORK_IN,
     PHASES,
+    REFERENCE_BAND,
     UNATTRIBUTED,
+    holding_index_sql,
     phase_by_column,
+    reference_profile,
+    ttft_phases,
 )
 
 __all__ = ["MetricPhase", "metric_phases", "not_measured_why", "phase_split", "resolve_window", "tail_set"]
@@ -46,31 +50,17 @@ class MetricPhase:
     raw: str | None = None
 
 
-# why a phase can be missing from every request of a scope (never 0: NULL, "not measured")
-_NOT_MEASURED = {
-    "client_queue_ms": "no client span reported its queue (requests not sent by tailtrace's load generator)",
-    "network_ms": "no gateway or client spans to bound the hops", "network_in_ms": "no gateway or client spans "
-    "to bound the hops", "gateway_ms": "no gateway spans", "gateway_queue_ms": "no gateway spans",
-    "frontend_ms": "no plugin spans (vLLM's own spans do not split out its frontend)",
-    "preempted_ms": "no plugin spans (vLLM's own spans do not time preemptions)",
-}
-
-
-_ENGINE_PHASES = ("frontend_ms", "queue_ms", "prefill_ms", "decode_ms", "preempted_ms")
 
 
 def not_measured_why(column: str, engine_why: str | None = None) -> str:
     """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures
     it). `engine_why`: the deployment's own reason its engine phases are missing (vLLM's stats kept
     off: semantics.catalog.ENGINE_STATS_OFF_WHY), which then comes first for an engine phase."""
-    if engine_why and column in _ENGINE_PHASES:
-        return engine_why
-    return _NOT_MEASURED.get(column, "no engine spans (llm.request: the vLLM plugin, or vLLM's own tracing)")
-
-
-_TTFT_PREFIX = ("gateway_ms", "gateway_queue_ms", "queue_ms", "prefill_ms")
-# the client's own wait comes first: before its request left it
-_TTFT_FIRST = ("client_queue_ms",)
+    try:
+        phase = phase_by_column(column)
+    except KeyError:
+        return UNATTRIBUTED.why_missing  # an engine figure (ttft_ms, e2e_ms ...)
+    return engine_why if engine_why and phase.engine else phase.why_missing
 
 
 def metric_phases(metric: str) -> list[MetricPhase]:
@@ -81,9 +71,8 @@ def metric_phases(metric: str) -> list[MetricPhase]:
             MetricPhase(UNATTRIBUTED.column, f"coalesce({UNATTRIBUTED.column}, 0)", UNATTRIBUTED.label,
                         UNATTRIBUTED.layer)]
     if metric == "ttft":
-        net = MetricPhase("network_in_ms", "coalesce(network_in_ms, 0)", "Network (way in)", LAYER_GATEWAY)
-        own = lambda c: MetricPhase(c, f"coalesce({c}, 0)", phase_by_column(c).label, phase_by_column(c).layer)
-        pre = [own(c) for c in _TTFT_FIRST] + [net] + [own(c) for c in _TTFT_PREFIX]
+        pre = [MetricPhase(p.column, f"coalesce({p.column}, 0)", "Network (way in)" if p is NETWORK_IN else p.label,
+                           p.layer) for p in ttft_phases()]
         rest = f"{col} - ({' + '.join(p.sql for p in pre)})"
         return pre + [MetricPhase("rest_of_ttft", rest, "Rest of TTFT (vLLM frontend, first token out, unattributed)",
                                   LAYER_NONE)]
@@ -164,18 +153,16 @@ def phase_split(query: Query, ts: TailSet, engine_why: str | None = None
     # measured" (its NULLs count 0 in the sums above, so the shares still add up), never "0 ms"
     counts = ", ".join(f"count({p.raw or '*'})" for p in phases)
     sql = f"""WITH pop AS (SELECT * FROM requests WHERE {ts.where}),
-q AS (SELECT quantile_cont({col}, 0.4) AS lo, quantile_cont({col}, 0.6) AS hi FROM pop)
+q AS (SELECT quantile_cont({col}, {REFERENCE_BAND[0]}) AS lo, quantile_cont({col}, {REFERENCE_BAND[1]}) AS hi FROM pop)
 SELECT avg({col}) {in_band}, [{band}], [{tail_sums}], [{counts}]
 FROM pop, q"""
     params = [*ts.params, *[ts.threshold_ms] * len(phases)]
     band_m, band_c, tail_c, measured = query(sql, params)[0]
     band_m = float(band_m or 0.0)
-    ref = {p.column: (ts.median_ms * float(b or 0.0) / band_m if band_m else 0.0) for p, b in zip(phases, band_c)}
-    # per tail request, the phase holding its largest excess (index into phases, 1-based)
-    refs = ", ".join(f"{p.sql} - ?" for p in phases)
-    most = query(f"""SELECT list_position(l, list_max(l)) AS i, count(*) FROM
-        (SELECT [{refs}] AS l FROM requests WHERE {ts.tail_where}) GROUP BY 1""",
-                 [*ref.values(), *ts.tail_params])
+    ref = reference_profile(ts.median_ms, band_m, {p.column: b for p, b in zip(phases, band_c)})
+    # per tail request, the phase holding it (semantics.catalog.TAIL_RULE; index into phases, 1-based)
+    most = query(f"""SELECT {holding_index_sql([p.sql for p in phases])} AS i, count(*) FROM requests
+        WHERE {ts.tail_where} GROUP BY 1""", [*ref.values(), *ref.values(), *ts.tail_params])
     holds = {int(i): int(k) for i, k in most if i is not None}
     out = []
     for i, (p, s, m) in enumerate(zip(phases, tail_c, measured), start=1):

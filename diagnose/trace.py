@@ -9,26 +9,23 @@ from diagnose.tail import metric_phases
 from plumbing.errors import UserError
 from semantics.catalog import (
     LAYER_COMPUTE,
-    LAYER_GATEWAY,
-    LAYER_NONE,
     LAYER_SCHEDULING,
     LAYER_SHAPE,
+    holding_phase,
     phase_by_column,
+    waterfall_phases,
 )
 
 __all__ = ["WATERFALL", "explain_trace"]
 
-# The waterfall's rows in the order a request lives them: (column, label, layer). The network is
-# split into its way in (first) and its way out (last); the bars are laid end to end.
-WATERFALL = [("network_in_ms", "Network in", LAYER_GATEWAY)] + [
-    (c, phase_by_column(c).label, phase_by_column(c).layer)
-    for c in ("gateway_queue_ms", "gateway_ms", "frontend_ms", "queue_ms", "prefill_ms", "preempted_ms", "decode_ms")
-] + [("network_out_ms", "Network out", LAYER_GATEWAY), ("unattributed_ms", "Unattributed", LAYER_NONE)]
+# The waterfall's rows in the order a request lives them: (column, label, layer), the catalog's
+# (semantics.catalog.waterfall_phases: the network split into its way in, first, and its way out,
+# last); the bars are laid end to end.
+WATERFALL = [(p.column, p.label, p.layer) for p in waterfall_phases()]
 
 _COLS = ["trace_id", "request_id", "model", "status", "ok", "upstream", "prompt_tokens", "output_tokens",
-         "preemptions", "outer_e2e_ms", "outer_ttft_ms", "tpot_ms", "network_ms", "network_in_ms", "network_out_ms",
-         "gateway_ms", "gateway_queue_ms", "frontend_ms", "queue_ms", "prefill_ms", "preempted_ms", "decode_ms",
-         "unattributed_ms"]
+         "preemptions", "outer_e2e_ms", "outer_ttft_ms", "tpot_ms", "network_ms",
+         *(c for c, _, _ in WATERFALL)]
 
 
 def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float]) -> TraceReport:
@@ -95,9 +92,11 @@ FROM decode_steps WHERE trace_id = ? AND time >= make_timestamp(?) - INTERVAL 1 
 
 
 def _cause(r: dict, steps: dict, ref: dict[str, float], med_in, med_out) -> dict:
-    """The phase holding the request's largest excess over the median's profile, and why."""
-    ex = {p.column: float(r.get(p.column) or 0.0) - ref.get(p.column, 0.0) for p in metric_phases("e2e")}
-    col = max(ex, key=ex.get)
+    """The phase holding the request (semantics.catalog.TAIL_RULE: its largest excess over the
+    median's profile), and why."""
+    profile = {p.column: ref.get(p.column, 0.0) for p in metric_phases("e2e")}
+    col = holding_phase(r, profile)
+    ex = {c: float(r.get(c) or 0.0) - v for c, v in profile.items()}
     total = float(r.get("outer_e2e_ms") or 0.0) - sum(ref.values())
     prompt, out = float(r.get("prompt_tokens") or 0), float(r.get("output_tokens") or 0)
     layer, cause, why = phase_by_column(col).layer, col, f"{phase_by_column(col).label} holds most of its excess"

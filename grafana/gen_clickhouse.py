@@ -14,6 +14,7 @@ from gen_alerts import ALERTS, DASHBOARD_TITLE, DASHBOARD_URL, AlertSpec, _laten
 from gen_dashboard import build_dashboard, build_grafana_rules
 
 from collector.export import prometheus as exp
+from semantics import catalog
 
 # ------------------------------------------------------------------ the same alerts in SQL on ClickHouse
 CLICKHOUSE_DATASOURCE_UID = "tailtrace-clickhouse"
@@ -163,7 +164,7 @@ def clickhouse_panel_sql() -> dict[int, tuple[str, dict[str, str]]]:
                + every,
                {"A": _ch_quantiles("queue", (0.5, 0.99), ("queue P50", "queue P99")),
                 "B": _ch_quantiles("service", (0.5, 0.99), ("service P50", "service P99"))})
-    phases = ("network", "gateway", "gateway_queue", "engine_queue", "preempted", "prefill", "decode")
+    phases = tuple(p.metric for p in catalog.PHASES if p.metric)  # the catalog's, in the order a request lives them
     out[11] = ("Where the tail's time goes, by phase (each P99 on its own; their sum bounds the E2E P99 from "
                "above). " + every,
                {chr(65 + i): _ch_quantiles(ph, (0.99,), (ph,)) for i, ph in enumerate(phases)})

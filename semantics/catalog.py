@@ -29,9 +29,12 @@ __all__ = [
     "LAYER_SCHEDULING",
     "LAYER_SHAPE",
     "METRIC_PHASES",
+    "NETWORK_IN",
+    "NETWORK_OUT",
     "PHASES",
     "QUANTILES",
     "QUANTILE_LABELS",
+    "REFERENCE_BAND",
     "REQUEST_METRIC_COLUMNS",
     "SLO_DEFAULTS_MS",
     "SOURCES",
@@ -46,6 +49,7 @@ __all__ = [
     "STATUS_ERROR",
     "STATUS_OK",
     "STATUS_REJECTED",
+    "TAIL_RULE",
     "UNATTRIBUTED",
     "Derived",
     "Layer",
@@ -53,9 +57,15 @@ __all__ = [
     "Phase",
     "Source",
     "format_ms",
+    "holding_index_sql",
+    "holding_phase",
     "phase_by_column",
     "quantile_label",
+    "reference_profile",
+    "reference_profile_sql",
     "sql_in",
+    "ttft_phases",
+    "waterfall_phases",
 ]
 
 
@@ -76,43 +86,138 @@ LAYER_NONE = Layer("not_instrumented", "not instrumented")  # the residual of no
 LAYERS: tuple[Layer, ...] = (LAYER_GATEWAY, LAYER_SCHEDULING, LAYER_COMPUTE, LAYER_SHAPE)
 
 
+_ENGINE_WHY = "no engine spans (llm.request: the vLLM plugin, or vLLM's own tracing)"
+
+
 @dataclass(frozen=True)
 class Phase:
     """A phase of one request: `span_phase` the `tailtrace.phase` its spans carry, `column` its
     `requests` column (ms; NULL when its layer was not traced), `label` what every surface calls
-    it, `layer` the layer its time is spent in."""
+    it, `layer` the layer its time is spent in. `ttft`: it lies before the first token (TTFT's
+    phases); `engine`: the engine's spans measure it; `why_missing`: why it is NULL for every
+    request of a scope (shown as "not measured (why)"); `metric`: its value of the Prometheus
+    `phase` label (`METRIC_PHASES`), None when it is not published on its own, `metric_help` what
+    that series measures."""
 
     span_phase: str
     column: str
     label: str
     layer: Layer
+    ttft: bool = False
+    engine: bool = False
+    why_missing: str = _ENGINE_WHY
+    metric: str | None = None
+    metric_help: str = ""
 
+
+_PLUGIN_ONLY = "no plugin spans (vLLM's own spans do not {})"
+_HOPS = "no gateway or client spans to bound the hops"
 
 # In the order a request lives them. The vLLM frontend (rendering, tokenization, IPC, output
 # processing in vLLM's API server) is the engine's own work outside its scheduler and model: it
-# grows with the engine's load, so it is engine scheduling, not the gateway.
+# grows with the engine's load, so it is engine scheduling, not the gateway. Every surface derives
+# its phase lists from this tuple (tests/test_phase_vocabulary.py adds a phase and finds it on each).
 PHASES: tuple[Phase, ...] = (
     # the client's own wait for a --concurrency-cap slot (client.request's tailtrace.client.queue_ms)
-    Phase(sc.PHASE_CLIENT_QUEUE, "client_queue_ms", "Client queue", LAYER_GATEWAY),
-    Phase(sc.PHASE_NETWORK, "network_ms", "Network", LAYER_GATEWAY),
-    Phase(sc.PHASE_GATEWAY, "gateway_ms", "Gateway", LAYER_GATEWAY),
-    Phase(sc.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "Gateway queue", LAYER_GATEWAY),
-    Phase(sc.PHASE_FRONTEND, "frontend_ms", "vLLM frontend", LAYER_SCHEDULING),
-    Phase(sc.PHASE_QUEUE, "queue_ms", "Engine queue", LAYER_SCHEDULING),
-    Phase(sc.PHASE_PREEMPTED, "preempted_ms", "Preempted", LAYER_SCHEDULING),
-    Phase(sc.PHASE_PREFILL, "prefill_ms", "Prefill", LAYER_COMPUTE),
-    Phase(sc.PHASE_DECODE, "decode_ms", "Decode", LAYER_COMPUTE),
+    Phase(sc.PHASE_CLIENT_QUEUE, "client_queue_ms", "Client queue", LAYER_GATEWAY, ttft=True,
+          why_missing="no client span reported its queue (requests not sent by tailtrace's load generator)"),
+    Phase(sc.PHASE_NETWORK, "network_ms", "Network", LAYER_GATEWAY, ttft=True, why_missing=_HOPS,
+          metric="network", metric_help="network: client<->gateway and gateway<->engine"),
+    Phase(sc.PHASE_GATEWAY, "gateway_ms", "Gateway", LAYER_GATEWAY, ttft=True, why_missing="no gateway spans",
+          metric="gateway", metric_help="gateway work outside its admission queue and the upstream exchange"),
+    Phase(sc.PHASE_GATEWAY_QUEUE, "gateway_queue_ms", "Gateway queue", LAYER_GATEWAY, ttft=True,
+          why_missing="no gateway spans", metric="gateway_queue", metric_help="gateway admission queue"),
+    Phase(sc.PHASE_FRONTEND, "frontend_ms", "vLLM frontend", LAYER_SCHEDULING, engine=True,
+          why_missing=_PLUGIN_ONLY.format("split out its frontend")),
+    # the label `queue` is the full queue time (METRIC_PHASES); the span phase `queue` is this one
+    Phase(sc.PHASE_QUEUE, "queue_ms", "Engine queue", LAYER_SCHEDULING, ttft=True, engine=True,
+          metric="engine_queue", metric_help="engine (vLLM scheduler) waiting queue"),
+    Phase(sc.PHASE_PREEMPTED, "preempted_ms", "Preempted", LAYER_SCHEDULING, engine=True,
+          why_missing=_PLUGIN_ONLY.format("time preemptions"), metric="preempted",
+          metric_help="time preempted (KV-cache pressure)"),
+    Phase(sc.PHASE_PREFILL, "prefill_ms", "Prefill", LAYER_COMPUTE, ttft=True, engine=True, metric="prefill",
+          metric_help="prefill, less time preempted inside it"),
+    Phase(sc.PHASE_DECODE, "decode_ms", "Decode", LAYER_COMPUTE, engine=True, metric="decode",
+          metric_help="decode, less time preempted inside it"),
 )
 # outer E2E minus every measured phase: shown, never forced to 0
 UNATTRIBUTED = Phase("unattributed", "unattributed_ms", "Unattributed", LAYER_NONE)
+# The network phase on the critical path, split into its way in (before the engine) and its way
+# out (after it): a waterfall's first and last bar; the way in is TTFT's.
+NETWORK_IN = Phase(sc.PHASE_NETWORK, "network_in_ms", "Network in", LAYER_GATEWAY, ttft=True, why_missing=_HOPS)
+NETWORK_OUT = Phase(sc.PHASE_NETWORK, "network_out_ms", "Network out", LAYER_GATEWAY, why_missing=_HOPS)
+
+
+def waterfall_phases() -> tuple[Phase, ...]:
+    """One request's phases laid end to end, in the order it lives them (`PHASES`, the network
+    split into `NETWORK_IN` first and `NETWORK_OUT` last), the residual last: they tile its E2E."""
+    inner = tuple(p for p in PHASES if p.column != "network_ms")
+    first = tuple(p for p in inner if p.column == "client_queue_ms")
+    return (*first, NETWORK_IN, *(p for p in inner if p not in first), NETWORK_OUT, UNATTRIBUTED)
+
+
+def ttft_phases() -> tuple[Phase, ...]:
+    """The phases of a request before its first token (TTFT's prefix), in `PHASES`' order, the
+    network as its way in; TTFT's rest (the first token's way out, the frontend) is a residual."""
+    return tuple(NETWORK_IN if p.column == "network_ms" else p for p in PHASES if p.ttft)
 
 
 def phase_by_column(column: str) -> Phase:
-    """The phase whose `requests` column is `column` (UNATTRIBUTED included). KeyError if none."""
-    for p in (*PHASES, UNATTRIBUTED):
+    """The phase whose `requests` column is `column` (UNATTRIBUTED, NETWORK_IN and NETWORK_OUT
+    included). KeyError if none."""
+    for p in (*PHASES, UNATTRIBUTED, NETWORK_IN, NETWORK_OUT):
         if p.column == column:
             return p
     raise KeyError(column)
+
+
+# One tail rule: which phase, and so which layer, holds a tail. Every surface that names it (explain,
+# the dashboard's Why and Queue-vs-service pages, the demo's report) applies this one; the Queue vs
+# service page may also count raw largest phases, labelled as such.
+TAIL_RULE = ("a tail request is held by the phase with the largest excess over the median's phase profile "
+             "(the median split by phase in the proportions of the requests between P40 and P60 of the "
+             "metric); a tail is held by the phase with the largest summed excess; its layer is that phase's")
+REFERENCE_BAND: tuple[float, float] = (0.4, 0.6)
+
+
+def reference_profile(median_ms: float, band_mean_ms: float | None,
+                      band_phase_means: dict[str, float | None]) -> dict[str, float]:
+    """The median's phase profile {column: ms}: `ref_c = median x mean(c) / mean(metric)` over the
+    requests of the `REFERENCE_BAND` (their means given; a NULL mean is 0). All 0 when the band's
+    mean is 0 or unknown. Since the phases tile the metric, the profile adds up to the median."""
+    if not band_mean_ms:
+        return {c: 0.0 for c in band_phase_means}
+    return {c: median_ms * float(m or 0.0) / band_mean_ms for c, m in band_phase_means.items()}
+
+
+def reference_profile_sql(metric: str, exprs: list[str], where: str) -> str:
+    """One row (median, band mean of `metric`, [band mean of each of `exprs`]) over `requests`
+    WHERE `where` (`metric` a column, `exprs` SQL per phase, e.g. "coalesce(queue_ms, 0)"): the
+    inputs of `reference_profile`. Exact quantiles (quantile_cont)."""
+    lo, hi = REFERENCE_BAND
+    band = f"FILTER (WHERE {metric} BETWEEN lo AND hi)"
+    return (f"WITH pop AS (SELECT * FROM requests WHERE {where}), q AS (SELECT quantile_cont({metric}, 0.5) AS med, "
+            f"quantile_cont({metric}, {lo}) AS lo, quantile_cont({metric}, {hi}) AS hi FROM pop) "
+            f"SELECT min(med), avg({metric}) {band}, [{', '.join(f'avg({e}) {band}' for e in exprs)}] FROM pop, q")
+
+
+def holding_phase(values: dict[str, float | None], reference: dict[str, float]) -> str | None:
+    """The column (a key of `reference`, in its order) of the phase holding one request by
+    `TAIL_RULE`: the largest `values[c] - reference[c]` (a NULL value is 0; the first on a tie, as
+    `holding_index_sql`). None when `reference` is empty."""
+    best, best_ex = None, None
+    for c, ref in reference.items():
+        ex = float(values.get(c) or 0.0) - ref
+        if best_ex is None or ex > best_ex:
+            best, best_ex = c, ex
+    return best
+
+
+def holding_index_sql(exprs: list[str]) -> str:
+    """SQL of `holding_phase` per row: the 1-based index into `exprs` (each NULL-safe, e.g.
+    "coalesce(queue_ms, 0)") of the largest excess, one `?` per expr for its reference value."""
+    lst = "[" + ", ".join(f"({e}) - ?" for e in exprs) + "]"
+    return f"list_position({lst}, list_max({lst}))"
 
 
 # Why a request's engine phases (queue, prefill, decode, vLLM's frontend) are not measured when vLLM
@@ -279,10 +384,9 @@ class MetricPhase:
     help: str
 
 
-def _span_metric_phase(column: str, help: str, name: str | None = None) -> MetricPhase:
-    p = phase_by_column(column)
-    return MetricPhase(name or p.span_phase, p.column, p.layer.key, help)
-
+# The order /metrics, the Grafana dashboards and the alert rules have always listed the per-phase
+# series in (generated files are committed); a phase new to the catalog comes after them.
+_METRIC_ORDER = ("prefill", "decode", "gateway", "network", "gateway_queue", "engine_queue", "preempted")
 
 METRIC_PHASES: tuple[MetricPhase, ...] = (
     MetricPhase("ttft", "outer_ttft_ms", LAYER_SCHEDULING.key,
@@ -296,14 +400,9 @@ METRIC_PHASES: tuple[MetricPhase, ...] = (
     MetricPhase("queue", "queue_time_ms", LAYER_SCHEDULING.key,
                 "queue time: gateway admission queue + engine queue + preempted"),
     MetricPhase("service", "service_time_ms", LAYER_COMPUTE.key, "service time: prefill + decode"),
-    _span_metric_phase("prefill_ms", "prefill, less time preempted inside it"),
-    _span_metric_phase("decode_ms", "decode, less time preempted inside it"),
-    _span_metric_phase("gateway_ms", "gateway work outside its admission queue and the upstream exchange"),
-    _span_metric_phase("network_ms", "network: client<->gateway and gateway<->engine"),
-    _span_metric_phase("gateway_queue_ms", "gateway admission queue"),
-    # the label `queue` is the full queue time above; the span phase `queue` is this one
-    _span_metric_phase("queue_ms", "engine (vLLM scheduler) waiting queue", name="engine_queue"),
-    _span_metric_phase("preempted_ms", "time preempted (KV-cache pressure)"),
+    *(MetricPhase(p.metric, p.column, p.layer.key, p.metric_help)
+      for p in sorted((p for p in PHASES if p.metric), key=lambda p: (
+          _METRIC_ORDER.index(p.metric) if p.metric in _METRIC_ORDER else len(_METRIC_ORDER)))),
 )
 
 # The request metrics objectives judge per request, -> their `requests` column: TTFT and E2E the outer

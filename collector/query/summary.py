@@ -1,5 +1,6 @@
 """The tail report over a store: exact per-phase percentiles, who holds the tail (queue vs
-service), the batch-size distribution and the slowest requests with the layer that held them.
+service), the batch-size distribution and the slowest requests with the phase and layer that held
+them (semantics.catalog.TAIL_RULE, as explain names them).
 
 Every function takes `query(sql, params) -> list of rows` (the collector's `/api/sql`, or a
 DuckDB connection wrapped the same way), so the report reads the same from a live collector or
@@ -10,13 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from semantics.catalog import LATENCY_POPULATION, LAYER_SHAPE, QUANTILES, UNATTRIBUTED, quantile_label
+from semantics.catalog import (
+    LATENCY_POPULATION,
+    QUANTILES,
+    UNATTRIBUTED,
+    holding_phase,
+    phase_by_column,
+    quantile_label,
+    reference_profile,
+    reference_profile_sql,
+)
 from semantics.catalog import PHASES as CATALOG_PHASES
 
 __all__ = [
     "LAYER_OF_PHASE",
     "PHASES",
     "batch_size_distribution",
+    "e2e_reference",
     "layer_of",
     "phase_percentiles",
     "slowest_requests",
@@ -37,8 +48,9 @@ PHASES: list[tuple[str, str]] = [
     (UNATTRIBUTED.label, UNATTRIBUTED.column),
 ]
 
-# requests column -> the layer its time is spent in (the catalog's)
-LAYER_OF_PHASE = {p.column: p.layer.label for p in CATALOG_PHASES}
+# requests column -> the layer its time is spent in (the catalog's); the residual is a phase of
+# the E2E's split too (explain's), of no layer
+LAYER_OF_PHASE = {p.column: p.layer.label for p in (*CATALOG_PHASES, UNATTRIBUTED)}
 _HOLDING_PHASES = list(LAYER_OF_PHASE)
 _OUTER = "outer_e2e_ms"
 
@@ -104,32 +116,34 @@ def batch_size_distribution(query: Query, since_sql: str | None = None) -> dict:
             "per_token_p50": tok[0], "per_token_p99": tok[1]}
 
 
-def layer_of(row: dict, long_prompt_tokens: float | None = None,
-             long_output_tokens: float | None = None) -> tuple[str, str]:
-    """(phase column, layer) holding most of a request's time. A request whose prefill holds it
-    and whose prompt is longer than `long_prompt_tokens` (the P90 of prompts), or whose decode
-    holds it and whose output is longer than `long_output_tokens` (the P90 of outputs), is put
-    down to request shape rather than compute."""
-    best = max(_HOLDING_PHASES, key=lambda c: row.get(c) or 0.0)
-    layer = LAYER_OF_PHASE[best]
-    if best == "prefill_ms" and long_prompt_tokens and (row.get("prompt_tokens") or 0) > long_prompt_tokens:
-        layer = LAYER_SHAPE.label
-    if best == "decode_ms" and long_output_tokens and (row.get("output_tokens") or 0) > long_output_tokens:
-        layer = LAYER_SHAPE.label
-    return best, layer
+def layer_of(row: dict, reference: dict[str, float]) -> tuple[str, str]:
+    """(phase column, layer label) holding a request by semantics.catalog.TAIL_RULE: its largest
+    excess over `reference`, the median's phase profile of outer E2E (`e2e_reference`)."""
+    best = holding_phase(row, reference)
+    return best, phase_by_column(best).layer.label
+
+
+def e2e_reference(query: Query, run_id: str | None = None) -> dict[str, float]:
+    """The median's phase profile of outer E2E over the run's `ok` requests {column: ms}
+    (semantics.catalog.reference_profile over the catalog's phases and the residual, as explain's)."""
+    where, params = _where(run_id, latency=True)
+    cond = where.removeprefix("WHERE ") or "true"
+    med, band, means = query(reference_profile_sql(_OUTER, [f"coalesce({c}, 0)" for c in _HOLDING_PHASES],
+                                                   f"{cond} AND {_OUTER} IS NOT NULL"), params)[0]
+    return reference_profile(float(med or 0.0), band, dict(zip(_HOLDING_PHASES, means or [None] * len(_HOLDING_PHASES))))
 
 
 def slowest_requests(query: Query, run_id: str | None = None, limit: int = 5) -> list[dict]:
-    """The `limit` slowest requests by outer E2E, each with its phases and the layer that held it."""
+    """The `limit` slowest requests by outer E2E, each with its phases and the phase and layer that
+    held it (`layer_of`)."""
     where, params = _where(run_id)
     cols = ["trace_id", "request_id", "prompt_tokens", "output_tokens", "outer_e2e_ms", "e2e_ms", *_HOLDING_PHASES]
     rows = query(f"SELECT {', '.join(cols)} FROM requests {where} ORDER BY {_OUTER} DESC NULLS LAST LIMIT ?",
                  params + [limit])
-    p90_in, p90_out = query(f"SELECT quantile_cont(prompt_tokens, 0.9), quantile_cont(output_tokens, 0.9) "
-                            f"FROM requests {where}", params)[0]
+    ref = e2e_reference(query, run_id)
     out = []
     for r in rows:
         d = dict(zip(cols, r))
-        d["holding_phase"], d["layer"] = layer_of(d, p90_in, p90_out)
+        d["holding_phase"], d["layer"] = layer_of(d, ref)
         out.append(d)
     return out

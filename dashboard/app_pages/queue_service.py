@@ -4,6 +4,7 @@ the time."""
 import streamlit as st
 
 from dashboard import charts, data, ui
+from semantics import catalog
 
 ctx = ui.require()
 ui.header("Queue vs service", "gateway and infrastructure · engine scheduling · compute",
@@ -40,17 +41,22 @@ if tb["threshold_ms"] is None:
     st.stop()
 tail_n = int(tb["shares"].set_index("grp").loc["tail", "requests"]) if "tail" in set(tb["shares"]["grp"]) else 0
 dom = tb["dominant"]
-top = dom.iloc[0] if len(dom) else None
+held = tb["holding"]
+top = held.iloc[0] if len(held) and tail_n else None
 ui.metric_row([
     (f"P99 of {data.REQUEST_METRICS[metric]}", ui.fmt_ms(tb["threshold_ms"]), "exact, quantile_cont"),
     ("Requests above P99", f"{tail_n:,}", None),
-    ("Phase holding most tail requests", f"{top['label']}" if top is not None else "n/a",
-     f"largest phase in {int(top['requests'])} of {tail_n} tail requests" if top is not None else None),
+    ("Phase holding the tail", f"{top['label']}" if top is not None else "n/a",
+     (f"largest excess over the median's phase profile, as explain ({catalog.TAIL_RULE}): "
+      f"{ui.fmt_ms(top['excess_ms'])} summed; it holds {int(top['requests'])} of {tail_n} tail requests")
+     if top is not None else None),
 ])
 if len(tb["shares"]):
     st.plotly_chart(charts.tail_shares(tb["shares"], phases, data.REQUEST_METRICS[metric]), key="qs_tail")
 c1, c2 = st.columns([1, 2])
-c1.caption("Tail requests by their largest phase")
-c1.dataframe(dom[["label", "requests"]].rename(columns={"label": "phase"}), hide_index=True)
+c1.caption("Tail requests by the phase holding them (largest excess over the median, as explain)")
+c1.dataframe(held[["label", "requests"]].rename(columns={"label": "phase"}), hide_index=True)
+c1.caption("Raw: tail requests by their largest phase (no median subtracted)")
+c1.dataframe(dom[["label", "requests"]].rename(columns={"label": "raw largest phase"}), hide_index=True)
 c2.caption("Slowest tail requests (ms)")
 c2.dataframe(ui.ms_table(tb["slowest"]), hide_index=True)

@@ -35,9 +35,13 @@ def tail_breakdown(src: DataSource, f: Filters, phases: Sequence[tuple[str, str,
     """Which phase holds the time of the requests above the `q` quantile of `metric`.
 
     Returns {'threshold_ms': exact quantile, 'shares': DataFrame(group, requests, mean_<metric>, then per
-    phase the mean ms per request) for group 'all' and 'tail', 'dominant': DataFrame(phase, label,
-    requests) counting tail requests by their largest phase, 'slowest': the 50 slowest tail requests
-    with their phases}. Tail = metric strictly above the threshold, over the `ok` requests.
+    phase the mean ms per request) for group 'all' and 'tail', 'holding': DataFrame(phase, label,
+    requests, excess_ms) of the phases holding tail requests by semantics.catalog.TAIL_RULE (largest
+    excess over the median's phase profile, as explain; excess_ms: the phase's summed excess over the
+    tail, largest first: the first row holds the tail), 'dominant': DataFrame(phase, label, requests)
+    counting tail requests by their largest raw phase (no median subtracted), 'slowest': the 50
+    slowest tail requests with their phases}. Tail = metric strictly above the threshold, over the
+    `ok` requests.
     """
     w, p = f.requests_where()
     w = _and(_and(w, catalog.LATENCY_POPULATION), f"{metric} IS NOT NULL")
@@ -46,8 +50,8 @@ def tail_breakdown(src: DataSource, f: Filters, phases: Sequence[tuple[str, str,
     thr_row = src.df(f"SELECT quantile_cont({metric}, {q}) AS thr FROM requests {w}", p).iloc[0]
     thr = _f(thr_row["thr"])
     if thr is None:
-        return {"threshold_ms": None, "shares": pd.DataFrame(), "dominant": pd.DataFrame(),
-                "slowest": pd.DataFrame()}
+        return {"threshold_ms": None, "shares": pd.DataFrame(), "holding": pd.DataFrame(),
+                "dominant": pd.DataFrame(), "slowest": pd.DataFrame()}
     shares = src.df(
         f"SELECT 'all' AS grp, count(*) AS requests, avg({metric}) AS mean_metric, {sums} FROM requests {w} "
         f"UNION ALL SELECT 'tail', count(*), avg({metric}), {sums} FROM requests {_and(w, f'{metric} > ?')} "
@@ -60,5 +64,28 @@ def tail_breakdown(src: DataSource, f: Filters, phases: Sequence[tuple[str, str,
     slow = src.df(f"SELECT request_id, arrival_time, {metric} AS value_ms, prompt_tokens, output_tokens, "
                   f"{', '.join(cols)} FROM requests {_and(w, f'{metric} > ?')} ORDER BY {metric} DESC LIMIT 50",
                   p + [thr])
-    return {"threshold_ms": thr, "shares": shares, "dominant": dom[["phase", "label", "requests"]],
-            "slowest": slow}
+    return {"threshold_ms": thr, "shares": shares, "holding": _holding(src, w, p, metric, thr, phases),
+            "dominant": dom[["phase", "label", "requests"]], "slowest": slow}
+
+
+def _holding(src: DataSource, w: str, p: list, metric: str, thr: float, phases) -> pd.DataFrame:
+    """semantics.catalog.TAIL_RULE over the tail above `thr`: per phase, the tail requests it holds
+    and its summed excess over the median's profile (ms), largest excess first."""
+    cols = [c for c, _, _ in phases]
+    exprs = [f"coalesce({c}, 0)" for c in cols]
+    med, band, means = src.df(catalog.reference_profile_sql(metric, exprs, w.removeprefix("WHERE ") or "true"),
+                              p).iloc[0].tolist()[:3]
+    ref = catalog.reference_profile(float(_f(med) or 0.0), _f(band), dict(zip(cols, list(means) if means is not None
+                                                                             else [None] * len(cols))))
+    tail_w = _and(w, f"{metric} > ?")
+    sums = ", ".join(f"sum({e}) AS s{i}" for i, e in enumerate(exprs))
+    agg = src.df(f"SELECT count(*) AS n, {sums} FROM requests {tail_w}", p + [thr]).iloc[0]
+    held = src.df(f"SELECT {catalog.holding_index_sql(exprs)} AS idx, count(*) AS requests FROM requests {tail_w} "
+                  f"GROUP BY 1", [*ref.values(), *ref.values(), *p, thr])
+    by_idx = {int(i): int(k) for i, k in zip(held["idx"], held["requests"]) if pd.notna(i)}
+    labels = {c: lab for c, lab, _ in phases}
+    out = pd.DataFrame({"phase": cols, "label": [labels[c] for c in cols],
+                        "requests": [by_idx.get(i, 0) for i in range(1, len(cols) + 1)],
+                        "excess_ms": [float(_f(agg[f"s{i}"]) or 0.0) - int(agg["n"]) * ref[c]
+                                      for i, c in enumerate(cols)]})
+    return out.sort_values("excess_ms", ascending=False, kind="stable").reset_index(drop=True)

@@ -6,6 +6,7 @@ Registration is cheap: DuckDB, pyarrow, uvicorn are imported inside each command
 from __future__ import annotations
 
 from collector.query.auth import bearer_headers
+from collector.query.reader import DEFAULT_API
 from plumbing.argtypes import PORT, PORT_OR_OFF, bounded_float, bounded_int
 from plumbing.errors import UserError
 from plumbing.urls import check_http_url
@@ -13,7 +14,6 @@ from semantics import envs
 
 __all__ = ["register"]
 
-DEFAULT_API = "http://127.0.0.1:9464"
 _MEMORY_MB = bounded_int(64, 1_048_576)  # MiB: 64 MiB to 1 TiB
 _TIMEOUT_S = bounded_float(0.0, 86400.0, lo_open=True, hi_open=True)  # a statement's time budget: under a day
 _MAX_ROWS = bounded_int(1, 100_000_000)  # a row cap: more rows than one answer can carry

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from collector.query.reader import DEFAULT_API
 from plumbing.argtypes import PORT, seconds
 from plumbing.urls import check_http_url
 from semantics import envs
@@ -17,7 +18,6 @@ from semantics import envs
 __all__ = ["register", "streamlit_command"]
 
 DEFAULT_PORT = 8501
-DEFAULT_API = "http://127.0.0.1:9464"
 
 
 def register(sub) -> None:

@@ -157,7 +157,8 @@ class GoodputBounds:
     semantics.slo.Objective); None = no bound on that metric. A request is *good* when it
     is `ok` and meets every objective set: TTFT and E2E as the user felt them (the store's outer
     columns), TPOT from the engine (a request with one output token has no TPOT and meets any TPOT
-    objective). Defaults: semantics.catalog.SLO_DEFAULTS_MS."""
+    objective; one with more and no TPOT measured does not): semantics.slo.goodput_sql, the one rule
+    the store, explain and the load generator apply. Defaults: semantics.catalog.SLO_DEFAULTS_MS."""
 
     ttft_ms: float | None = catalog.SLO_DEFAULTS_MS["ttft"]
     tpot_ms: float | None = catalog.SLO_DEFAULTS_MS["tpot"]
@@ -165,18 +166,12 @@ class GoodputBounds:
 
     def condition(self) -> tuple[str, list[Any]]:
         """(SQL boolean expression over `requests`, params) true for good requests."""
-        terms = ["coalesce(ok, false)"]
-        params: list[Any] = []
-        if self.ttft_ms is not None:
-            terms.append("outer_ttft_ms <= ?")
-            params.append(float(self.ttft_ms))
-        if self.tpot_ms is not None:
-            terms.append("coalesce(tpot_ms <= ?, true)")
-            params.append(float(self.tpot_ms))
-        if self.e2e_ms is not None:
-            terms.append("outer_e2e_ms <= ?")
-            params.append(float(self.e2e_ms))
-        return "(" + " AND ".join(terms) + ")", params
+        from semantics.slo import Objective, goodput_sql
+
+        bounds = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2e", self.e2e_ms))
+        # the quantile does not enter a per-request bound (goodput_sql reads metric and limit only)
+        rule = goodput_sql([Objective(m, 0.99, float(v)) for m, v in bounds if v is not None])
+        return f"(coalesce(({rule}), false))", []
 
 
 # ------------------------------------------------------------------------------------------ helpers

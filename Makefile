@@ -9,7 +9,7 @@ STAMP := $(VENV)/.tailtrace-installed
 SYSSTAMP := $(VENV)/.tailtrace-sysdeps
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast test-slow setup sysdeps lint bench model clean compat
+.PHONY: demo test test-fast test-unit test-slow setup sysdeps lint bench model clean compat
 
 demo: $(STAMP)
 	$(VENV)/bin/tailtrace demo $(DEMO_ARGS)
@@ -19,6 +19,11 @@ test: $(STAMP) $(SYSSTAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Every test that starts no process (no collector, vLLM, Prometheus, browser or subprocess): a few
+# minutes; tests/conftest.py marks and guards the tiers.
+test-unit: $(STAMP)
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 test-slow: $(STAMP) $(SYSSTAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

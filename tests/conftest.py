@@ -1,35 +1,124 @@
-"""Session fixtures shared by every part's tests: the real collector and the real vLLM CPU
-server (tiny local model, tailtrace's plugin on), started once per test session."""
+"""Session fixtures shared by every part's tests (the real collector and the real vLLM CPU server,
+tiny local model, tailtrace's plugin on, started once per test session) and the test tiers.
+
+Tiers: a test that starts a process (a collector, vLLM, Prometheus, a browser, a `tailtrace`
+command, any subprocess) carries the `integration` marker; `make test-unit` runs the others
+(`-m "not integration"`), CI runs all. `slow` tests (vLLM, Prometheus, a browser) and tests that use
+a fixture of `PROCESS_FIXTURES` are marked `integration` here at collection; any other test that
+starts a process fails at once (`_ProcessGuard`: nothing starts) until it is marked. Plain helpers live in tests/helpers.py.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import multiprocessing.process
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
-from plumbing.procs import free_port, stop_process
-from semantics import envs
+from plumbing.procs import stop_process
+from tests.helpers import (
+    demo_command,
+    kill_marked,
+    marked_env,
+    marked_processes,
+    native_tracing,
+    start_test_vllm,
+)
 
-# vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
-# stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
-# slower at batch 32 and more at small batches, so the servers whose tests decode a lot stay
-# compiled (docs/operations.md, "Start-up"). `make compat` runs every server eager.
-EAGER = {"TAILTRACE_VLLM_ARGS": "--enforce-eager"}
+# Fixtures that start a process (or reach one a session fixture started): a test using one is an
+# integration test. A fixture left out here is caught by `_ProcessGuard` in `make test-unit`.
+PROCESS_FIXTURES = frozenset({
+    "session_collector", "vllm_server", "vllm_collector", "demo_run", "demo_store", "collector",
+    "coll", "twin", "small_disk", "stub", "slow_stub",  # tests/collector, tests/loadgen: a collector or a stub server
+    "partial_store", "otlp_demo_store",  # tests/dashboard: stores written through the real collector
+})
+
+
+class UnmarkedProcessStart(RuntimeError):
+    """A test not marked `integration` tried to start a process; nothing was started."""
+
+
+class _ProcessGuard:
+    """Refuses every process start (subprocess.Popen, multiprocessing) during the set-up or call of
+    a test that is not marked `integration`: the start raises `UnmarkedProcessStart` before anything
+    runs (so `make test-unit` stays fast even then), and `pytest_runtest_makereport` fails the test
+    even where its code caught the error."""
+
+    current: ClassVar[object] = None                  # the pytest item running now
+    started: ClassVar[dict[str, list[str]]] = {}  # nodeid -> what it tried to start
+
+    @classmethod
+    def check(cls, what: str) -> None:
+        item = cls.current
+        if item is not None and item.get_closest_marker("integration") is None:
+            cls.started.setdefault(item.nodeid, []).append(what[:160])
+            raise UnmarkedProcessStart(f"{item.nodeid} is not marked integration and started {what[:160]!r}")
+
+    @classmethod
+    def install(cls) -> None:
+        popen_init = subprocess.Popen.__init__
+        mp_start = multiprocessing.process.BaseProcess.start
+        if getattr(popen_init, "_tailtrace_guard", False):
+            return
+
+        def guarded_init(self, args, *a, **kw):
+            cls.check(args if isinstance(args, str) else " ".join(map(str, args)))
+            popen_init(self, args, *a, **kw)
+
+        def guarded_start(self):
+            cls.check(f"multiprocessing {self.name}")
+            mp_start(self)
+
+        guarded_init._tailtrace_guard = True
+        subprocess.Popen.__init__ = guarded_init
+        multiprocessing.process.BaseProcess.start = guarded_start
+
+
+def pytest_configure(config):
+    _ProcessGuard.install()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slow") or PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _ProcessGuard.current = item
+    try:
+        yield
+    finally:
+        _ProcessGuard.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    started = _ProcessGuard.started.get(item.nodeid)
+    if call.when in ("setup", "call") and started and not rep.failed:
+        rep.outcome = "failed"
+        rep.longrepr = (f"{item.nodeid} started a process but is not marked integration "
+                        f"(pytest.mark.integration, or a fixture in tests/conftest.py PROCESS_FIXTURES): "
+                        f"{started[0]}")
 
 
 @dataclass
 class VllmServer:
     """A running instrumented vLLM server: `.url` base URL, `.model` served name,
-    `.otlp_endpoint` where its spans go, `.collector` (handle of the session collector,
-    None when the collector part is missing), `.log` its log file."""
+    `.otlp_endpoint` where its spans go, `.collector` (handle of the session collector), `.log` its
+    log file."""
 
     url: str
     model: str
     otlp_endpoint: str
-    collector: object | None
+    collector: object
     log: Path
     proc: object
 
@@ -44,13 +133,10 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def session_collector(tmp_path_factory):
-    """The real collector (`tailtrace collect`) on free ports, one per session; None if the
-    collector part is not importable."""
-    try:
-        from collector.testing import start_collector
-    except ImportError:
-        yield None
-        return
+    """The real collector (`tailtrace collect`) on free ports, one per session. A collector that
+    fails to import fails the tests that use it (never a skip)."""
+    from collector.testing import start_collector
+
     handle = start_collector(tmp_path_factory.mktemp("store") / "session.duckdb")
     try:
         yield handle
@@ -58,53 +144,12 @@ def session_collector(tmp_path_factory):
         handle.stop()
 
 
-def native_tracing(otlp_url: str, service_name: str = "vllm") -> tuple[list[str], dict]:
-    """(extra vLLM args, env) that switch on vLLM's own tracing (`--otlp-traces-endpoint`) to the
-    collector at `otlp_url` over OTLP/HTTP protobuf, with `service_name` as its service.name
-    (OTEL_SERVICE_NAME, which the plugin reads too: "vllm" is the plugin's default)."""
-    return (["--otlp-traces-endpoint", f"{otlp_url}/v1/traces"],
-            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": service_name})
-
-
-def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
-                    kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
-    """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
-    from embedded.serve import ServeConfig, start_vllm
-
-    port = free_port()
-    cfg = ServeConfig(model=str(model_dir), port=port, otlp_endpoint=otlp_endpoint, decode_spans=decode_spans,
-                      instrument=instrument, kv_cache_gib=kv_cache_gib,
-                      extra_args=["--served-model-name", "tiny", "--max-num-seqs", "32", *extra_args])
-    old = dict(os.environ)
-    os.environ.update(env or {})
-    try:
-        proc = start_vllm(cfg, log_path=log, timeout_s=600)
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-@contextlib.contextmanager
-def module_vllm(model_dir: Path, collector, tmp_path_factory, name: str, **kwargs):
-    """A real vLLM CPU server of a test module's own (`start_test_vllm`'s `kwargs`), exporting to the
-    session `collector`: yields (base URL, log path), stops it after. Skips without the collector part."""
-    if collector is None:
-        pytest.skip("collector part missing")
-    log = tmp_path_factory.mktemp(name) / "vllm.log"
-    proc, url = start_test_vllm(model_dir, collector.otlp_url, log, **kwargs)
-    try:
-        yield url, log
-    finally:
-        stop_process(proc, 20, interrupt_first=True)
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, session_collector, tmp_path_factory):
     """The real vLLM CPU server with the plugin on (decode spans `full`) and vLLM's own tracing on
     as well (both at once: each request's row comes from the plugin, vLLM's `llm_request` span stays
     in `spans`), both exporting to the session collector."""
-    otlp = session_collector.otlp_url if session_collector else f"http://127.0.0.1:{free_port()}"
+    otlp = session_collector.otlp_url
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     args, env = native_tracing(otlp)
     proc, url = start_test_vllm(tiny_model_dir, otlp, log, extra_args=args, env=env)
@@ -116,9 +161,7 @@ def vllm_server(tiny_model_dir, session_collector, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_collector(vllm_server):
-    """The session collector that `vllm_server` exports to (skips when the collector part is missing)."""
-    if vllm_server.collector is None:
-        pytest.skip("the collector part is not importable")
+    """The session collector that `vllm_server` exports to."""
     return vllm_server.collector
 
 
@@ -144,51 +187,6 @@ class DemoRun:
     output: str
     returncode: int
     leftover: list
-
-
-def marked_processes(mark: str) -> list:
-    """psutil processes whose environment has TAILTRACE_TEST_MARK=`mark`: a process started with
-    that variable and every process it started (each part runs in its own session, so the
-    environment, which children inherit, is what ties them together)."""
-    import psutil
-
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if envs.raw("TAILTRACE_TEST_MARK", p.environ()) == mark:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
-            pass
-    return out
-
-
-def kill_marked(mark: str) -> None:
-    """SIGKILL every marked process and its whole process group (a part's children, e.g. vLLM's
-    EngineCore and workers, share its group), twice over, for clean-up after a failed test."""
-    import contextlib
-    import signal
-
-    for _ in range(2):
-        for p in marked_processes(mark):
-            with contextlib.suppress(Exception):  # already gone, or its group with it
-                os.killpg(os.getpgid(p.pid), signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                p.kill()
-
-
-def marked_env(mark: str) -> dict:
-    """os.environ plus TAILTRACE_TEST_MARK=`mark` (see `marked_processes`)."""
-    return dict(os.environ, TAILTRACE_TEST_MARK=mark)
-
-
-def demo_command(out: Path, duration: float, speed: float | None = None) -> list[str]:
-    """`tailtrace demo` on free ports, writing to `out`."""
-    import sys
-
-    cmd = [sys.executable, "-m", "tailtrace", "demo", "--duration", str(duration), "--out", str(out), "--no-progress",
-           "--vllm-port", str(free_port()), "--gateway-port", str(free_port()), "--otlp-port", str(free_port()),
-           "--api-port", str(free_port()), "--grpc-port", str(free_port())]
-    return cmd + (["--speed", str(speed)] if speed else [])
 
 
 @pytest.fixture(scope="session")

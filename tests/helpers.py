@@ -1,10 +1,116 @@
-"""Small helpers for tests that read the real collector through its SQL API."""
+"""The helpers tests share, in one place (fixtures stay in tests/conftest.py): the collector's SQL
+API, the real vLLM CPU server, processes a test starts and must find again, the one-line CLI error."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from pathlib import Path
 
 import httpx
+
+from plumbing.procs import free_port, stop_process
+from semantics import envs
+
+# vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
+# stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
+# slower at batch 32 and more at small batches, so the servers whose tests decode a lot stay
+# compiled (docs/operations.md, "Start-up"). `make compat` runs every server eager.
+EAGER = {"TAILTRACE_VLLM_ARGS": "--enforce-eager"}
+
+
+def native_tracing(otlp_url: str, service_name: str = "vllm") -> tuple[list[str], dict]:
+    """(extra vLLM args, env) that switch on vLLM's own tracing (`--otlp-traces-endpoint`) to the
+    collector at `otlp_url` over OTLP/HTTP protobuf, with `service_name` as its service.name
+    (OTEL_SERVICE_NAME, which the plugin reads too: "vllm" is the plugin's default)."""
+    return (["--otlp-traces-endpoint", f"{otlp_url}/v1/traces"],
+            {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", "OTEL_SERVICE_NAME": service_name})
+
+
+def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
+                    kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
+    """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
+    from embedded.serve import ServeConfig, start_vllm
+
+    port = free_port()
+    cfg = ServeConfig(model=str(model_dir), port=port, otlp_endpoint=otlp_endpoint, decode_spans=decode_spans,
+                      instrument=instrument, kv_cache_gib=kv_cache_gib,
+                      extra_args=["--served-model-name", "tiny", "--max-num-seqs", "32", *extra_args])
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        proc = start_vllm(cfg, log_path=log, timeout_s=600)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def module_vllm(model_dir: Path, collector, tmp_path_factory, name: str, **kwargs):
+    """A real vLLM CPU server of a test module's own (`start_test_vllm`'s `kwargs`), exporting to the
+    session `collector`: yields (base URL, log path), stops it after."""
+    log = tmp_path_factory.mktemp(name) / "vllm.log"
+    proc, url = start_test_vllm(model_dir, collector.otlp_url, log, **kwargs)
+    try:
+        yield url, log
+    finally:
+        stop_process(proc, 20, interrupt_first=True)
+
+
+def marked_processes(mark: str) -> list:
+    """psutil processes whose environment has TAILTRACE_TEST_MARK=`mark`: a process started with
+    that variable and every process it started (each part runs in its own session, so the
+    environment, which children inherit, is what ties them together)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if envs.raw("TAILTRACE_TEST_MARK", p.environ()) == mark:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
+            pass
+    return out
+
+
+def kill_marked(mark: str) -> None:
+    """SIGKILL every marked process and its whole process group (a part's children, e.g. vLLM's
+    EngineCore and workers, share its group), twice over, for clean-up after a failed test."""
+    import contextlib
+    import signal
+
+    for _ in range(2):
+        for p in marked_processes(mark):
+            with contextlib.suppress(Exception):  # already gone, or its group with it
+                os.killpg(os.getpgid(p.pid), signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                p.kill()
+
+
+def marked_env(mark: str) -> dict:
+    """os.environ plus TAILTRACE_TEST_MARK=`mark` (see `marked_processes`)."""
+    return dict(os.environ, TAILTRACE_TEST_MARK=mark)
+
+
+def demo_command(out: Path, duration: float, speed: float | None = None) -> list[str]:
+    """`tailtrace demo` on free ports, writing to `out`."""
+    import sys
+
+    cmd = [sys.executable, "-m", "tailtrace", "demo", "--duration", str(duration), "--out", str(out), "--no-progress",
+           "--vllm-port", str(free_port()), "--gateway-port", str(free_port()), "--otlp-port", str(free_port()),
+           "--api-port", str(free_port()), "--grpc-port", str(free_port())]
+    return cmd + (["--speed", str(speed)] if speed else [])
+
+
+def one_line_error(capsys) -> str:
+    """What a command printed on stderr, asserted to be one line and no traceback (the project's
+    rule for bad input: one line, exit 2)."""
+    err = capsys.readouterr().err.strip()
+    assert err and err.count("\n") == 0 and "Traceback" not in err, err
+    return err
+
 
 
 def sql(api_url: str, query: str, params: list | None = None) -> list[list]:

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from plumbing.procs import free_port, wait_http
-from tests.conftest import EAGER, kill_marked, marked_env, marked_processes
+from tests.helpers import EAGER, kill_marked, marked_env, marked_processes
 
 _IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
 
@@ -72,6 +72,7 @@ def _stops_on_sigint(cmd: list[str], ready_url: str, start_timeout_s: float, tmp
         _cleanup(proc, mark)
 
 
+@pytest.mark.integration
 def test_collect_stops_on_sigint_when_started_ignoring_it(tmp_path):
     api = free_port()
     cmd = _tailtrace("collect", "--db", str(tmp_path / "t.duckdb"), "--otlp-port", str(free_port()),
@@ -79,6 +80,7 @@ def test_collect_stops_on_sigint_when_started_ignoring_it(tmp_path):
     _stops_on_sigint(cmd, f"http://127.0.0.1:{api}/healthz", 120, tmp_path)
 
 
+@pytest.mark.integration
 def test_gateway_stops_on_sigint_when_started_ignoring_it(tmp_path):
     port = free_port()
     cmd = _tailtrace("gateway", "--upstream", f"http://127.0.0.1:{free_port()}", "--port", str(port),
@@ -86,12 +88,14 @@ def test_gateway_stops_on_sigint_when_started_ignoring_it(tmp_path):
     _stops_on_sigint(cmd, f"http://127.0.0.1:{port}/gateway/status", 120, tmp_path)
 
 
+@pytest.mark.integration
 def test_dashboard_stops_on_sigint_when_started_ignoring_it(tmp_path):
     port = free_port()
     cmd = _tailtrace("dashboard", "--api", f"http://127.0.0.1:{free_port()}", "--port", str(port))
     _stops_on_sigint(cmd, f"http://127.0.0.1:{port}/_stcore/health", 180, tmp_path)
 
 
+@pytest.mark.integration
 def test_metrics_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tmp_path):
     """`tailtrace metrics`: SIGINT (started ignoring it) and a service manager's SIGTERM both stop it
     with its store closed; SIGTERM is exit 0 (it was killed by the signal: 143)."""
@@ -122,7 +126,7 @@ def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_mode
     API server, EngineCore and worker gone. The first, started with --max-num-seqs 7
     --max-num-batched-tokens 300, records that configuration (checked before its SIGINT)."""
     port = free_port()
-    otlp = session_collector.otlp_url if session_collector else f"http://127.0.0.1:{free_port()}"
+    otlp = session_collector.otlp_url
     cmd = _tailtrace("serve", "--model", str(tiny_model_dir), "--port", str(port),
                      "--otlp-endpoint", otlp, "--",
                      "--served-model-name", "tiny", "--max-num-seqs", "7", "--max-num-batched-tokens", "300",
@@ -154,8 +158,7 @@ def test_serve_stops_on_sigint_when_started_ignoring_it_and_on_sigterm(tiny_mode
         assert time.monotonic() - started < 90
 
         wait_http(f"http://127.0.0.1:{port}/v1/models", 600, ignoring, what="serve")
-        if session_collector is not None:
-            _the_effective_configuration_is_recorded(f"http://127.0.0.1:{port}", session_collector.api_url)
+        _the_effective_configuration_is_recorded(f"http://127.0.0.1:{port}", session_collector.api_url)
         _interrupt_and_check(ignoring, mark, log)
     finally:
         if term.poll() is None:

@@ -13,7 +13,7 @@ import uuid
 import duckdb
 import pytest
 
-from tests.conftest import EAGER, demo_command, kill_marked, marked_env, marked_processes
+from tests.helpers import EAGER, demo_command, kill_marked, marked_env, marked_processes
 
 pytestmark = pytest.mark.slow
 

@@ -9,14 +9,12 @@ import socket
 import pytest
 
 from tailtrace.cli import main
+from tests.helpers import one_line_error
 
 pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace demo` installs its own
 
 
-def _one_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "Traceback" not in err, err
-    return err
+_one_line = one_line_error  # tests/helpers.py
 
 
 def test_port_in_use(capsys, tmp_path):

@@ -111,6 +111,7 @@ def test_engine_core_runs_beside_its_worker(vllm_server):
     assert {t.id: set(os.sched_getaffinity(t.id)) for t in threads} == {t.id: cores for t in threads}
 
 
+@pytest.mark.integration
 def test_pin_engine_core_leaves_a_tree_without_vllm_alone():
     from embedded.serve import pin_engine_core
 

@@ -38,6 +38,7 @@ def tree(tmp_path_factory) -> Path:
     return _copy(tmp_path_factory.mktemp("house"))
 
 
+@pytest.mark.integration
 def test_the_floors_hold_and_an_upward_import_breaks_them(tree):
     ok = _lint(tree)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
@@ -54,6 +55,7 @@ def test_the_floors_hold_and_an_upward_import_breaks_them(tree):
     assert "semantics._upward_probe -> dashboard" in bad.stdout, bad.stdout[-2000:]
 
 
+@pytest.mark.integration
 def test_a_sideways_import_inside_the_collector_breaks_its_contract(tree):
     probe = tree / "collector" / "store" / "_sideways_probe.py"
     probe.write_text("from collector.processor import otlp_arrow  # the store looking up at the processor\n")
@@ -107,6 +109,7 @@ def test_no_module_is_in_an_import_circle():
     assert not circles, circles
 
 
+@pytest.mark.integration
 def test_no_python_file_is_over_600_lines():
     files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     long = {f: n for f in files if (n := len((ROOT / f).read_text(encoding="utf-8").splitlines())) > 600}

@@ -165,6 +165,7 @@ def test_sender_takes_the_otlp_header_and_compression_settings(recorder, monkeyp
     assert exporter.export(spans) is SpanExportResult.FAILURE
 
 
+@pytest.mark.integration
 def test_sender_trusts_the_ca_of_otel_exporter_otlp_certificate(tmp_path, monkeypatch):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -201,6 +202,7 @@ def test_exporter_counts_and_logs_a_collector_that_is_down(caplog):
     assert len(warnings) == 1 and "dropped 3 spans" in warnings[0]  # one line per 30 s, not per batch
 
 
+@pytest.mark.integration
 def test_tracer_provider_spans_land_in_the_real_collector(tmp_path):
     from collector.testing import start_collector
     from instrument.otel import make_tracer_provider

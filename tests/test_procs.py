@@ -26,6 +26,7 @@ def test_free_ports_lie_below_the_ephemeral_range_and_bind():
         assert s.getsockname()[1] >= low
 
 
+@pytest.mark.integration
 def test_a_server_that_exits_early_is_named_with_the_end_of_its_log(tmp_path):
     log = tmp_path / "server.log"
     script = "import sys; print('starting'); print('error: port 127.0.0.1:1 is in use'); sys.exit(2)"

@@ -53,10 +53,8 @@ def stripped_copy(sql, start_ns: int, end_ns: int, dest: Path, slack_s: float = 
                 if len(rows) < _PAGE:
                     break
                 offset += _PAGE
-        try:
-            from collector.store.step_rollup import REBUILD_STEP_ROLLUP
-        except ImportError:  # a store without the step rollup
-            REBUILD_STEP_ROLLUP = ()
+        from collector.store.step_rollup import REBUILD_STEP_ROLLUP
+
         for stmt in REBUILD_STEP_ROLLUP:
             con.execute(stmt)
     finally:

@@ -84,6 +84,7 @@ def _request(sock: socket.socket, trace_id: str, tokens: int) -> tuple[int, list
     return t0, arrivals
 
 
+@pytest.mark.integration
 def test_delay_line_holds_each_direction_once_per_request(tmp_path):
     """Two requests on one keep-alive connection, each streaming 6 chunks 40 ms apart, through a
     proxy holding 80 ms inbound and 120 ms outbound: every chunk is held its direction's delay
@@ -131,6 +132,7 @@ def test_delay_line_holds_each_direction_once_per_request(tmp_path):
     assert min(r["read_unix_nano"] for r in records if r["trace_id"] == TID_B) > a_last
 
 
+@pytest.mark.integration
 def test_zero_delay_passes_through(tmp_path):
     stub, stub_port = _start_stub(0)
     proxy, port = _start_proxy(stub_port, 0, 0, tmp_path / "p.jsonl")
@@ -144,6 +146,7 @@ def test_zero_delay_passes_through(tmp_path):
     assert 0 <= holds[TID_A].in_ms < 5 and 0 <= holds[TID_A].out_ms < 5
 
 
+@pytest.mark.integration
 def test_proxy_stops_on_sigint_and_frees_its_port(tmp_path):
     stub, stub_port = _start_stub(0)
     log = tmp_path / "p.jsonl"

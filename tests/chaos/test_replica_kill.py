@@ -18,7 +18,7 @@ import pytest
 
 from chaos.replica_kill import ENGINE_COLUMNS
 from chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
-from tests.conftest import EAGER
+from tests.helpers import EAGER
 
 pytestmark = pytest.mark.slow
 

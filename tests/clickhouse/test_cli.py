@@ -111,6 +111,7 @@ def test_missing_store_and_schema_name_the_fix(tmp_path, capsys):
     assert "another exporter version (Duration is Int64, not UInt64)" in _err(capsys)
 
 
+@pytest.mark.integration
 def test_a_chdb_directory_held_by_another_process_is_one_line(tmp_path, capsys):
     import subprocess
     import sys

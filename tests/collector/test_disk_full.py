@@ -39,6 +39,7 @@ def _fill(mnt, keep_bytes: int):
     return path
 
 
+@pytest.mark.integration
 def test_full_disk_is_a_503_and_unhealthy_until_space_is_freed(small_disk):
     h = start_collector(small_disk / "d.duckdb")
     try:

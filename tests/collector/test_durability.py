@@ -9,6 +9,7 @@ import time
 import duckdb
 import httpx
 import psutil
+import pytest
 
 from collector.testing import start_collector
 from collector.testing.otlp_payloads import MS, T0, TraceBuilder
@@ -68,6 +69,7 @@ def sender(url, start_k, n_spans, acked, stop, statuses):
                 raise AssertionError(r.status_code)
 
 
+@pytest.mark.integration
 def test_kill9_keeps_every_acknowledged_span_and_clean_stop_flushes(tmp_path):
     db = tmp_path / "k.duckdb"
     h = start_collector(db)
@@ -101,6 +103,7 @@ def test_kill9_keeps_every_acknowledged_span_and_clean_stop_flushes(tmp_path):
         con.close()
 
 
+@pytest.mark.integration
 def test_flood_gets_retry_after_and_memory_stays_bounded(tmp_path):
     h = start_collector(tmp_path / "f.duckdb", "--max-pending-rows", "3000", "--max-inflight", "4",
                         "--memory-limit-mb", "1500")

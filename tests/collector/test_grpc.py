@@ -119,6 +119,7 @@ def _sdk_metrics():
     return data
 
 
+@pytest.mark.integration
 def test_sdk_exporters_over_grpc_with_gzip_give_the_rows_of_http(coll, twin):
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
@@ -261,6 +262,7 @@ def test_oversized_messages_refused_by_grpc_and_the_collector_lives_on(coll, cha
 
 
 # ------------------------------------------------------------------------ overload
+@pytest.mark.integration
 def test_overload_is_resource_exhausted_with_retry_info_and_acks_only_committed(tmp_path):
     """One request in flight at a time (--max-inflight 1): a burst of concurrent exports is partly
     refused with RESOURCE_EXHAUSTED + RetryInfo; every batch answered OK is in the store at once,
@@ -295,6 +297,7 @@ def test_overload_is_resource_exhausted_with_retry_info_and_acks_only_committed(
         h.stop()
 
 
+@pytest.mark.integration
 def test_memory_limit_is_unavailable_with_retry_info_and_the_sdk_exporter_gives_up(tmp_path):
     """Resident memory over --memory-limit-mb (64 MiB: always, for a collector): UNAVAILABLE with
     RetryInfo, the HTTP receiver's 503 + Retry-After."""
@@ -326,6 +329,7 @@ def test_memory_limit_is_unavailable_with_retry_info_and_the_sdk_exporter_gives_
     assert "Traceback" not in h.log()
 
 
+@pytest.mark.integration
 def test_sigterm_drains_in_flight_rpcs_and_keeps_every_acknowledged_batch(tmp_path):
     """SIGTERM while exports are in flight: the collector exits 0, and every batch answered OK is in the
     file afterwards (plain DuckDB), whole; the others are refused or cut, never half stored."""

@@ -87,6 +87,7 @@ def _bucket_list(rows: dict, name: str) -> list[tuple[float, float]]:
     return sorted((float(le), v) for (n, le), (v, _) in rows.items() if n == name + "_bucket")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_sdk_histograms_keep_their_buckets(coll, transport):
     from opentelemetry.sdk.metrics import Histogram
@@ -266,6 +267,7 @@ tt_ttft_seconds_sum{model="tiny"} 3.5
 """
 
 
+@pytest.mark.integration
 def test_scraped_buckets_are_left_out_unless_scrape_buckets(tmp_path):
     srv = serve_text(lambda: (200, EXPOSITION))
     kept = start_collector(tmp_path / "kept.duckdb", "--scrape", f"{srv.url}/metrics", "--scrape-interval", "0.2",

@@ -40,6 +40,7 @@ def post(client, coll, body, headers=PB, path="/v1/traces"):
     return client.post(coll.otlp_url + path, content=body, headers=headers)
 
 
+@pytest.mark.integration
 def test_protobuf_and_gzip_accepted(coll, client):
     r = post(client, coll, simple_spans(3, "pb").bytes())
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-protobuf"

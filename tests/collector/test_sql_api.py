@@ -31,6 +31,7 @@ def api(coll, sql, **kw):
     return httpx.post(coll.api_url + "/api/sql", json={"sql": sql, **kw}, timeout=30, headers=kw.pop("h", None))
 
 
+@pytest.mark.integration
 def test_select_json_shape_cap_and_params(coll):
     r = api(coll, "SELECT name, duration_ms FROM spans WHERE service_name = ? ORDER BY name", params=["q"])
     d = r.json()
@@ -116,6 +117,7 @@ def test_cli_sql_via_api_and_held_file(coll):
     assert p.returncode == 2 and "only SELECT" in p.stderr
 
 
+@pytest.mark.integration
 def test_bearer_token(tmp_path):
     env = dict(os.environ, TAILTRACE_API_TOKEN="s3cret")
     old = os.environ.get("TAILTRACE_API_TOKEN")
@@ -138,6 +140,7 @@ def test_bearer_token(tmp_path):
         h.stop()
 
 
+@pytest.mark.integration
 def test_export_parquet_api_and_db(tmp_path):
     import duckdb
 

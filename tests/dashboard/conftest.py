@@ -173,18 +173,6 @@ def partial_store(request, tmp_path_factory) -> tuple[str, Path]:
     return request.param, _collect(tmp_path_factory.mktemp(request.param) / "s.duckdb", n, layers)
 
 
-try:  # the lead's real-demo store wins when it exists
-    from tests import conftest as _root
-except ImportError:  # pragma: no cover
-    _root = None
-
-if _root is None or not hasattr(_root, "demo_store"):
-    @pytest.fixture(scope="session")
-    def demo_store(otlp_demo_store) -> Path:
-        """Stand-in for the lead's `demo_store` (see the module docstring)."""
-        return otlp_demo_store
-
-
 @pytest.fixture(scope="session")
 def small_store(tmp_path_factory) -> Path:
     """bench/dashboard.py's synthetic store with 2,000 requests (~420k decode steps) and its step_histogram."""

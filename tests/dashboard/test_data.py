@@ -211,6 +211,7 @@ def test_span_tree_handles_orphans_and_cycles():
     assert list(tree["depth"]) == [0, 1, 0, 0]
 
 
+@pytest.mark.integration
 def test_itl_through_the_collector_api_is_not_cut_by_its_row_cap(small_store, tmp_path):
     """Live mode: the ITL figures come from one aggregating query, so the API's 10,000-row cap
     (more distinct microsecond values than that here) does not cut them."""

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import duckdb
+import pytest
 
 from plumbing.procs import free_port
 
@@ -94,6 +95,7 @@ def _cli(*args):
                           timeout=60)
 
 
+@pytest.mark.integration
 def test_cli_rejects_bad_input_with_one_line(tmp_path):
     junk = tmp_path / "junk.duckdb"
     junk.write_text("nope")

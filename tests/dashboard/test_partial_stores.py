@@ -5,9 +5,12 @@ and the Request explorer offered a request "nan")."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.dashboard.apptest_util import PAGES, goto, metrics, open_app
 
 
+@pytest.mark.integration
 def test_every_page_renders_on_a_partial_store(partial_store, monkeypatch):
     name, db = partial_store
     at = open_app(monkeypatch, db=db)

@@ -47,6 +47,7 @@ def _main_figures_right(at, ref) -> None:
     assert table.loc["E2E (engine)", "P99"] == pytest.approx(e2e, rel=1e-12)
 
 
+@pytest.mark.integration
 def test_a_side_budget_of_about_zero_gives_na_and_the_page_renders(otlp_demo_store, ref, monkeypatch):
     monkeypatch.setenv(ENV_SIDE, "1e-6")  # through the configuration: every side query times out
     at = goto(open_app(monkeypatch, db=otlp_demo_store), "overview")

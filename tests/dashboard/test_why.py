@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.diagnose.store import T0, baseline, write_store
 
@@ -32,6 +33,7 @@ def _explain_json(db: str, metric: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.integration
 def test_the_page_shows_what_explain_says(tmp_path, monkeypatch):
     db = _store(tmp_path)
     want = _explain_json(db, "e2e")

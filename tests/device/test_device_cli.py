@@ -13,6 +13,7 @@ def _run(*args, timeout=60):
                           timeout=timeout)
 
 
+@pytest.mark.integration
 def test_sample_runs_and_exports(otlp_receiver):
     p = _run("--source", "cpu", "--interval", "0.1", "--export-interval", "0.5", "--duration", "1.5",
              "--otlp-endpoint", otlp_receiver.url)
@@ -35,6 +36,7 @@ def test_bad_flags_are_one_line_and_exit_2(args, msg):
     assert msg in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_source_nvml_without_a_gpu_is_a_clear_error():
     try:
         import pynvml

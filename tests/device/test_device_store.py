@@ -12,9 +12,8 @@ import psutil
 import pytest
 from fake_nvml import FakeGpu, FakeNVML
 
+from collector.testing import start_collector
 from instrument.device.sampler import DeviceSampler
-
-start_collector = pytest.importorskip("collector.testing").start_collector
 
 
 def _poll(h, sql, pred, timeout_s=20.0):

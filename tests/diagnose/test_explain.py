@@ -116,6 +116,7 @@ def test_relative_and_iso_windows(store, capsys):
     assert 280 < doc["tail"]["n"] < 320  # 10 req/s for 30 s
 
 
+@pytest.mark.integration
 def test_the_same_report_through_a_live_collector(tmp_path):
     from collector.testing import start_collector
     from diagnose import api_query
@@ -322,6 +323,7 @@ def test_engine_phases_kept_off_say_why_from_the_recorded_deployment(tmp_path, c
     assert "not measured (vLLM ran with --disable-log-stats and TAILTRACE_ENGINE_STATS=off" in out, out
 
 
+@pytest.mark.integration
 def test_a_reader_that_leaves_early_ends_it_quietly(store):
     """`tailtrace explain | head -1`: the reader is gone when explain writes (here before it starts, so
     that no timing decides it); explain (rich's console) then ends as `tailtrace sql ... | head` does:

@@ -15,8 +15,7 @@ import json
 
 import pytest
 
-from tests.conftest import module_vllm
-from tests.helpers import poll_sql, sql
+from tests.helpers import module_vllm, poll_sql, sql
 
 pytestmark = pytest.mark.slow
 

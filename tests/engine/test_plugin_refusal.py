@@ -145,6 +145,7 @@ def test_the_refusal_line_survives_a_root_logger_at_error(fresh_loader, monkeypa
     assert len(_our_lines(caplog)) == 1 and "found vLLM 0.29.0" in _our_lines(caplog)[0], _our_lines(caplog)
 
 
+@pytest.mark.integration
 def test_a_refusal_is_counted_in_the_store(fresh_loader, monkeypatch, tmp_path):
     """A refused vLLM start reaches the collector as one `tailtrace.plugin.refusals` point (OTLP/HTTP,
     a real collector), naming the version and the reason; vLLM's start does not wait for it."""

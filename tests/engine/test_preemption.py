@@ -11,9 +11,8 @@ import pytest
 
 from chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
 from plumbing.procs import free_port, start_process, stop_process, wait_http
-from tests.conftest import module_vllm, native_tracing
 from tests.engine.test_vllm_plugin import _stream
-from tests.helpers import poll_sql, sql
+from tests.helpers import module_vllm, native_tracing, poll_sql, sql
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +22,7 @@ def small_kv_server(tiny_model_dir, session_collector, tmp_path_factory):
     # 40 blocks of 32 tokens = 1,280 tokens of KV cache for 8 requests of 400 tokens each: the
     # engine `tailtrace chaos kv-pressure` starts (one definition, in its registry entry)
     # vLLM's own tracing on too: its llm_request span beside the plugin's (the preemption case below)
-    args, env = native_tracing(session_collector.otlp_url) if session_collector else ([], {})
+    args, env = native_tracing(session_collector.otlp_url)
     with module_vllm(tiny_model_dir, session_collector, tmp_path_factory, "vllm-small-kv", decode_spans="off",
                      extra_args=[*EXPERIMENTS["kv-pressure"].vllm_args, *args], env=env) as (url, _):
         yield url

@@ -49,6 +49,7 @@ def _edit(path: Path, pattern: str, replacement: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+@pytest.mark.integration
 def test_the_installed_vllm_source_passes(installed_source):
     report = vllm_compat.check_source(installed_source)
     assert report.ok, (report.version, report.version_problem, report.problems)
@@ -58,6 +59,7 @@ def test_the_installed_vllm_source_passes(installed_source):
     assert "OK: every hook point matches" in res.stdout and report.version in res.stdout
 
 
+@pytest.mark.integration
 def test_a_mutated_signature_fails_naming_the_hook(installed_source, tmp_path):
     copy = _copy_read_files(installed_source, tmp_path / "src")
     assert vllm_compat.check_source(copy).ok, "the copy alone must still pass"
@@ -87,6 +89,7 @@ def test_a_middleware_hook_no_longer_called_from_its_module_fails(installed_sour
     assert len(problems) == 1 and "init_entrypoints_middleware is no longer called" in problems[0], problems
 
 
+@pytest.mark.integration
 def test_a_version_outside_the_range_is_refused(installed_source, tmp_path):
     copy = _copy_read_files(installed_source, tmp_path / "src")
     (copy / "vllm/_version.py").write_text("__version__ = version = '0.34.0'\n")

@@ -29,10 +29,9 @@ SHAPES = [(40, 7), (300, 16), (120, 5), (77, 12), (512, 3), (9, 20), (200, 9), (
 def native_server(tiny_model_dir, session_collector, tmp_path_factory):
     """Plain vLLM (no tailtrace plugin), its own tracing exported over OTLP/gRPC (vLLM's default
     protocol) to the session collector's gRPC receiver; (base URL, start time in ns, ready time in ns)."""
-    if session_collector is None or session_collector.grpc_target is None:
-        pytest.skip("the collector part (with its gRPC receiver) is missing")
+    assert session_collector.grpc_target is not None  # the session collector runs its gRPC receiver
     from plumbing.procs import stop_process
-    from tests.conftest import start_test_vllm
+    from tests.helpers import start_test_vllm
 
     log = tmp_path_factory.mktemp("vllm-native") / "vllm.log"
     t0 = time.time_ns()

@@ -104,6 +104,7 @@ def check_ports_and_mounts(doc: dict, name: str, ports: list[int], base: Path) -
             assert src in doc["volumes"], f"{name} uses undeclared volume {src}"
 
 
+@pytest.mark.integration
 def test_docker_compose_config_accepts_it():
     check_compose_config(COMPOSE)
 

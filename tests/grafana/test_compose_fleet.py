@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 from test_compose import (
     ROOT,
@@ -34,6 +35,7 @@ def _argv(svc) -> list[str]:
     return [_interpolate(a) for a in (svc.get("entrypoint") or []) + (svc.get("command") or [])]
 
 
+@pytest.mark.integration
 def test_docker_compose_config_accepts_it():
     check_compose_config(COMPOSE, ENV)
 

@@ -36,6 +36,7 @@ gen = _load_generator()
 REQUIRED = {(p, q) for p in ("ttft", "tpot", "e2e", "queue") for q in (0.99, 0.999)}
 
 
+@pytest.mark.integration
 def test_committed_files_equal_generated():
     files = gen.render()
     for rel, text in files.items():

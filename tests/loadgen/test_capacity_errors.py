@@ -47,6 +47,7 @@ def test_a_target_that_is_down(tmp_path):
         _probe(f"http://127.0.0.1:{free_port()}", tmp_path)
 
 
+@pytest.mark.integration
 def test_every_probe_request_failing(slow_stub, tmp_path):
     # the stub answers 404 under this prefix: every completion fails
     with pytest.raises(UserError, match=r"every capacity probe request failed \(http_4xx: HTTP 404"):

@@ -74,6 +74,7 @@ def stub(tmp_path):
         stop_process(proc)
 
 
+@pytest.mark.integration
 def test_replay_exports_its_spans_between_trains_of_writes_not_within_them(stub, tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor

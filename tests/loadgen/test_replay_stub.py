@@ -60,6 +60,7 @@ def _max_overlap(records):
     return best
 
 
+@pytest.mark.integration
 def test_open_loop_spans_and_traceparent(stub, tmp_path):
     prov, exp = _provider()
     res = run_replay(ReplayConfig(trace=_trace(tmp_path), target=stub, tracer_provider=prov, jitter="none",
@@ -225,6 +226,7 @@ def test_progress_off_a_terminal_is_a_plain_line_per_interval(stub, tmp_path, ca
     assert res.summary.completed == 30
 
 
+@pytest.mark.integration
 def test_schedule_lag_is_measured_at_the_write(tmp_path):
     """The lag ends when the request's last byte was handed to the kernel, not when the client
     began the request: the receiver stops reading for 400 ms once a request's head arrived, so
@@ -263,6 +265,7 @@ def test_schedule_lag_is_measured_at_the_write(tmp_path):
     assert res.summary.schedule_lag_ms["p50"] >= hold_ms - 1.0
 
 
+@pytest.mark.integration
 def test_a_burst_is_written_in_schedule_order_where_the_receiver_sees_it(tmp_path):
     """The lag's definition, against the independent receiver's kernel receive timestamps (not
     timed: nothing here bounds the lag). 40 requests within 50 ms, some on one instant. Each

@@ -18,7 +18,12 @@ Which span goes where (the contract of DESIGN.md and instrument/semconv.py):
 - vLLM's own `llm_request` span (its tracing, `--otlp-traces-endpoint`; no `tailtrace.phase`) gets
   the phase `vllm_request` and a fact of its `gen_ai.latency.*` values (seconds). A latency that is
   missing, not a number, not finite or negative is stored NULL (the span is kept) and counted
-  (`Batch.bad_native_spans`, with a warning in `Batch.warnings`).
+  (`Batch.bad_native_spans`, with a warning in `Batch.warnings`);
+- other engines' own spans (SGLang, TensorRT-LLM, TGI: collector/processor/engines/) get their phase
+  and facts from their engine's module; SGLang's decode steps go to `_native_steps` (-> decode_steps),
+  TGI's batches to `engine_steps` (and `spans`). A span missing what its engine always sends is kept,
+  those columns NULL, and counted (`bad_native_spans`); a duration refused on its own (a TGI
+  string in no known unit) is counted in `refused_values` and named in `warnings`.
 
 A span's attributes reach the typed columns through its *state*: a list of `N_SLOTS` values
 (`new_state()`), one slot per typed column an attribute feeds (`attribute_slots`). Pure: no I/O,
@@ -35,7 +40,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from collector.processor.arrow_tables import arr_values, table_from_dicts, table_from_rows
-from collector.store.tables import DECODE_ARRAYS, ENGINE_STEPS, REQUEST_SPANS, SPANS
+from collector.processor.engines import Mapped, NativeSpan, classify
+from collector.store.tables import DECODE_ARRAYS, ENGINE_STEPS, NATIVE_STEPS, REQUEST_SPANS, SPANS
+from semantics import engines as en
 from semantics import semconv as sc
 
 __all__ = [
@@ -76,9 +83,13 @@ FACT_PHASES = frozenset({
     sc.PHASE_VLLM_REQUEST,  # vLLM's own llm_request span (the collector gives it this phase)
     sc.PHASE_FRONTEND, sc.PHASE_QUEUE, sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE,
     sc.PHASE_NETWORK,  # gateway.stream: its end is the gateway's last byte out (critical path)
+    *en.NATIVE_ROOT_PHASES, en.PHASE_SGLANG_QUEUE, en.PHASE_SGLANG_FRONTEND,  # other engines' own spans
 })
 # The phases whose span is a root of its layer: without a status attribute, an OK span is "ok".
-ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_VLLM_REQUEST})
+ROOT_PHASES = frozenset({sc.PHASE_ENGINE, sc.PHASE_CLIENT, sc.PHASE_GATEWAY, sc.PHASE_VLLM_REQUEST,
+                         *en.NATIVE_ROOT_PHASES})
+# the roots whose fact carries the native latency columns (queue_s, prefill_s, decode_s, e2e_s)
+_NATIVE_ROOTS = frozenset({sc.PHASE_VLLM_REQUEST, *en.NATIVE_ROOT_PHASES})
 
 _ENGINE, _ENGINE_STEP, _NATIVE = sc.PHASE_ENGINE, sc.PHASE_ENGINE_STEP, sc.PHASE_VLLM_REQUEST
 _CLIENT = sc.PHASE_CLIENT
@@ -91,10 +102,11 @@ class Batch:
     table whose last column `_src` is the index into `keys` of the span the row came from (span
     tables only). `keys[i]` = trace_id bytes + span_id bytes of span i (for de-duplication).
     `rejected` counts records refused, `errors` says why (the first few). `bad_native_spans` counts
-    vLLM `llm_request` spans kept with a latency attribute missing or not a number (those columns
-    NULL), `impossible_values` the durations refused on other spans (a client's negative or
-    non-finite TTFT or queue: stored NULL, never entered into a quantile), `warnings` says which
-    (the first few)."""
+    engines' own spans kept with a latency attribute missing or not a number (vLLM's `llm_request`,
+    SGLang's, TensorRT-LLM's, TGI's: those columns NULL), `impossible_values` the durations refused on
+    other spans (a client's negative or non-finite TTFT or queue: stored NULL, never entered into a
+    quantile), `refused_values` an engine's values refused one by one (a TGI duration string in no
+    known unit: that phase NULL, never 0), `warnings` says which (the first few)."""
 
     tables: dict[str, pa.Table] = field(default_factory=dict)
     keys: list[bytes] = field(default_factory=list)
@@ -103,6 +115,7 @@ class Batch:
     accepted: int = 0
     bad_native_spans: int = 0
     impossible_values: int = 0
+    refused_values: int = 0
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -200,6 +213,8 @@ S_REJECT = 37  # _request_spans.rejection (tailtrace.rejection: the admission li
 N_SLOTS = 38
 _EMPTY_STATE = [None] * N_SLOTS
 _NO_NATIVE = (None, None, None, None)
+# a part-fact's columns after the native latencies (client_queue_ms, rejection, ...): NULL
+_PART_TAIL = (None,) * (len(REQUEST_SPANS.columns) - REQUEST_SPANS.names.index("e2e_s") - 1)
 
 # key -> (slot, converter): how an attribute feeds the typed columns
 _KEY_OPS: dict[str, tuple] = {
@@ -325,7 +340,7 @@ class TraceBatchBuilder:
     same values). Not thread-safe: one request, one thread.
     """
 
-    __slots__ = ("_arrays", "_bulk", "_facts", "_spans", "_steps", "batch", "keys")
+    __slots__ = ("_arrays", "_bulk", "_facts", "_native_steps", "_spans", "_steps", "batch", "keys")
 
     def __init__(self, *, bulk_arrays: bool = True):
         self.batch = Batch()
@@ -335,6 +350,7 @@ class TraceBatchBuilder:
         self._steps: list[tuple] = []
         self._facts: list[tuple] = []
         self._arrays: list[tuple] = []
+        self._native_steps: list[tuple] = []
 
     def add(self, sp, svc: str | None, host: str | None, resource_json: str, scope: str | None,
             attributes_json: str, events: str | None, state: list) -> str | None:
@@ -361,11 +377,19 @@ class TraceBatchBuilder:
         phase = state[S_PHASE]
         if phase == _CLIENT:
             self._check_durations(sp, state, _CLIENT_DURATIONS)
-        if phase is None and sp.name == sc.SPAN_VLLM_REQUEST:
-            phase = _NATIVE
-            self._check_native(sp, state)
-            if state[S_RID] is None:
-                state[S_RID] = state[S_GEN_AI_RID]
+        mapped = None
+        if phase is None:
+            mapper = classify(sp.name, scope, svc)
+            if mapper is not None:
+                mapped = mapper(NativeSpan(sp.name, scope, svc, start, end, json.loads(attributes_json), events))
+            if mapped is not None:
+                phase = mapped.phase
+                self._apply(sp, state, mapped, svc)
+            elif sp.name == sc.SPAN_VLLM_REQUEST:
+                phase = _NATIVE
+                self._check_native(sp, state)
+                if state[S_RID] is None:
+                    state[S_RID] = state[S_GEN_AI_RID]
         if phase == _ENGINE_STEP:
             self._steps.append((end, svc, state[S_STEP], state[S_RUNNING], state[S_WAITING], state[S_BS],
                                 state[S_PF], state[S_DC], state[S_STEPMS], state[S_KV], state[S_PREEMPT],
@@ -379,6 +403,8 @@ class TraceBatchBuilder:
         self._spans.append((th, sh, p.hex() if p else None, sp.name, _KINDS[k] if 0 <= k < 6 else str(k), svc,
                             start, end, dur, _STATUS[c] if 0 <= c < 3 else str(c), st.message or None, phase,
                             attributes_json, resource_json, events, scope, idx))
+        if mapped is not None:
+            self._mapped_rows(mapped, th, sh, start, end, svc, host, idx)
         if phase not in FACT_PHASES:
             return None
         status = state[S_STATUS]
@@ -389,7 +415,7 @@ class TraceBatchBuilder:
                             state[S_CACHED], state[S_PREEMPT], state[S_FINISH], state[S_TTFT], state[S_PRIO],
                             state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
                             state[S_FIRST], *((state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE],
-                                               state[S_NE2E]) if phase == _NATIVE else _NO_NATIVE),
+                                               state[S_NE2E]) if phase in _NATIVE_ROOTS else _NO_NATIVE),
                             state[S_CQUEUE], state[S_REJECT], idx))
         if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                  or state[S_APF] is not None or state[S_ADC] is not None
@@ -397,6 +423,47 @@ class TraceBatchBuilder:
             self._arrays.append((th, state[S_RID], state[S_AT], state[S_ABS], state[S_APF], state[S_ADC],
                                  state[S_AKV], idx))
         return None
+
+    def _apply(self, sp, state: list, m: Mapped, svc: str | None) -> None:
+        """An engine's mapped span (collector/processor/engines/): its fact values into `state` (every
+        native latency slot of a root set, None where the engine sent none), what was missing or
+        refused counted and named in `warnings` (the first five)."""
+        v = m.values
+        if m.phase in _NATIVE_ROOTS:
+            state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE], state[S_NE2E], state[S_TTFT] = (
+                v.get("queue_s"), v.get("prefill_s"), v.get("decode_s"), v.get("e2e_s"), v.get("ttft_s"))
+            state[S_RID] = state[S_RID] or v.get("request_id")
+            state[S_MRESP] = v.get("model") or state[S_MRESP]
+            for slot, key in ((S_PROMPT, "prompt_tokens"), (S_OUT, "output_tokens"), (S_CACHED, "cached_tokens"),
+                              (S_FINISH, "finish_reason")):
+                state[slot] = v.get(key)
+        state[S_PREEMPT] = v.get("preemptions")
+        b = self.batch
+        if m.missing:
+            b.bad_native_spans += 1
+            if len(b.warnings) < 5:
+                b.warnings.append(f"{m.phase} span {sp.span_id.hex()} {sp.name!r} of {svc!r}: {', '.join(m.missing)} "
+                                  "missing or not a number (stored; those requests columns NULL)")
+        for key, val in m.refused:
+            b.refused_values += 1
+            if len(b.warnings) < 5:
+                b.warnings.append(f"{m.phase} span {sp.span_id.hex()} {sp.name!r}: {key}={val!r} refused: not a "
+                                  "duration in s, ms, \u00b5s or ns (stored NULL, never 0)")
+
+    def _mapped_rows(self, m: Mapped, th: str, sh: str, start: int, end: int, svc, host, idx: int) -> None:
+        """The extra rows of an engine's mapped span: its part-facts, its decode step, its engine step."""
+        for phase, dur_ms, preemptions in m.parts:
+            self._facts.append((th, sh, phase, start, start + round(dur_ms * 1e6), dur_ms, svc, None, None, None,
+                                None, None, None, None, preemptions, None, None, None, None, None, None, None,
+                                host, None, *_NO_NATIVE, *_PART_TAIL, idx))
+        if m.step is not None:
+            s = m.step
+            self._native_steps.append((th, None, s["token_index"], end, s["itl_ms"], s["batch_size"], None, None,
+                                       None, None, svc, idx))
+        if m.engine_step is not None:
+            e = m.engine_step
+            self._steps.append((end, svc, None, None, None, e["batch_size"], None, None, e["step_ms"], None, None,
+                                th, sh, idx))
 
     def _check_durations(self, sp, state: list, slots: tuple) -> None:
         """Durations (ms) a span reports that cannot be true (negative, NaN, infinite) become None and
@@ -434,7 +501,7 @@ class TraceBatchBuilder:
         b = self.batch
         b.accepted = len(self.keys)
         for spec, rows in ((SPANS, self._spans), (ENGINE_STEPS, self._steps), (REQUEST_SPANS, self._facts),
-                           (DECODE_ARRAYS, self._arrays)):
+                           (DECODE_ARRAYS, self._arrays), (NATIVE_STEPS, self._native_steps)):
             if rows:
                 b.tables[spec.name] = table_from_rows(spec, rows, src=True, bulk_arrays=self._bulk)
         return b

@@ -63,9 +63,12 @@ def new_stats() -> dict[str, int]:
     """A receiver's counters: `requests` converted, records `accepted` (committed) and `rejected`
     (partial_success), `errors` (requests refused as bad or failed; admission refusals are the
     limiter's `refused`), `bad_native_spans` (vLLM `llm_request` spans stored with a latency
-    attribute missing or not a number: their `requests` columns NULL), `impossible_values` (durations
-    a span reported that cannot be true, a negative TTFT say: stored NULL)."""
-    return {"requests": 0, "accepted": 0, "rejected": 0, "errors": 0, "bad_native_spans": 0, "impossible_values": 0}
+    attribute missing or not a number: their `requests` columns NULL; so are SGLang's, TensorRT-LLM's
+    and TGI's own spans missing what their engine always sends), `impossible_values` (durations a span
+    reported that cannot be true, a negative TTFT say: stored NULL), `refused_values` (an engine's
+    values refused one by one: a TGI duration string in no unit Rust prints; stored NULL, never 0)."""
+    return {"requests": 0, "accepted": 0, "rejected": 0, "errors": 0, "bad_native_spans": 0, "impossible_values": 0,
+            "refused_values": 0}
 
 
 async def export_request(store, kind: str, body: bytes, is_json: bool, stats: dict[str, int]):
@@ -92,6 +95,7 @@ async def export_request(store, kind: str, body: bytes, is_json: bool, stats: di
     stats["rejected"] += batch.rejected
     stats["bad_native_spans"] += batch.bad_native_spans
     stats["impossible_values"] += batch.impossible_values
+    stats["refused_values"] += batch.refused_values
     resp = sig.response_cls()
     if batch.rejected:
         setattr(resp.partial_success, sig.rejected_field, batch.rejected)

@@ -27,12 +27,18 @@ from __future__ import annotations
 from collector.store import latency_histogram, step_rollup, totals
 from collector.store.schema import DECODE_STEP_SQL
 from collector.store.step_histogram import ENGINE_META_JOIN, step_histogram_select
-from collector.store.tables import DECODE_ARRAYS, PENDING_ENGINE_STEPS, PENDING_STEPS
+from collector.store.tables import (
+    DECODE_ARRAYS,
+    NATIVE_STEPS,
+    PENDING_ENGINE_STEPS,
+    PENDING_NATIVE_STEPS,
+    PENDING_STEPS,
+)
 
 __all__ = ["STAGED", "derive", "has_rows", "pending", "stage_steps"]
 
 #: batch table -> the staging table a commit appends it to
-STAGED = {"engine_steps": PENDING_ENGINE_STEPS.name}
+STAGED = {"engine_steps": PENDING_ENGINE_STEPS.name, NATIVE_STEPS.name: PENDING_NATIVE_STEPS.name}
 
 _ARRAY_COLUMNS = ", ".join(f"s.{c}" for c in DECODE_ARRAYS.names)
 
@@ -55,7 +61,7 @@ def has_rows(con, table: str) -> bool:
 
 def pending(con) -> bool:
     """True when a staging table holds rows (a store stopped by `kill -9` before its pass)."""
-    return any(has_rows(con, t.name) for t in (PENDING_STEPS, PENDING_ENGINE_STEPS))
+    return any(has_rows(con, t.name) for t in (PENDING_STEPS, PENDING_ENGINE_STEPS, PENDING_NATIVE_STEPS))
 
 
 _EXPLODE = f"""CREATE OR REPLACE TEMP TABLE _steps AS
@@ -82,12 +88,17 @@ def derive(con):
     which the writer merges step_histogram's and step_rollup's partial counts. Raises duckdb.Error
     (the caller rolls back: the staged rows stay staged)."""
     first = None
-    if has_rows(con, PENDING_STEPS.name):
-        for stmt in _STEPS:
+    native = has_rows(con, PENDING_NATIVE_STEPS.name)
+    if native or has_rows(con, PENDING_STEPS.name):
+        con.execute(_STEPS[0])
+        if native:  # an engine's own per-token steps (SGLang's decode_loop): counted with the rest
+            con.execute(f"INSERT INTO _steps BY NAME SELECT * FROM {PENDING_NATIVE_STEPS.name}")
+        for stmt in _STEPS[1:]:
             con.execute(stmt)
         first = con.execute("SELECT date_trunc('minute', min(time)) FROM _steps").fetchone()[0]
         con.execute("DROP TABLE _steps")
         con.execute(f"DELETE FROM {PENDING_STEPS.name}")
+        con.execute(f"DELETE FROM {PENDING_NATIVE_STEPS.name}")
     if has_rows(con, PENDING_ENGINE_STEPS.name):
         for stmt in _ENGINE:
             con.execute(stmt)

@@ -483,7 +483,7 @@ class DuckDBStore:
         window.update(seen)
         if "_request_spans" in parts:
             self._dirty = True
-        if "_decode_arrays" in parts or "engine_steps" in parts:
+        if "_decode_arrays" in parts or "engine_steps" in parts or "_native_steps" in parts:
             self._staged = True
         self.stats["committed_rows"] += stored
         self.stats["duplicates"] += dups

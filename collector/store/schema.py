@@ -8,8 +8,19 @@ from __future__ import annotations
 
 from collector.store import clock, latency_histogram, totals
 from collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
+from semantics import engines as en
 from semantics import semconv as sc
-from semantics.catalog import CLIENT_LEFT_STATUSES, DERIVED, SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, STATUS_REJECTED, sql_in
+from semantics.catalog import (
+    CLIENT_LEFT_STATUSES,
+    DERIVED,
+    SOURCE_PLUGIN,
+    SOURCE_SGLANG,
+    SOURCE_TGI,
+    SOURCE_TRTLLM,
+    SOURCE_VLLM_NATIVE,
+    STATUS_REJECTED,
+    sql_in,
+)
 
 __all__ = [
     "COLD_STARTS_VIEW",
@@ -101,6 +112,12 @@ def _p(phase: str) -> str:
     return f"phase = '{phase}'"
 
 
+# The engines' own root spans (N): vLLM's llm_request and SGLang's, TensorRT-LLM's and TGI's roots
+# (collector/processor/engines/), each with the `source` its row names
+_NATIVE_SOURCES = ((sc.PHASE_VLLM_REQUEST, SOURCE_VLLM_NATIVE), (en.PHASE_SGLANG_REQUEST, SOURCE_SGLANG),
+                   (en.PHASE_TRTLLM_REQUEST, SOURCE_TRTLLM), (en.PHASE_TGI_REQUEST, SOURCE_TGI))
+_N = f"phase IN {sql_in(tuple(p for p, _ in _NATIVE_SOURCES))}"
+
 _PLUGIN_ENGINE_PHASES = ", ".join(f"'{p}'" for p in (sc.PHASE_ENGINE, sc.PHASE_FRONTEND, sc.PHASE_QUEUE,
                                                     sc.PHASE_PREFILL, sc.PHASE_PREEMPTED, sc.PHASE_DECODE))
 
@@ -157,8 +174,8 @@ PER_TRACE_AGGREGATES = f"""
         max(start_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_last_start,
         count(*) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_attempts,
         max(start_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_last_start,
-        count(*) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_attempts,
-        max(start_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_last_start,
+        count(*) FILTER (WHERE {_N}) AS n_attempts,
+        max(start_ns) FILTER (WHERE {_N}) AS n_last_start,
         arg_max(finish_reason, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS finish_reason,
         arg_max(prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS prompt_tokens,
         arg_max(output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS output_tokens,
@@ -179,22 +196,31 @@ PER_TRACE_AGGREGATES = f"""
         arg_max(host, end_ns) FILTER (WHERE {_p(sc.PHASE_ENGINE)}) AS r_host,
         -- the gateway's first byte out (gateway.stream's first chunk, stamped before its write)
         min(first_byte_ns) FILTER (WHERE {_p(sc.PHASE_NETWORK)}) AS g_first,
-        -- vLLM's own llm_request span (N): its latencies in seconds, NULL where missing or bad
-        arg_max(start_ns, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_start,
-        arg_max(f.request_id, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_request_id,
-        arg_max(status, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_status,
-        arg_max(service_name, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_svc,
-        arg_max(f.prompt_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_prompt_tokens,
-        arg_max(f.output_tokens, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_output_tokens,
-        arg_max(f.ttft_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_ttft_s,
-        arg_max(queue_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_queue_s,
-        arg_max(prefill_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_prefill_s,
-        arg_max(decode_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_decode_s,
-        arg_max(e2e_s, end_ns) FILTER (WHERE {_p(sc.PHASE_VLLM_REQUEST)}) AS n_e2e_s,
+        -- an engine's own root span (N): its latencies in seconds, NULL where missing or bad
+        arg_max(start_ns, end_ns) FILTER (WHERE {_N}) AS n_start,
+        arg_max(f.request_id, end_ns) FILTER (WHERE {_N}) AS n_request_id,
+        arg_max(status, end_ns) FILTER (WHERE {_N}) AS n_status,
+        arg_max(service_name, end_ns) FILTER (WHERE {_N}) AS n_svc,
+        arg_max(f.prompt_tokens, end_ns) FILTER (WHERE {_N}) AS n_prompt_tokens,
+        arg_max(f.output_tokens, end_ns) FILTER (WHERE {_N}) AS n_output_tokens,
+        arg_max(f.ttft_s, end_ns) FILTER (WHERE {_N}) AS n_ttft_s,
+        arg_max(queue_s, end_ns) FILTER (WHERE {_N}) AS n_queue_s,
+        arg_max(prefill_s, end_ns) FILTER (WHERE {_N}) AS n_prefill_s,
+        arg_max(decode_s, end_ns) FILTER (WHERE {_N}) AS n_decode_s,
+        arg_max(e2e_s, end_ns) FILTER (WHERE {_N}) AS n_e2e_s,
+        arg_max(phase, end_ns) FILTER (WHERE {_N}) AS n_phase,
+        arg_max(f.cached_tokens, end_ns) FILTER (WHERE {_N}) AS n_cached_tokens,
+        arg_max(f.finish_reason, end_ns) FILTER (WHERE {_N}) AS n_finish_reason,
+        -- an engine's measured parts (ms): SGLang's tokenize/dispatch and prefill_waiting slices, TGI's
+        -- validation_time and inference_time; SGLang's retractions (0 once its scheduler's spans arrived)
+        sum(duration_ms) FILTER (WHERE phase IN {sql_in(en.NATIVE_FRONTEND_PHASES)}) AS n_frontend_ms,
+        sum(duration_ms) FILTER (WHERE phase IN {sql_in(en.NATIVE_QUEUE_PHASES)}) AS n_wait_ms,
+        sum(duration_ms) FILTER (WHERE phase IN {sql_in(en.NATIVE_INFERENCE_PHASES)}) AS n_inference_ms,
+        sum(f.preemptions) FILTER (WHERE phase IN {sql_in(en.NATIVE_SCHED_PHASES)}) AS n_preemptions,
         -- any span of the plugin's engine layer: then the row comes from the plugin, never from N
         count(*) FILTER (WHERE phase IN ({_PLUGIN_ENGINE_PHASES})) AS plugin_spans,
-        count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}',
-                                         '{sc.PHASE_VLLM_REQUEST}')) AS roots
+        count(*) FILTER (WHERE phase IN ('{sc.PHASE_CLIENT}', '{sc.PHASE_GATEWAY}', '{sc.PHASE_ENGINE}')
+                         OR {_N}) AS roots
 """
 _PER_TRACE_TEMPLATE = f"""
 WITH f AS (
@@ -223,9 +249,19 @@ WITH {{offsets}}, x AS (
             CASE WHEN native THEN n_prompt_tokens ELSE prompt_tokens END AS prompt_tokens,
             CASE WHEN native THEN n_output_tokens ELSE output_tokens END AS output_tokens,
             CASE WHEN native THEN n_ttft_s ELSE ttft_s END AS ttft_s,
-            CASE WHEN native THEN n_queue_s * 1000 ELSE queue_ms END AS queue_ms,
-            CASE WHEN native THEN n_prefill_s * 1000 ELSE prefill_ms END AS prefill_ms,
-            CASE WHEN native THEN n_decode_s * 1000 ELSE decode_ms END AS decode_ms),
+            CASE WHEN native THEN coalesce(n_queue_s * 1000, n_wait_ms) ELSE queue_ms END AS queue_ms,
+            -- SGLang's prefill runs from dispatch to the first token, its queue included: less its
+            -- prefill_waiting slice (not measured until that slice is there; never negative)
+            CASE WHEN NOT native THEN prefill_ms
+                 WHEN n_phase <> '{en.PHASE_SGLANG_REQUEST}' THEN n_prefill_s * 1000
+                 WHEN n_prefill_s * 1000 - n_wait_ms >= 0 THEN n_prefill_s * 1000 - n_wait_ms END AS prefill_ms,
+            CASE WHEN native THEN n_decode_s * 1000 ELSE decode_ms END AS decode_ms,
+            CASE WHEN native THEN n_frontend_ms ELSE frontend_ms END AS frontend_ms,
+            CASE WHEN native THEN n_cached_tokens ELSE cached_tokens END AS cached_tokens,
+            CASE WHEN native THEN n_finish_reason ELSE finish_reason END AS finish_reason,
+            CASE WHEN native THEN n_preemptions ELSE preemptions END AS preemptions),
+        -- prefill and decode together, where the engine does not split them (TGI's inference_time)
+        CASE WHEN native THEN n_inference_ms END AS inference_ms,
         CASE WHEN native THEN n_e2e_s * 1000 ELSE r END AS e,
         CASE WHEN native THEN n_start ELSE r_start END AS e_start,
         coalesce(nullif(g_attempts, 0), nullif(CASE WHEN native THEN n_attempts ELSE r_attempts END, 0)) AS attempts,
@@ -233,7 +269,8 @@ WITH {{offsets}}, x AS (
         -- the client's own wait before it sent (a --concurrency-cap slot): part of what its user felt
         CASE WHEN c IS NOT NULL THEN greatest(coalesce(c_queue, 0), 0) END AS cq,
         CASE WHEN plugin_spans > 0 THEN '{SOURCE_PLUGIN.key}'
-             WHEN native THEN '{SOURCE_VLLM_NATIVE.key}' END AS source
+             WHEN native THEN CASE n_phase {" ".join(f"WHEN '{p}' THEN '{src.key}'" for p, src in _NATIVE_SOURCES)} END
+             END AS source
     FROM (SELECT *, plugin_spans = 0 AND n_start IS NOT NULL AS native FROM {{agg}})
 ), h AS (
     -- Critical-path hops, each bounded by its own layers' timestamps (DESIGN.md): departures are
@@ -306,14 +343,14 @@ SELECT
     CASE WHEN coalesce(c_status, g_status, r_status) IN {sql_in(CLIENT_LEFT_STATUSES)} THEN NULL ELSE
     coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
         + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
-        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0)) END AS unattributed_ms,
+        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0) + coalesce(inference_ms, 0)) END AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
     CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
     e AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,
     CASE WHEN cq IS NULL AND a IS NULL AND queue_ms IS NULL AND b2.preempted_ms IS NULL THEN NULL
          ELSE coalesce(cq, 0) + coalesce(a, 0) + coalesce(queue_ms, 0) + coalesce(b2.preempted_ms, 0) END
         AS queue_time_ms,
-    CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN NULL
+    CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN inference_ms
          ELSE coalesce(prefill_ms, 0) + coalesce(decode_ms, 0) END AS service_time_ms,
     coalesce(r_svc, g_svc, c_svc) AS service_name, priority, run_id, lag AS schedule_lag_ms,
     network_in_ms, network_out_ms, gateway_after_ms, upstream, source,

@@ -32,7 +32,9 @@ __all__ = [
     "ENGINE_TOTALS",
     "LATENCY_HISTOGRAM",
     "METRIC_POINTS",
+    "NATIVE_STEPS",
     "PENDING_ENGINE_STEPS",
+    "PENDING_NATIVE_STEPS",
     "PENDING_STEPS",
     "REQUESTS",
     "REQUEST_SPANS",
@@ -258,13 +260,20 @@ DECODE_ARRAYS = _table("_decode_arrays", [
 # request's service and model, and the engine steps, whose rollups are then counted in one statement
 # per table over everything staged instead of once per commit.
 PENDING_STEPS = TableSpec("_pending_steps", (*DECODE_ARRAYS.columns, Column("service_name", _S), Column("model", _S)))
+# Not stored: decode steps an engine reports one span each (SGLang's `decode_loop`:
+# collector/processor/engines/sglang.py), already per token: decode_steps' columns and the engine's
+# service, staged in `_pending_native_steps` and counted by the derive pass with the exploded arrays.
+NATIVE_STEPS = TableSpec("_native_steps", (*(Column(c.name, c.type) for c in DECODE_STEPS.columns),
+                                           Column("service_name", _S)), stored=False)
+
 PENDING_ENGINE_STEPS = TableSpec("_pending_engine_steps", ENGINE_STEPS.columns)
+PENDING_NATIVE_STEPS = TableSpec("_pending_native_steps", NATIVE_STEPS.columns)
 
 # Every stored table, in the order the DDL creates them.
 STORED_TABLES = (SPANS, ENGINE_STEPS, DECODE_STEPS, DEVICE_SAMPLES, METRIC_POINTS, REQUEST_SPANS,
                  STEP_HISTOGRAM, STEP_ROLLUP, LATENCY_HISTOGRAM, REQUEST_TOTALS, ENGINE_TOTALS, ENGINE_HISTOGRAM,
-                 CLOCK_OFFSETS, DIRTY_TRACES, REQUESTS, PENDING_STEPS, PENDING_ENGINE_STEPS)
+                 CLOCK_OFFSETS, DIRTY_TRACES, REQUESTS, PENDING_STEPS, PENDING_ENGINE_STEPS, PENDING_NATIVE_STEPS)
 # Every table, stored or not, by name.
-TABLES = {t.name: t for t in (*STORED_TABLES, DECODE_ARRAYS)}
+TABLES = {t.name: t for t in (*STORED_TABLES, DECODE_ARRAYS, NATIVE_STEPS)}
 assert all(t.stored for t in STORED_TABLES) and all(c.since <= SCHEMA_VERSION for t in STORED_TABLES
                                                     for c in t.columns)

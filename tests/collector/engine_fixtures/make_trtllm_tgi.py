@@ -1,0 +1,146 @@
+"""Write the TensorRT-LLM and TGI span fixtures (trtllm-1.x.otlp.bin, tgi-3.x.otlp.bin: length-prefixed
+OTLP protobuf bodies, as the OpenTelemetry SDK encodes them). Neither engine runs on this CPU machine,
+so the spans are built from the engines' source, cited per span below, with the OpenTelemetry SDK
+standing in for their exporters; the timings are ours. Not part of the test suite (tests read the
+.bin files). Regenerate: `.venv/bin/python tests/collector/engine_fixtures/make_trtllm_tgi.py`.
+
+TensorRT-LLM (NVIDIA/TensorRT-LLM @ 0fb7f7586fda3d4c584a608332c8d498a425d9b1,
+tensorrt_llm/llmapi/tracing.py: `init_tracer("trt.llm", endpoint)` (tensorrt_llm/serve/*), a plain
+`TracerProvider()` (no resource: service.name "unknown_service"), SpanAttributes keys; the span itself
+is made by GenerationResultBase.do_tracing (tensorrt_llm/executor/result.py): "llm_request",
+SpanKind.SERVER, started at the request's arrival, in the caller's trace context, with
+gen_ai.request.{temperature,top_p,top_k,max_tokens,n,id}, gen_ai.usage.{prompt,completion}_tokens,
+gen_ai.latency.{time_to_first_token,e2e,time_in_queue[,kv_cache_transfer_time]} (seconds) and the
+kv_cache_transfer_start/end events (as NVIDIA's design notes on the LLM API's tracing describe it; that
+file was not readable here at the pinned commit, so the finish reasons' encoding is an assumption: a
+string list).
+
+TGI (huggingface/text-generation-inference @ db931fcf42da018a3657580c64bf2720f167f9ab):
+router/src/logging.rs (opentelemetry-otlp 0.13 tonic pipeline, resource service.name from
+--otlp-service-name, default "text-generation-inference.router"; tracing-opentelemetry 0.21 layer,
+which adds code.filepath/namespace/lineno, thread.id/name and busy_ns/idle_ns to each span);
+router/src/server.rs `generate_stream` (#[instrument(skip_all, fields(parameters, total_time,
+validation_time, queue_time, inference_time, time_per_token, seed))], recorded with
+`format!("{x:?}")` of a Duration); backends/v3/src/queue.rs (`queued` per entry, a root `batch` span
+with batch_size for the prefill, `infer` per entry) and backend.rs (a root `batch` span with
+batch_size per decode step, an `infer` span per entry, linked by follows_from).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
+
+HERE = Path(__file__).parent
+MS = 1_000_000
+T0 = 1_796_400_000 * 10**9  # 2026-12-05T...Z
+
+
+def _parent(trace_hex: str, span_hex: str):
+    return trace.set_span_in_context(trace.NonRecordingSpan(SpanContext(
+        int(trace_hex, 16), int(span_hex, 16), is_remote=True, trace_flags=TraceFlags(1))))
+
+
+def _write(path: Path, exporter: InMemorySpanExporter) -> None:
+    body = encode_spans(exporter.get_finished_spans()).SerializeToString()
+    path.write_bytes(struct.pack(">I", len(body)) + body)
+    print(f"{path}: {len(exporter.get_finished_spans())} spans, {len(body)} bytes")
+
+
+def trtllm() -> None:
+    exp = InMemorySpanExporter()
+    provider = TracerProvider()  # tracing.init_tracer: TracerProvider() with no resource
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    tracer = provider.get_tracer("trt.llm")
+    reqs = [  # (traceparent ids or None, request id, arrival ms, queue s, ttft s, e2e s, tokens, kv transfer s)
+        (("4bf92f3577b34da6a3ce929d0e0e4737", "00f067aa0ba902b8"), "1001", 0, 0.0125, 0.0893, 0.6412, (128, 32), None),
+        (None, "1002", 40, 0.2031, 0.3120, 1.1004, (2048, 64), 0.0042),
+        (None, "1003", 80, None, 0.0950, 0.4000, (64, 16), None),  # time_in_queue missing: stored, counted
+    ]
+    for parent, rid, at_ms, q, ttft, e2e, (pt, ct), kv in reqs:
+        start = T0 + at_ms * MS
+        attrs = {"gen_ai.request.temperature": 0.7, "gen_ai.request.top_p": 0.95, "gen_ai.request.top_k": 50,
+                 "gen_ai.request.max_tokens": ct, "gen_ai.request.n": 1, "gen_ai.request.id": rid,
+                 "gen_ai.usage.prompt_tokens": pt, "gen_ai.usage.completion_tokens": ct,
+                 "gen_ai.latency.time_to_first_token": ttft, "gen_ai.latency.e2e": e2e,
+                 "gen_ai.response.finish_reasons": ["length"]}
+        if q is not None:
+            attrs["gen_ai.latency.time_in_queue"] = q
+        if kv is not None:
+            attrs["gen_ai.latency.kv_cache_transfer_time"] = kv
+        ctx = _parent(*parent) if parent else None
+        span = tracer.start_span("llm_request", context=ctx, kind=SpanKind.SERVER, attributes=attrs, start_time=start)
+        if kv is not None:
+            span.add_event("kv_cache_transfer_start", timestamp=start + 5 * MS)
+            span.add_event("kv_cache_transfer_end", timestamp=start + 5 * MS + round(kv * 1e9))
+        span.end(end_time=start + round(e2e * 1e9))
+    _write(HERE / "trtllm-1.x.otlp.bin", exp)
+
+
+def _rust_attrs(ns: str, path: str, line: int, busy: int, idle: int) -> dict:
+    return {"code.filepath": path, "code.namespace": ns, "code.lineno": line, "thread.id": 7,
+            "thread.name": "tokio-runtime-worker", "busy_ns": busy, "idle_ns": idle}
+
+
+def tgi() -> None:
+    exp = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.name": "text-generation-inference.router"}))
+    provider.add_span_processor(SimpleSpanProcessor(exp))
+    tracer = provider.get_tracer("opentelemetry-otlp", "0.13.0")
+    server = ("text_generation_router::server", "router/src/server.rs", 476)
+    # (traceparent, fields as the router records them, total ms, prefill batch size, decode batch sizes)
+    reqs = [
+        (("4bf92f3577b34da6a3ce929d0e0e4738", "00f067aa0ba902b9"),
+         {"total_time": "1.2431534s", "validation_time": "2.5ms", "queue_time": "350\u00b5s",
+          "inference_time": "1.2403s", "time_per_token": "77.51875ms", "seed": "None"}, 1243.1534, 1, (2, 2, 3)),
+        (None, {"total_time": "612.004ms", "validation_time": "1.000001ms", "queue_time": "35.2min",
+                "inference_time": "610.5ms", "time_per_token": "38.15625ms", "seed": "None"}, 612.004, 1, (2,)),
+        (None, {"total_time": "91.25ms", "validation_time": "0.75ms", "queue_time": "12ns"}, 91.25, None, ()),
+    ]
+    for k, (parent, fields, total_ms, prefill_bs, decode_bss) in enumerate(reqs):
+        start = T0 + k * 2000 * MS
+        ctx = _parent(*parent) if parent else None
+        root = tracer.start_span("generate_stream", context=ctx, start_time=start,
+                                 attributes={"parameters": "GenerateParameters { best_of: None, max_new_tokens: Some(16) }",
+                                             **fields, **_rust_attrs(*server, 900_000, round(total_ms * MS) - 900_000)})
+        rctx = trace.set_span_in_context(root)
+        q0 = start + 3 * MS
+        queued = tracer.start_span("queued", context=rctx, start_time=q0,
+                                   attributes=_rust_attrs("text_generation_router_v3::queue", "backends/v3/src/queue.rs",
+                                                          228, 1000, 340_000))
+        queued.end(end_time=q0 + 350_000)
+        t = q0 + 350_000
+        if prefill_bs is not None:
+            infer = tracer.start_span("infer", context=rctx, start_time=t, attributes=_rust_attrs(
+                "text_generation_router_v3::queue", "backends/v3/src/queue.rs", 427, 2000, 1000))
+            batch = tracer.start_span("batch", context=None, start_time=t, links=[Link(infer.get_span_context())],
+                                      attributes={"batch_size": prefill_bs, **_rust_attrs(
+                                          "text_generation_router_v3::queue", "backends/v3/src/queue.rs", 268, 70 * MS, 0)})
+            t += 70 * MS
+            batch.end(end_time=t)
+            infer.end(end_time=t)
+            for bs in decode_bss:
+                infer = tracer.start_span("infer", context=rctx, start_time=t, attributes=_rust_attrs(
+                    "text_generation_router_v3::backend", "backends/v3/src/backend.rs", 277, 2000, 1000))
+                batch = tracer.start_span("batch", context=None, start_time=t, links=[Link(infer.get_span_context())],
+                                          attributes={"batch_size": bs, **_rust_attrs(
+                                              "text_generation_router_v3::backend", "backends/v3/src/backend.rs", 274,
+                                              25 * MS, 0)})
+                t += 25 * MS
+                batch.end(end_time=t)
+                infer.end(end_time=t)
+        root.end(end_time=start + round(total_ms * MS))
+    _write(HERE / "tgi-3.x.otlp.bin", exp)
+
+
+if __name__ == "__main__":
+    trtllm()
+    tgi()

@@ -44,7 +44,7 @@ TILED = ("spans", "_request_spans", "requests", "decode_steps", "engine_steps", 
 # table(s) -> the store's statements recounting them from the tiled rows
 REBUILT = {("latency_histogram",): latency_histogram.REBUILD, ("request_totals",): totals.rebuild_requests(False),
            ("engine_totals", "engine_histogram"): totals.REBUILD_ENGINE}
-_EMPTY = ("_dirty_traces", "_pending_steps", "_pending_engine_steps")   # state that must be empty (derived, refreshed) before tiling
+_EMPTY = ("_dirty_traces", "_pending_steps", "_pending_engine_steps", "_pending_native_steps")   # state that must be empty (derived, refreshed) before tiling
 # every stored table is tiled, rebuilt or checked empty: a table added to the store must be placed here
 assert sorted((*TILED, *(t for ts in REBUILT for t in ts), *_EMPTY)) == sorted(t.name for t in STORED_TABLES)
 

@@ -36,7 +36,8 @@ def print_summary(summary: Summary, console=None, title: str = "replay") -> None
     t.add_row("client queue", *(_ms(s.client_queue_ms[q]) for q in ("p50", "p90", "p99", "p999")))
     console.print(t)
     lines = [
-        (f"requests {s.requests}: {s.completed} ok, {s.failed} failed, in {s.duration_s:.1f} s"
+        (f"requests {s.requests}: {s.completed} ok, {s.failed} failed"
+         + (f", {s.cancelled} cancelled (interrupted)" if s.cancelled else "") + f", in {s.duration_s:.1f} s"
          + (f" (offered {s.offered_rate:.2f} req/s)" if math.isfinite(s.offered_rate) else "")),
         f"throughput {s.throughput_rps:.2f} req/s, {s.output_tok_per_s:.0f} output tok/s"
         + (f"; goodput {s.goodput_rps:.2f} req/s" if s.goodput_rps is not None else ""),

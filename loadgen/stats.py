@@ -144,7 +144,7 @@ class Summary:
 
     requests: int
     completed: int
-    failed: int
+    failed: int                    # not completed, and not cancelled by the client
     duration_s: float
     offered_rate: float            # scheduled requests / scheduled span
     throughput_rps: float          # completed requests / duration
@@ -161,6 +161,7 @@ class Summary:
     slo: list[dict] = field(default_factory=list)
     slo_met: bool | None = None
     notes: list[str] = field(default_factory=list)
+    cancelled: int = 0             # cancelled by the client itself (Ctrl-C): neither ok nor failed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,13 +174,16 @@ def _felt(ms: float | None, r: RequestRecord) -> float | None:
 
 def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes=()) -> Summary:
     """Summarise `records` (any order). Failed requests count in `failed` and `errors`, and as
-    misses (+inf) when checking SLOs, so a run cannot meet an SLO by failing its slow requests."""
+    misses (+inf) when checking SLOs, so a run cannot meet an SLO by failing its slow requests.
+    Requests the client cancelled itself (error kind `cancelled`: an interrupted run) count in
+    `cancelled` and `errors` only: they are no miss of what served them."""
     slos = slos or []
     ok = [r for r in records if not r.error]
-    failed = [r for r in records if r.error]
+    failed = [r for r in records if r.error and r.error != catalog.STATUS_CANCELLED]
     errors: dict[str, int] = {}
-    for r in failed:
-        errors[r.error] = errors.get(r.error, 0) + 1
+    for r in records:
+        if r.error:
+            errors[r.error] = errors.get(r.error, 0) + 1
     if records:
         t0 = min(r.scheduled_unix_nano for r in records)
         t_last_sched = max(r.scheduled_unix_nano for r in records)
@@ -223,5 +227,5 @@ def summarize(records: list[RequestRecord], slos: list[Slo] | None = None, notes
         token_mismatch=sum(1 for r in ok if r.output_tokens is not None and r.output_tokens != r.max_tokens),
         cached_tokens=sum(cached) if cached else None,
         prompt_tokens=sum(r.prompt_tokens or 0 for r in ok),
-        slo=slo_rows, slo_met=slo_met, notes=list(notes),
+        slo=slo_rows, slo_met=slo_met, notes=list(notes), cancelled=errors.get(catalog.STATUS_CANCELLED, 0),
     )

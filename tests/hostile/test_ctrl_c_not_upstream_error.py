@@ -67,6 +67,8 @@ def test_a_ctrl_c_replay_is_cancelled_interrupted_and_no_upstream_error(session_
     finally:
         gw.stop()
     assert rc == 130, log.read_text(errors="replace")[-2000:]
+    # the client's own summary: the cancellations are neither ok nor failures (nor SLO misses)
+    assert "requests 20: 10 ok, 0 failed, 10 cancelled (interrupted)" in log.read_text(errors="replace")
     rows = poll_sql(session_collector.api_url,
                     "SELECT status, ok, unattributed_ms, network_out_ms, output_tokens FROM requests WHERE run_id = ? "
                     "ORDER BY arrival_time", [run_id], until=lambda r: len(r) == 20, timeout_s=60)

@@ -43,7 +43,7 @@ BODIES: list[bytes] = []
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 (http.server's name)
+    def do_POST(self):
         BODIES.append(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")

@@ -47,6 +47,10 @@ def register(sub) -> None:
         p.add_argument("--tolerance", default="0.2", metavar="SHARE",
                        help="the calibration check's tolerance on each P99 and the throughput, in (0, 1] "
                             "(default 0.2: off by more than 20%% makes every answer uncalibrated)")
+        p.add_argument("--replicates", type=bounded_int(2, 1000, also=(0,)), default=39 if name == "run" else 9, metavar="N",
+                       help="refits of the step law, each with its own seed, that the intervals are taken over: "
+                            "0 = points only, else 2 to 1000 (default 39 for run: a 95%% interval; 9 for capacity: "
+                            "a range)")
         p.add_argument("--seed", type=SEED, default=0)
         p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
@@ -148,10 +152,10 @@ def _calibration(args, model):
 
 
 def _run(args) -> int:
-    from simulate.cluster import simulate
-    from simulate.report import comparison_doc, render_lines, summarize
+    from simulate.api import predict
+    from simulate.report import render_lines
 
-    model, objectives, slo, (ea, ga), (eb, gb), changes, traffic, name = _prepare(args)
+    model, objectives, _slo, _, _, _changes, traffic, name = _prepare(args)
     if args.store_out:
         from loadgen.cli import check_writable
         from simulate.store import check_store_out
@@ -159,19 +163,16 @@ def _run(args) -> int:
         check_store_out(args.store_out)
         check_writable(args.store_out, "--store-out")
     cal = _calibration(args, model)
-    t = traffic.scaled(args.rate_x)
-    ra = simulate(t, model, ea, ga, args.replicas, seed=args.seed)
-    rb = simulate(t, model, eb, gb, args.replicas, seed=args.seed) if changes else None
-    doc = comparison_doc(summarize(ra, objectives), summarize(rb, objectives) if rb is not None else None, slo=slo,
-                         changes=changes, replicas=args.replicas, rate_x=args.rate_x, model_fit=model.fit,
-                         traffic=name)
+    doc = predict(model, traffic, args.set, objectives=objectives, traffic_name=name, calibration=cal,
+                  replicas=args.replicas, rate_x=args.rate_x, seed=args.seed, replicates=args.replicates,
+                  keep_results=bool(args.store_out))
+    ra, rb = doc.pop("_results", (None, None))
     doc["over_long"] = args.over_long_report
-    doc["calibration"] = cal.to_dict()
     lines = render_lines(doc)
     if args.store_out:
         from simulate.store import write_store
 
-        runs = write_store(args.store_out, [("A", ra)] + ([("B", rb)] if rb is not None else []), slo=slo,
+        runs = write_store(args.store_out, [("A", ra)] + ([("B", rb)] if rb is not None else []), slo=doc["slo"],
                            model=model, traffic=name)
         doc["store"] = {"path": str(args.store_out), "runs": runs}
         lines.append(f"  wrote {', '.join(runs)} to {args.store_out} (run kind simulation): "

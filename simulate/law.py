@@ -18,8 +18,8 @@ Why these choices (issue 45, measured on the demo's run at its max_num_seqs cap,
   and mixed steps, and within each for every power-of-two bucket of the batch with MIN_BUCKET steps
   or more. A step draws from its own bucket, so the mean of the draws, and the summed time, holds
   per batch size and not only over the run.
-- **Refits on resampled steps** (block bootstrap, blocks of BLOCK consecutive steps so that a
-  slow stretch stays one draw): `draws` coefficient vectors, the law's own uncertainty, kept in the
+- **Refits on resampled steps** (block bootstrap, blocks of up to BLOCK consecutive steps so
+  that a slow stretch stays one draw, and at least ~50 blocks): `draws` coefficient vectors, the law's own uncertainty, kept in the
   model file as `coef_draws`.
 """
 
@@ -49,7 +49,7 @@ def batch_bucket(n) -> int:
 @dataclass
 class LawFit:
     """`coef` (the law's five terms, ms), `residuals` (the model file's: "decode", "mixed" and
-    "decode_by_batch" / "mixed_by_batch" {bucket: quantiles}), `report` (train, held_out, steps off by
+    "decode_by_batch" / "mixed_by_batch" {bucket: quantiles}, "counts": the steps behind each), `report` (train, held_out, steps off by
     more than 50%), `draws` (refitted coefficient vectors)."""
 
     coef: list
@@ -67,6 +67,9 @@ def nnls_exact(X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.
     _m, p = X.shape
     Xw = X * (w[:, None] if w is not None else 1.0)
     yw = y * (w if w is not None else 1.0)
+    b, *_ = np.linalg.lstsq(Xw, yw, rcond=None)
+    if np.all(b >= 0):  # the unconstrained optimum is feasible: it is the constrained one
+        return b
     best, best_cost = np.zeros(p), float(yw @ yw)
     for k in range(1, p + 1):
         for cols in itertools.combinations(range(p), k):
@@ -127,14 +130,19 @@ def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray,
     resid = {"decode": _quantiles(ratio[~mixed]) or [1.0], "mixed": _quantiles(ratio[mixed]),
              "decode_by_batch": _by_batch(ratio[~mixed], n_seqs[~mixed]),
              "mixed_by_batch": _by_batch(ratio[mixed], n_seqs[mixed])}
+    bb = np.array([batch_bucket(v) for v in n_seqs])
+    resid["counts"] = {"decode": int((~mixed).sum()), "mixed": int(mixed.sum()),
+                       **{f"{k}_by_batch": {b: int(((bb == int(b)) & sel).sum()) for b in resid[f"{k}_by_batch"]}
+                          for k, sel in (("decode", ~mixed), ("mixed", mixed))}}
     report = {"train": _report(p_tr[tr], y[tr], mixed[tr]), "held_out": _report(p_tr[~tr], y[~tr], mixed[~tr]),
               "in_sample": _report(pred, y, mixed), "excluded_outliers": 0,
               "off_by_half": int((np.abs(pred - y) / y > 0.5).sum()), "hold_out": f"blocks of {BLOCK} steps, 3 in 10"}
     rng = np.random.default_rng(seed)
-    nb = -(-m // BLOCK)
+    size = min(BLOCK, max(m // 50, 10))  # at least ~50 blocks: fewer would understate the spread
+    nb = -(-m // size)
     out = []
     for _ in range(draws):
         pick = rng.integers(0, nb, nb)
-        idx = np.concatenate([np.arange(b * BLOCK, min((b + 1) * BLOCK, m)) for b in pick])
+        idx = np.concatenate([np.arange(b * size, min((b + 1) * size, m)) for b in pick])
         out.append([round(float(c), 6) for c in nnls_exact(X[idx], y[idx])])
     return LawFit([float(c) for c in coef], resid, report, out)

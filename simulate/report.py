@@ -110,7 +110,11 @@ def comparison_doc(a: dict, b: dict | None, *, slo: str, changes: list[str], rep
     return doc
 
 
-def _arm_lines(name: str, s: dict) -> list[str]:
+def _iv(iv, fmt=format_ms) -> str:
+    return f" ({fmt(iv[0])} .. {fmt(iv[1])})" if iv else ""
+
+
+def _arm_lines(name: str, s: dict, iv: dict | None = None, obj_iv: dict | None = None) -> list[str]:
     out = [(f"  {name}: {s['requests']:,} requests over {s['span_s']:.1f} s ({s['rate_rps']:.2f} req/s), "
            f"{s['rejected']:,} rejected, {s['preemptions']:,} preemptions"
            + (f", {s['refused_too_long']:,} refused as too long (HTTP 400)" if s.get("refused_too_long") else ""))]
@@ -118,11 +122,13 @@ def _arm_lines(name: str, s: dict) -> list[str]:
         if o["value_ms"] is None:
             out.append(f"    {o['objective']}: {o['why']}")
         else:
-            out.append(f"    {o['objective']}: {format_ms(o['value_ms'])} ({o['ratio']:.2f}x the limit) "
-                       f"{'met' if o['met'] else 'MISSED'}" + (f" ({o['why']})" if o["why"] else ""))
+            out.append(f"    {o['objective']}: {format_ms(o['value_ms'])}{_iv((obj_iv or {}).get(o['objective']))} "
+                       f"({o['ratio']:.2f}x the limit) {'met' if o['met'] else 'MISSED'}"
+                       + (f" ({o['why']})" if o["why"] else ""))
     for m in METRICS:
         q = s["metrics"][m]
-        out.append(f"    {m.upper():5} " + "  ".join(f"{k} {format_ms(v)}" for k, v in q.items()))
+        out.append(f"    {m.upper():5} " + "  ".join(f"{k} {format_ms(v)}{_iv((iv or {}).get(m, {}).get(k))}"
+                                                    for k, v in q.items()))
     out.append(f"    queue {format_ms(s['queue_ms']['mean'])} mean, {format_ms(s['queue_ms']['p99'])} P99; "
                f"service {format_ms(s['service_ms']['mean'])} mean, {format_ms(s['service_ms']['p99'])} P99")
     if s["goodput_share"] is not None:
@@ -150,14 +156,26 @@ def render_lines(doc: dict) -> list[str]:
     cal = doc.get("calibration")
     if cal:
         out += calibration_lines(cal)
+    ivs = doc.get("intervals") or {}
+    if ivs.get("replicates"):
+        out.append(f"  intervals: {ivs['level']:.0%} over {ivs['replicates']} replicates (refits of the step law on "
+                   f"resampled steps, each with its own seed)")
+    arm_iv = lambda i: (ivs.get("arms") or [None, None])[i] if ivs.get("replicates") else None
+    obj_iv = lambda i: (ivs.get("objectives") or [None, None])[i] if ivs.get("replicates") else None
     a = doc["arms"]["A"]
-    out += _arm_lines("A (as recorded)" if doc["changes"] else "as recorded", a)
+    out += _arm_lines("A (as recorded)" if doc["changes"] else "as recorded", a, arm_iv(0), obj_iv(0))
     if "B" in doc["arms"]:
-        out += _arm_lines(f"B ({', '.join(doc['changes'])})", doc["arms"]["B"])
+        out += _arm_lines(f"B ({', '.join(doc['changes'])})", doc["arms"]["B"], arm_iv(1), obj_iv(1))
         mark = answer_mark(cal)
+        r_iv = (ivs.get("ratios") or [None, None])[1] if ivs.get("replicates") else None
+        ratio = lambda v: "n/a" if v is None else f"{v:.2f}x"
         for m, qs in doc["ratios"].items():
-            out.append(f"  B/A {m.upper():5} " + "  ".join(f"{k} {'n/a' if v is None else f'{v:.2f}x'}"
-                                                       for k, v in qs.items()) + mark)
+            out.append(f"  B/A {m.upper():5} " + "  ".join(
+                f"{k} {ratio(v)}" + _iv((r_iv or {}).get(m, {}).get(k), lambda x: f"{x:.2f}") for k, v in qs.items())
+                + mark)
+    sens = doc.get("sensitivity") or {}
+    if sens.get("line"):
+        out.append(f"  {sens['line']}")
     return out
 
 

@@ -34,6 +34,7 @@ from dashboard.data import (
     QueryResult,
     QueryTimeout,
 )
+from dashboard.queries import why as why_q
 from semantics import catalog, envs
 
 __all__ = [
@@ -91,6 +92,9 @@ class Context:
     replicas: list[str] = field(default_factory=list)
     replicas_why: str | None = None
     runs: Any = None  # diagnose.runs.RunScope of the selection (None: a store without run ids)
+    # semantics.slo.Objective: the run's recorded objectives (any metric and quantile), the sidebar's
+    # bounds in place of its P99 ones (dashboard.queries.why.objectives_of); what the Why page judges
+    objectives: list = field(default_factory=list)
 
     def side(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Side:
         """Run a side panel's query function `fn(side_src, *args, **kwargs)` within the side budget.
@@ -373,7 +377,8 @@ def build_context() -> Context | None:
                                  "per service, and the Why page reads the whole window: they ignore it."
                             ) if len(replicas) > 1 else []
     sb.subheader("SLOs")
-    base = _recorded_slo(runs)
+    recorded = _recorded_objectives(runs)
+    base = _p99_bounds(recorded)
     ttft = sb.number_input("TTFT ≤ (ms)", min_value=0.0, value=base.ttft_ms or 0.0, step=100.0, format="%.0f",
                            key="tt_slo_ttft",
                            help="0 = no TTFT objective. Outer TTFT: the client's when it was traced, else the engine's.")
@@ -397,21 +402,29 @@ def build_context() -> Context | None:
     sb.caption(f"{selected:,} of {info['requests']:,} requests selected · {window_label}")
     return Context(src=src, filters=filters, slo=slo, schema=info["schema"], info=info, live=live,
                    selected=selected, side_src=side_src, side_timeout_s=side_s, replicas=replicas,
-                   replicas_why=listed.why, runs=runs)
+                   replicas_why=listed.why, runs=runs, objectives=why_q.objectives_of(recorded or [], slo))
 
 
-def _recorded_slo(runs) -> GoodputBounds:
-    """The sidebar's objectives to start from: the P99 bounds of the SLO spec the selected run was
-    judged by (recorded on its run span, semantics/slo.py), else the catalog's defaults."""
+def _recorded_objectives(runs) -> list | None:
+    """The objectives (semantics.slo.Objective) of the SLO spec the selected run was judged by
+    (recorded on its run span, semantics/slo.py); None when it has none (or one a later version
+    wrote, which this one cannot read: the defaults, not a broken page)."""
     from semantics.slo import parse_slo
 
     spec = runs.run.slo if runs is not None and runs.run is not None else None
     if not spec:
-        return _DEFAULT_SLO
+        return None
     try:
-        p99 = {o.metric: o.limit_ms for o in parse_slo(spec) if o.q == 0.99}
-    except Exception:  # noqa: BLE001 (a spec a later version wrote: the defaults, not a broken page)
+        return parse_slo(spec)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _p99_bounds(recorded: list | None) -> GoodputBounds:
+    """The sidebar's bounds to start from: the P99 objectives of `recorded`, else the catalog's defaults."""
+    if recorded is None:
         return _DEFAULT_SLO
+    p99 = {o.metric: o.limit_ms for o in recorded if o.q == 0.99}
     return GoodputBounds(ttft_ms=p99.get("ttft"), tpot_ms=p99.get("tpot"), e2e_ms=p99.get("e2e"))
 
 

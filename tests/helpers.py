@@ -130,3 +130,32 @@ def poll_sql(api_url: str, query: str, params: list | None = None, until=lambda 
         time.sleep(0.3)
         rows = sql(api_url, query, params)
     return rows
+
+
+def decode_everywhere_store(path: Path, n: int = 200, tail: int = 4) -> Path:
+    """A DuckDB store (the collector's schema) of `n` ok requests of run "run-1" that each spend
+    ~5 s in decode; the `tail` slowest also waited 3 s in the engine queue. Raw, decode is the
+    largest phase of every request; over the median's profile, the engine queue holds the tail."""
+    import duckdb
+
+    from collector.store.duckdb_store import DuckDBStore
+
+    DuckDBStore(path).start().stop()
+    rows = []
+    for i in range(n):
+        queue = 3000.0 if i >= n - tail else 10.0 + i % 7
+        decode = 5000.0 + (i % 11) * 3
+        gw, net, pre = 2.0, 1.0, 40.0
+        e2e = gw + net + queue + pre + decode
+        rows.append((f"r{i}", f"{i:032x}", "m", f"2026-12-05 12:00:{i % 60:02d}", "ok", 50, 100, net, gw, queue,
+                     pre, decode, 0.0, e2e, e2e, queue, pre + decode, "run-1", e2e, e2e, True,
+                     f"2026-12-05 12:01:{i % 60:02d}"))
+    con = duckdb.connect(str(path))
+    try:
+        con.executemany("INSERT INTO requests (request_id, trace_id, model, arrival_time, status, prompt_tokens, "
+                        "output_tokens, network_ms, gateway_ms, queue_ms, prefill_ms, decode_ms, unattributed_ms, "
+                        "e2e_ms, outer_e2e_ms, queue_time_ms, service_time_ms, run_id, client_e2e_ms, outer_ttft_ms, "
+                        "ok, completion_time) VALUES (" + ", ".join("?" * 22) + ")", rows)
+    finally:
+        con.close()
+    return path

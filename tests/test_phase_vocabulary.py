@@ -11,11 +11,11 @@ import sys
 import types
 from pathlib import Path
 
-import duckdb
 import pytest
 
 import semantics
 from semantics import catalog
+from tests.helpers import decode_everywhere_store
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = ('Phase("extra", "extra_ms", "Extra phase", LAYER_COMPUTE, ttft=True, engine=True, metric="extra", '
@@ -55,7 +55,7 @@ def mutated(monkeypatch):
     mod.__file__ = catalog.__file__
     monkeypatch.setitem(sys.modules, "semantics.catalog", mod)
     monkeypatch.setattr(semantics, "catalog", mod)
-    exec(compile(src.replace(anchor, "    " + EXTRA + anchor), catalog.__file__, "exec"), mod.__dict__)
+    exec(compile(src.replace(anchor, "    " + EXTRA + anchor), catalog.__file__, "exec"), mod.__dict__)  # noqa: S102
     out = {"catalog": mod}
     for name in (*SURFACES, "gen_clickhouse"):
         if name == "gen_clickhouse":
@@ -103,29 +103,9 @@ N, TAIL = 200, 4
 
 @pytest.fixture
 def decode_everywhere(tmp_path):
-    """A store whose every request spends ~5 s in decode; the TAIL slowest also waited 3 s in the
-    engine queue. Raw, decode is the largest phase of every request; over the median, the queue holds
-    the tail."""
-    from collector.store.duckdb_store import DuckDBStore
-
-    path = tmp_path / "s.duckdb"
-    DuckDBStore(path).start().stop()
-    con = duckdb.connect(str(path))
-    rows = []
-    for i in range(N):
-        queue = 3000.0 if i >= N - TAIL else 10.0 + i % 7
-        decode = 5000.0 + (i % 11) * 3
-        gw, net, pre = 2.0, 1.0, 40.0
-        e2e = gw + net + queue + pre + decode
-        rows.append((f"r{i}", f"{i:032x}", "m", f"2026-12-05 12:00:{i % 60:02d}", "ok", 50, 100, net, gw, queue,
-                     pre, decode, 0.0, e2e, e2e, queue, pre + decode, "run-1", e2e, e2e, True,
-                     f"2026-12-05 12:01:{i % 60:02d}"))
-    con.executemany("INSERT INTO requests (request_id, trace_id, model, arrival_time, status, prompt_tokens, "
-                    "output_tokens, network_ms, gateway_ms, queue_ms, prefill_ms, decode_ms, unattributed_ms, e2e_ms, "
-                    "outer_e2e_ms, queue_time_ms, service_time_ms, run_id, client_e2e_ms, outer_ttft_ms, ok, "
-                    "completion_time) VALUES (" + ", ".join("?" * 22) + ")", rows)
-    con.close()
-    return path
+    """tests/helpers.py `decode_everywhere_store`: decode the largest phase of every request, the
+    engine queue holding the tail."""
+    return decode_everywhere_store(tmp_path / "s.duckdb", N, TAIL)
 
 
 def test_every_surface_names_the_phase_the_rule_names(decode_everywhere):

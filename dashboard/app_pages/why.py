@@ -24,7 +24,7 @@ choices = [why.OBJECTIVES_FIRST, *why.METRICS]
 labels = {why.OBJECTIVES_FIRST: "Missed objectives first", **why.METRICS}
 metric = st.segmented_control("Tail of", choices, default=linked or why.OBJECTIVES_FIRST, format_func=labels.get,
                               key="why_metric") or why.OBJECTIVES_FIRST
-report = why.diagnose(ctx.src, ctx.filters, metric, ctx.slo)
+report = why.diagnose(ctx.src, ctx.filters, metric, ctx.objectives)  # any quantile, as explain judges
 if report is None:
     st.stop()
 if report.objectives:

@@ -76,19 +76,33 @@ def _iso(t: dt.datetime | None) -> str | None:
     return None if t is None else t.strftime("%Y-%m-%dT%H:%M:%S.%f")
 
 
-def slo_spec(slo) -> str | None:
-    """The sidebar's objectives (dashboard.data.GoodputBounds: per-request bounds in ms) as an SLO spec at P99
-    (semantics/slo.py), None when it sets none."""
-    from semantics.slo import Objective, format_slo
+def objectives_of(recorded: list, bounds) -> list:
+    """The objectives a page judges (semantics.slo.Objective): the `recorded` ones (the run's spec,
+    any metric and quantile: `ttft_p999=5s` stays), with the sidebar's `bounds`
+    (dashboard.data.GoodputBounds, ms) in place of the P99 objective of TTFT, TPOT and E2E: a bound
+    set replaces (or adds) that metric's P99 objective, a bound of None drops it."""
+    from semantics.slo import Objective
 
-    objs = [Objective(m, 0.99, v) for m, v in (("ttft", slo.ttft_ms), ("tpot", slo.tpot_ms), ("e2e", slo.e2e_ms)) if v]
+    sidebar = {"ttft": bounds.ttft_ms, "tpot": bounds.tpot_ms, "e2e": bounds.e2e_ms}
+    kept = [o for o in recorded if not (o.metric in sidebar and o.q == 0.99)]
+    return kept + [Objective(m, 0.99, float(v)) for m, v in sidebar.items() if v]
+
+
+def slo_spec(slo) -> str | None:
+    """The page's objectives as an SLO spec (semantics/slo.py), None when there are none: `slo` a list
+    of semantics.slo.Objective (`objectives_of`), or the sidebar's bounds alone
+    (dashboard.data.GoodputBounds: P99 objectives)."""
+    from semantics.slo import format_slo
+
+    objs = list(slo) if isinstance(slo, (list, tuple)) else objectives_of([], slo)
     return format_slo(objs) if objs else None
 
 
 def diagnose(src: DataSource, f: Filters, metric: str, slo=None):
     """The diagnosis (diagnose.report.Report) of the requests that completed in the filters' time
     range, of the filters' run scope, by `metric` (a key of METRICS; OBJECTIVES_FIRST: the missed
-    objectives of `slo`, a dashboard.data.GoodputBounds, worst first). The other sidebar filters (model,
+    objectives of `slo`, worst first: a list of semantics.slo.Objective, any metric and quantile, as
+    explain judges them, or a dashboard.data.GoodputBounds: its P99 objectives). The other sidebar filters (model,
     service, priority) are not applied: the diagnosis reads the whole window. Raises DataError with
     the diagnosis' own message (an empty window, a store without engine spans is a note, not an error)."""
     from diagnose.explain import explain

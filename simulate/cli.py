@@ -194,6 +194,16 @@ def _capacity(args) -> int:
                         f"takes objectives on {', '.join(METRICS)}")
     cal = _calibration(args, model)
     rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
+    if args.replicates:  # capacity as a range: the same bisection under each refit of the law (simulate/intervals.py)
+        from simulate.intervals import SEED_BASE, replicate_model
+
+        reps = [capacity(traffic, replicate_model(model, r), eb, gb, objectives, args.replicas,
+                         min_requests=args.min_requests, seed=SEED_BASE + r) for r in range(args.replicates)]
+        for i, row in enumerate(rows):
+            rates = [rep[i]["rate_rps"] for rep in reps if rep[i]["rate_rps"] is not None]
+            row["range_rps"] = [min(rates), max(rates)] if rates else None
+            row["range_replicates"] = args.replicates
+            row["range_held"] = len(rates)
     for row in rows:
         row["calibration"] = cal.state
     doc = {"schema": "tailtrace.simulate-capacity/1", "slo": slo, "traffic": name, "changes": changes,

@@ -60,6 +60,9 @@ def capacity_lines(doc: dict) -> list[str]:
         s = row["summary"]
         worst = max((o for o in s["objectives"] if o["ratio"] is not None), key=lambda o: o["ratio"], default=None)
         rate = f"~{row['rate_rps']:.2f} req/s" if row["rate_rps"] is not None else f"{row['rate_x']:.2f}x the traffic"
+        if row.get("range_rps"):
+            rate += (f" (range {row['range_rps'][0]:.2f} .. {row['range_rps'][1]:.2f} over {row['range_replicates']} "
+                     "refits of the law)")
         out.append(f"  {row['replicas']} replica(s) hold {rate} ({row['rate_x']:.2f}x the traffic's rate)"
                    + (f"; there {worst['objective']} is {format_ms(worst['value_ms'])}" if worst else "") + mark)
     return out

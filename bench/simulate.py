@@ -8,9 +8,10 @@
 Speed: the Azure conversation trace (data/traces), repeated end to end to 100k and 1M requests, at the
 rate one replica of the model's deployment holds (the model: --model FILE, else one fitted to --store,
 else the tiny model's law as the demo measured it); prints requests/s and engine steps/s simulated.
-Error: with --store, a model fitted to the store, then each traffic run of it (or --runs) simulated
-from its own traffic (store:…#RUN); prints measured vs simulated P50/P99 of TTFT, TPOT and E2E and
-the relative error of each. With --real, for each load the real vLLM CPU build runs `tailtrace demo
+Error: with --store, for each traffic run of it (or --runs), a model fitted to that run's steps and the
+run simulated from its own traffic (store:…#RUN): the calibration table (measured vs simulated
+P50/P99/P999 of TTFT, TPOT and E2E, queue and service time, completions/s, time to drain, each error,
+the verdict at 20%) and the engine steps per regime (count, busy time, mean batch; simulate/regimes.py). With --real, for each load the real vLLM CPU build runs `tailtrace demo
 --load L` (its capacity probe, then the azure-conv window at L x the probed capacity) into a store of its
 own, and the store is judged as with --store; the queue's growth (the least-squares slope of queue time,
 gateway + engine, over arrival time) is printed measured vs simulated beside it.
@@ -24,6 +25,7 @@ matches and whether the prediction lies inside the interval (outside it: a simul
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
 import time
 from pathlib import Path
@@ -104,48 +106,48 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float | None:
 
 
 def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
+    """Per traffic run: a model fitted to that run's own steps, its calibration table (measured vs
+    simulated, simulate/calibrate.py) and the regime table (simulate/regimes.py)."""
+    from simulate.calibrate import calibrate
+    from simulate.fit import read_steps
+    from simulate.regimes import regime_lines, regime_table
+
     query, close = store_query(store)
     try:
-        model = fit_model(query, store=store)
         present = [r for r in list_runs(query) if r.run_id and r.kind in TRAFFIC_KINDS]
         picked = [r.run_id for r in present if runs is None or r.run_id in runs]
-        measured = {}
+        fitted, measured = {}, {}
         for rid in picked:
-            rows = query("SELECT outer_ttft_ms, tpot_ms, outer_e2e_ms, epoch_us(arrival_time) / 1e6, "
-                         "coalesce(gateway_queue_ms, 0) + queue_ms FROM requests WHERE run_id = ? AND ok "
-                         "ORDER BY arrival_time", [rid])
+            model = fit_model(query, store=store, run_id=rid)
+            w = next(r for r in present if r.run_id == rid).window()
+            steps = read_steps(query, model.source["service"], (w[0] - dt.timedelta(seconds=1)).isoformat(sep=" "),
+                               (w[1] + dt.timedelta(seconds=1)).isoformat(sep=" "))
+            fitted[rid] = (model, steps)
+            rows = query("SELECT epoch_us(arrival_time) / 1e6, coalesce(gateway_queue_ms, 0) + queue_ms FROM requests "
+                         "WHERE run_id = ? AND ok ORDER BY arrival_time", [rid])
             measured[rid] = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
     finally:
         close()
-    ho = model.fit["held_out"]
-    print(f"fit: held-out median error {ho['median_err_decode']:.1%} decode-only, "
-          f"{(ho['median_err_mixed'] or 0):.1%} mixed; {ho['window_sum_err']:.1%} over {ho['window']} steps")
-    engine, gateway = deployment_of(model)
-    print(f"{'run':40} {'metric':6} {'meas P50':>10} {'sim P50':>10} {'err':>7} {'meas P99':>10} {'sim P99':>10} {'err':>7}")
     for rid in picked:
+        model, steps = fitted[rid]
+        fit = model.fit
+        print(f"\n{rid}: a model fitted to its own {model.source['busy_steps']:,} steps; summed time in-sample "
+              f"{fit['in_sample']['total_err']:+.1%}, held-out {fit['held_out']['total_err']:+.1%} (worst over "
+              f"{fit['held_out']['window']:,} held-out steps {fit['held_out']['window_sum_err']:.1%})")
+        print("\n".join(calibrate(model, f"store:{store}#{rid}").lines()))
+        engine, gateway = deployment_of(model)
         traffic, _ = load_traffic(f"store:{store}#{rid}")
-        sims = [simulate(traffic, model, engine, gateway, 1, seed=s) for s in range(3)]
-        for j, m in enumerate(("ttft", "tpot", "e2e")):
-            meas = measured[rid][:, j]
-            meas = meas[np.isfinite(meas)]
-            sim = np.concatenate([getattr(s, f"{m}_ms")[s.ok] for s in sims])
-            sim = sim[np.isfinite(sim)]
-            if not len(meas) or not len(sim):
-                continue
-            cells = []
-            for q in (0.5, 0.99):
-                a, b = float(np.quantile(meas, q)), float(np.quantile(sim, q))
-                cells += [f"{a:10.1f}", f"{b:10.1f}", f"{b / a - 1:+7.1%}"]
-            print(f"{rid:40} {m:6} " + " ".join(cells))
+        sims = [simulate(traffic, model, engine, gateway, 1, seed=s, keep_steps=True) for s in range(3)]
+        print("  engine steps per regime, measured → simulated (seed 0):")
+        print("\n".join(regime_lines(regime_table(steps, sims[0], engine.max_num_seqs))))
         if growth:
-            arr = measured[rid][:, 3] - measured[rid][0, 3]
+            arr = measured[rid][:, 0] - measured[rid][0, 0]
             got = [_slope(s.arrival_s[s.ok], (np.nan_to_num(s.gateway_queue_ms) + s.queue_ms)[s.ok]) for s in sims]
-            want = _slope(arr, measured[rid][:, 4])
+            want = _slope(arr, measured[rid][:, 1])
             sim = float(np.mean([g for g in got if g is not None])) if any(g is not None for g in got) else None
             err = (f"{sim / want - 1:+.0%}" if sim is not None and want is not None and want >= 1.0
                    else "n/a: the measured queue did not grow")
-            print(f"{rid:40} queue growth: measured {want or 0:.1f} ms per s of arrivals, simulated "
-                  f"{sim or 0:.1f} ({err})")
+            print(f"  queue growth: measured {want or 0:.1f} ms per s of arrivals, simulated {sim or 0:.1f} ({err})")
 
 
 # try's known answers (tests/experiment/test_try_vllm.py), each with the metrics it moves for certain

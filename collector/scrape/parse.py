@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from semantics.engines import PROM_NAMESPACES
 from semantics.throttle import throttle_reasons_label
 
 __all__ = [
@@ -69,12 +70,14 @@ class ParsedExposition:
 
 
 def detect_kind(names) -> str:
-    """'vllm' when a metric name starts with `vllm:`, 'dcgm' when one starts with `DCGM_FI_`,
-    else 'prometheus'."""
+    """The engine whose namespace a metric name is in (semantics.engines.PROM_NAMESPACES: `vllm:` ->
+    'vllm', `sglang:` -> 'sglang', `trtllm_`/`trtllm:` -> 'trtllm', `tgi_` -> 'tgi'; the first such
+    name decides), else 'dcgm' when a name starts with `DCGM_FI_`, else 'prometheus'."""
     kind = "prometheus"
     for n in names:
-        if n.startswith("vllm:"):
-            return "vllm"
+        for prefix, engine in PROM_NAMESPACES:
+            if n.startswith(prefix):
+                return engine
         if n.startswith("DCGM_FI_"):
             kind = "dcgm"
     return kind
@@ -90,8 +93,8 @@ def parse_exposition(
 ) -> ParsedExposition:
     """Parse `text` (Prometheus text format) scraped at `scrape_time_s` (unix seconds).
 
-    kind: 'vllm' | 'dcgm' | 'prometheus' | 'auto' (detect from names); it becomes the rows'
-    `source`. instance: added as the `instance` label when a series has none (Prometheus'
+    kind: 'vllm' | 'sglang' | 'trtllm' | 'tgi' | 'dcgm' | 'prometheus' | 'auto' (detect from the
+    names, `detect_kind`); it becomes the rows' `source`. instance: added as the `instance` label when a series has none (Prometheus'
     own target label). exclude: regexes on sample names to leave out of metric_points.
     A sample's own timestamp, when the exposition gives one, wins over the scrape time.
     Counter samples keep the exact name the target exposed (prometheus-client's parser

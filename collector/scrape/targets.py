@@ -7,7 +7,7 @@ Config file (YAML; every key optional except `url`):
     keep_buckets: false      # also store histogram `_bucket` series
     targets:
       - url: http://127.0.0.1:8000/metrics
-        kind: vllm           # vllm | dcgm | auto (default auto: detected from the metric names)
+        kind: vllm           # vllm | sglang | trtllm | tgi | dcgm | auto (default auto: from the metric names)
       - url: http://gpu-node-7:9400/metrics
         kind: dcgm
         interval_s: 5        # per-target override
@@ -24,16 +24,17 @@ from plumbing.urls import check_http_url
 
 __all__ = ["KINDS", "ScrapeConfig", "ScrapeTarget", "load_targets", "parse_target"]
 
-KINDS = ("auto", "vllm", "dcgm")
+KINDS = ("auto", "vllm", "sglang", "trtllm", "tgi", "dcgm")
 
 
 @dataclass(frozen=True)
 class ScrapeTarget:
     """One `/metrics` endpoint.
 
-    url: full URL of the exposition (http or https). kind: 'vllm', 'dcgm' or 'auto' (decided
-    on the first successful scrape: `vllm:` names -> vllm, `DCGM_FI_` names -> dcgm, else
-    'prometheus'). interval_s: this target's period, None = the scraper's.
+    url: full URL of the exposition (http or https). kind: 'vllm', 'sglang', 'trtllm', 'tgi', 'dcgm'
+    or 'auto' (decided on the first successful scrape from the names' namespace: `vllm:`, `sglang:`,
+    `trtllm_` (or Dynamo's `trtllm:`), `tgi_`, `DCGM_FI_`; else 'prometheus'). The kind is the
+    `source` of its metric_points rows. interval_s: this target's period, None = the scraper's.
     `instance` is host:port, the label Prometheus would give the series.
     """
 

@@ -141,6 +141,83 @@ def tgi() -> None:
     _write(HERE / "tgi-3.x.otlp.bin", exp)
 
 
+def trtllm_metrics() -> None:
+    """trtllm-serve's /prometheus/metrics after the three requests of trtllm(): the metrics its
+    MetricsCollector declares (tensorrt_llm/metrics/collector.py @ 050f80def8df236e326949c8bd9dee10fd896a83:
+    prefix "trtllm_", labels model_name/engine_type, names, documentation and buckets as there), written by
+    prometheus_client as trtllm-serve writes them; the values are the span fixture's."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    labels = {"model_name": "tiny", "engine_type": "trtllm"}
+    succ = Counter("trtllm_request_success_total", "Count of successfully processed requests.",
+                   [*labels, "finished_reason"], registry=reg)
+    lat = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+           960.0, 1920.0, 7680.0]
+    e2e = Histogram("trtllm_e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                    list(labels), buckets=lat, registry=reg)
+    ttft = Histogram("trtllm_time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                     list(labels), registry=reg, buckets=[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                                          0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+                                                          640.0, 2560.0])
+    queue = Histogram("trtllm_request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                      list(labels), buckets=lat, registry=reg)
+    running = Gauge("trtllm_num_requests_running", "Number of active requests", list(labels), registry=reg)
+    waiting = Gauge("trtllm_num_requests_waiting", "Number of queued requests", list(labels), registry=reg)
+    kv = Gauge("trtllm_kv_cache_utilization", "KV cache utilization", list(labels), registry=reg)
+    # the engine measured all three queues (the third span lacked the attribute, not the engine the value)
+    for q, t, e in ((0.0125, 0.0893, 0.6412), (0.2031, 0.3120, 1.1004), (0.0, 0.0950, 0.4000)):
+        succ.labels(**labels, finished_reason="length").inc()
+        e2e.labels(**labels).observe(e)
+        ttft.labels(**labels).observe(t)
+        queue.labels(**labels).observe(q)
+    running.labels(**labels).set(0)
+    waiting.labels(**labels).set(0)
+    kv.labels(**labels).set(0.125)
+    (HERE / "trtllm-1.x.metrics.txt").write_bytes(generate_latest(reg))
+
+
+# TGI's /metrics after the three requests of tgi(). metrics-exporter-prometheus
+# text as TGI configures it (router/src/server.rs @ db931fcf: describe_* names and help; `duration` suffix
+# histograms on 35 buckets 0.0001 * 1.5**k; counters without a _total suffix), written out here by hand
+# (a Rust exporter cannot run here) with the three queues the router measured: 350 µs, 0.000412 s (the
+# span's refused "35.2min" string stands for it) and 12 ns.
+_TGI_BUCKETS = []
+_v = 0.0001
+for _ in range(35):
+    _v *= 1.5
+    _TGI_BUCKETS.append(_v)
+
+
+def _tgi_histogram(name: str, help_: str, values: list[float], labels: str = "") -> str:
+    lines = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+    sep = "," if labels else ""
+    for b in _TGI_BUCKETS:
+        lines.append(f'{name}_bucket{{{labels}{sep}le="{b!r}"}} {sum(v <= b for v in values)}')
+    lines.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {len(values)}')
+    lab = f"{{{labels}}}" if labels else ""
+    lines += [f"{name}_sum{lab} {sum(values)!r}", f"{name}_count{lab} {len(values)}"]
+    return "\n".join(lines)
+
+
+def tgi_metrics() -> None:
+    parts = [
+        "# HELP tgi_request_success Number of successful requests\n# TYPE tgi_request_success counter\n"
+        "tgi_request_success 3",
+        "# HELP tgi_request_count Total number of requests\n# TYPE tgi_request_count counter\ntgi_request_count 3",
+        _tgi_histogram("tgi_request_queue_duration", "Request queue duration", [0.00035, 0.000412, 1.2e-08]),
+        _tgi_histogram("tgi_request_duration", "Request duration", [1.2431534, 0.612004, 0.09125]),
+        _tgi_histogram("tgi_batch_forward_duration", "Batch forward duration", [0.025, 0.025, 0.025, 0.025],
+                       'method="decode"'),
+        "# HELP tgi_batch_current_size Current batch size\n# TYPE tgi_batch_current_size gauge\n"
+        "tgi_batch_current_size 0",
+        "# HELP tgi_queue_size Current queue size\n# TYPE tgi_queue_size gauge\ntgi_queue_size 0",
+    ]
+    (HERE / "tgi-3.x.metrics.txt").write_text("\n\n".join(parts) + "\n")
+
+
 if __name__ == "__main__":
     trtllm()
     tgi()
+    trtllm_metrics()
+    tgi_metrics()

@@ -202,15 +202,15 @@ def _tgi_histogram(name: str, help_: str, values: list[float], labels: str = "")
 
 def tgi_metrics() -> None:
     parts = [
-        "# HELP tgi_request_success Number of successful requests\n# TYPE tgi_request_success counter\n"
-        "tgi_request_success 3",
+        ("# HELP tgi_request_success Number of successful requests\n# TYPE tgi_request_success counter\n"
+        "tgi_request_success 3"),
         "# HELP tgi_request_count Total number of requests\n# TYPE tgi_request_count counter\ntgi_request_count 3",
         _tgi_histogram("tgi_request_queue_duration", "Request queue duration", [0.00035, 0.000412, 1.2e-08]),
         _tgi_histogram("tgi_request_duration", "Request duration", [1.2431534, 0.612004, 0.09125]),
         _tgi_histogram("tgi_batch_forward_duration", "Batch forward duration", [0.025, 0.025, 0.025, 0.025],
                        'method="decode"'),
-        "# HELP tgi_batch_current_size Current batch size\n# TYPE tgi_batch_current_size gauge\n"
-        "tgi_batch_current_size 0",
+        ("# HELP tgi_batch_current_size Current batch size\n# TYPE tgi_batch_current_size gauge\n"
+        "tgi_batch_current_size 0"),
         "# HELP tgi_queue_size Current queue size\n# TYPE tgi_queue_size gauge\ntgi_queue_size 0",
     ]
     (HERE / "tgi-3.x.metrics.txt").write_text("\n\n".join(parts) + "\n")

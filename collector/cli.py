@@ -177,14 +177,14 @@ def _sql(args) -> int:
         out = {"columns": res.columns, "types": res.types,
                "rows": [[to_json_value(v) for v in r] for r in res.rows], "truncated": res.truncated}
     else:
-        import httpx
+        from collector.query.reader import SqlApiUnreachable, post_sql
 
         url = check_http_url(args.api or envs.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
         try:
-            r = httpx.post(f"{url}/api/sql", json={"sql": args.query}, headers=bearer_headers(), timeout=120)
-        except httpx.HTTPError as exc:
-            raise UserError(f"cannot reach the collector API at {url} ({exc.__class__.__name__}); "
+            r = post_sql(url, args.query, timeout_s=120)
+        except SqlApiUnreachable as exc:
+            raise UserError(f"cannot reach the collector API at {url} ({exc.cause.__class__.__name__}); "
                             "is `tailtrace collect` running? or use --db PATH") from None
         try:
             out = r.json()

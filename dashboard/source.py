@@ -16,10 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from collector.query.auth import bearer_headers
+from collector.query.reader import ARROW_STREAM
 from semantics import envs
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
 ENV_API = "TAILTRACE_DASHBOARD_API"
 ENV_STORE = "TAILTRACE_DASHBOARD_STORE"
@@ -245,19 +244,17 @@ class ApiSource(DataSource):
         self._client = httpx.Client(timeout=timeout_s)
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
-        import httpx
+        from collector.query.reader import SqlApiTimeout, SqlApiUnreachable, post_sql
 
         # the collector interrupts the statement at min(its --query-timeout, timeout_s)
-        body = {"sql": sql, "params": [p.isoformat() if isinstance(p, (dt.datetime, dt.date)) else p
-                                       for p in params], "timeout_s": timeout_s}
-        headers = {"Accept": f"{ARROW_STREAM}, application/json"}
-        headers.update(bearer_headers())
         try:
-            resp = self._client.post(f"{self.url}/api/sql", json=body, headers=headers, timeout=timeout_s + 5)
-        except httpx.TimeoutException:
+            resp = post_sql(self.url, sql, [p.isoformat() if isinstance(p, (dt.datetime, dt.date)) else p
+                                            for p in params],
+                            timeout_s=timeout_s + 5, statement_timeout_s=timeout_s, arrow=True, client=self._client)
+        except SqlApiTimeout:
             raise QueryTimeout(sql, timeout_s) from None
-        except httpx.HTTPError as exc:
-            raise DataError(f"cannot reach the collector at {self.url} ({type(exc).__name__}); is "
+        except SqlApiUnreachable as exc:
+            raise DataError(f"cannot reach the collector at {self.url} ({type(exc.cause).__name__}); is "
                             f"`tailtrace collect` running there?") from None
         if resp.status_code == 408:
             raise QueryTimeout(sql, timeout_s)

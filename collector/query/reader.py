@@ -12,12 +12,50 @@ from collections.abc import Callable, Sequence
 from plumbing.errors import UserError
 from semantics import envs
 
-__all__ = ["DEFAULT_API", "Query", "add_store_flags", "api_query", "db_query", "iso", "open_store", "sql_api",
-           "store_query"]
+__all__ = ["ARROW_STREAM", "DEFAULT_API", "Query", "SqlApiTimeout", "SqlApiUnreachable", "add_store_flags",
+           "api_query", "db_query", "iso", "open_store", "post_sql", "sql_api", "store_query"]
 
 Query = Callable[[str, Sequence | None], list]
 
 DEFAULT_API = "http://127.0.0.1:9464"  # the collector's query API (DESIGN.md "Ports and processes")
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+class SqlApiUnreachable(UserError):
+    """The collector's SQL API could not be reached (no answer). Carries `url` and `cause`, the
+    HTTP client's exception."""
+
+    def __init__(self, url: str, cause: Exception):
+        super().__init__(f"cannot reach the collector's SQL API at {url} ({type(cause).__name__}: {cause or 'no answer'})")
+        self.url, self.cause = url, cause
+
+
+class SqlApiTimeout(SqlApiUnreachable, TimeoutError):
+    """No answer from the SQL API within the client's time budget."""
+
+
+def post_sql(api: str, sql: str, params: Sequence | None = None, *, timeout_s: float = 60.0,
+             statement_timeout_s: float | None = None, arrow: bool = False, client=None):
+    """The one HTTP client of a collector's `/api/sql`: POST `{api}/api/sql` with `{"sql", "params"}`
+    (and `"timeout_s"`: the statement's own budget, when given), the bearer token of
+    `TAILTRACE_API_TOKEN` when set, Arrow IPC asked for first when `arrow`; through `client` (an
+    `httpx.Client`) when given. Returns the `httpx.Response`, whatever its status. Raises
+    `SqlApiTimeout` past `timeout_s` seconds, `SqlApiUnreachable` when no answer came."""
+    import httpx
+
+    from collector.query.auth import bearer_headers
+
+    body = {"sql": sql, "params": list(params or [])}
+    if statement_timeout_s is not None:
+        body["timeout_s"] = statement_timeout_s
+    headers = {"Accept": f"{ARROW_STREAM}, application/json"} if arrow else {}
+    headers.update(bearer_headers())
+    try:
+        return (client or httpx).post(f"{api}/api/sql", json=body, headers=headers, timeout=timeout_s)
+    except httpx.TimeoutException as exc:
+        raise SqlApiTimeout(api, exc) from None
+    except httpx.HTTPError as exc:
+        raise SqlApiUnreachable(api, exc) from None
 
 
 def iso(epoch_us: float | None) -> str | None:
@@ -32,16 +70,7 @@ def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
     """Rows (lists) of one read-only query through the collector's `/api/sql` at `api` (base URL;
     the bearer token of `TAILTRACE_API_TOKEN` is sent when set). Raises `UserError` when the API
     cannot be reached or answers anything but 200 (its message quoted)."""
-    import httpx
-
-    from collector.query.auth import bearer_headers
-
-    try:
-        r = httpx.post(f"{api}/api/sql", json={"sql": query, "params": list(params or [])}, headers=bearer_headers(),
-                       timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise UserError(f"cannot reach the collector's SQL API at {api} ({type(exc).__name__}: {exc or 'no answer'})") \
-            from None
+    r = post_sql(api, query, params, timeout_s=timeout_s)
     if r.status_code != 200:
         raise UserError(f"the collector's SQL API answered {r.status_code}: {r.text[:300]}")
     try:

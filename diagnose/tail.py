@@ -27,6 +27,7 @@ from semantics.catalog import (
     NETWORK_IN,
     PHASES,
     REFERENCE_BAND,
+    SOURCES,
     UNATTRIBUTED,
     holding_index_sql,
     phase_by_column,
@@ -52,10 +53,19 @@ class MetricPhase:
 
 
 
-def not_measured_why(column: str, engine_why: str | None = None) -> str:
+def not_measured_why(column: str, engine_why: str | None = None, sources: tuple = ()) -> str:
     """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures
     it). `engine_why`: the deployment's own reason its engine phases are missing (vLLM's stats kept
-    off: semantics.catalog.ENGINE_STATS_OFF_WHY), which then comes first for an engine phase."""
+    off: semantics.catalog.ENGINE_STATS_OFF_WHY), which then comes first for an engine phase.
+    `sources`: the scope's `requests.source` values; when every one is an engine's own tracing that
+    does not emit `column` (semantics.catalog.Source.null_columns), that is the reason:
+    "engine TGI does not emit it"."""
+    by_key = {s.key: s for s in SOURCES}
+    known = [by_key.get(k) for k in sources if k is not None]
+    if known and all(s is not None and column in s.null_columns for s in known):
+        engines = sorted({s.engine for s in known})
+        return (f"engine {engines[0]} does not emit it" if len(engines) == 1
+                else f"engines {', '.join(engines)} do not emit it")
     try:
         phase = phase_by_column(column)
     except KeyError:
@@ -164,11 +174,14 @@ FROM pop, q"""
     most = query(f"""SELECT {holding_index_sql([p.sql for p in phases])} AS i, count(*) FROM requests
         WHERE {ts.tail_where} GROUP BY 1""", [*ref.values(), *ref.values(), *ts.tail_params])
     holds = {int(i): int(k) for i, k in most if i is not None}
+    # the engines whose own tracing filled the rows: a phase an engine does not emit says so
+    sources = () if all(measured) else tuple(r[0] for r in query(
+        f"SELECT DISTINCT source FROM requests WHERE {ts.where}", list(ts.params)))
     out = []
     for i, (p, s, m) in enumerate(zip(phases, tail_c, measured), start=1):
         ex = float(s or 0.0) - ts.n_tail * ref[p.column]
         out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
                               float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,
                               ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0), bool(m),
-                              None if m else not_measured_why(p.raw or p.column, engine_why)))
+                              None if m else not_measured_why(p.raw or p.column, engine_why, sources)))
     return out, ref, sql, params

@@ -47,7 +47,11 @@ def check_store_file(path: str | Path, flag: str = "--db") -> None:
 def check_opened_is_file(con, path: str | Path, flag: str = "--db") -> None:
     """After `duckdb.connect(path)`: raise `UserError` unless the connection's database is the
     file `path` (DuckDB reports an in-memory database's path as NULL). The caller closes `con`."""
-    row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
-    if not row or not row[0]:
+    cur = con.cursor()  # its own connection, closed: no transaction left open (CHECKPOINT would refuse)
+    try:
+        rows = cur.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+    finally:
+        cur.close()
+    if not rows or not rows[0][0]:
         raise UserError(f"{flag} {path} was opened by DuckDB as an in-memory database, not as the file; "
                         "nothing would be kept: give a new file or a DuckDB store, e.g. tailtrace.duckdb")

@@ -1,0 +1,154 @@
+"""`tailtrace tune`: wiring only (issue 47). The search is simulate/tune.py's, its inputs
+simulate/tune_inputs.py's, the diagnosis diagnose's, the confirmation experiment's `try`.
+
+    tailtrace tune --db .tailtrace/demo/tailtrace.duckdb                       # search only: seconds
+    tailtrace tune --db .tailtrace/demo/tailtrace.duckdb --replicas 1,2,4 --knobs max_num_seqs,max_concurrency
+    tailtrace tune --db .tailtrace/demo/tailtrace.duckdb --confirm --budget 20m   # then measure the winner
+"""
+
+from __future__ import annotations
+
+from plumbing.argtypes import SEED, bounded_int, bounded_list, seconds
+
+__all__ = ["register"]
+
+
+def register(sub) -> None:
+    """Add `tune` to the `tailtrace` sub-parsers (cheap: nothing heavy imported)."""
+    from collector.query.reader import add_store_flags
+
+    p = sub.add_parser("tune", help="search the deployment's knobs by simulation for a configuration that meets "
+                                    "every objective; --confirm measures the winner",
+                       description="Fit (or read, --model) the step-time model on a run, check its calibration on "
+                                   "that run (an uncalibrated model stops here), search the knobs the diagnosis points "
+                                   "at and their neighbours by simulation, and print the best configuration that meets "
+                                   "every objective, the Pareto set of the two most missed, and the flags to apply as "
+                                   "a diff against the recorded configuration. docs/tune.md.")
+    add_store_flags(p)
+    p.add_argument("--run-id", help="the run to tune on (default: the latest traffic run)")
+    p.add_argument("--model", metavar="FILE.json", help="a model from `tailtrace simulate fit` (default: fit on the run)")
+    p.add_argument("--slo", metavar="SPEC", help="the objectives (default: the run's recorded spec, else "
+                                                 "ttft_p99=2s,tpot_p99=100ms)")
+    p.add_argument("--knobs", metavar="K[,K…]", help="the knobs to search (default: max_num_seqs, "
+                   "max_num_batched_tokens, long_prefill_token_threshold, scheduling_policy, max_concurrency, "
+                   "priority_classes and the knobs the diagnosis proposes)")
+    p.add_argument("--replicas", type=bounded_list(bounded_int(1, 64), 16), default=[1], metavar="N[,N…]",
+                   help="replica counts to try, fewest first (default 1)")
+    p.add_argument("--max-configs", type=bounded_int(1, 20000), default=240, metavar="N",
+                   help="configurations to simulate at most (default 240)")
+    p.add_argument("--replicates", type=bounded_int(2, 1000), default=39, metavar="N",
+                   help="refits of the step law for the winner's intervals (default 39: a 95%% interval)")
+    p.add_argument("--tolerance", default="0.2", metavar="SHARE",
+                   help="the calibration check's tolerance, in (0, 1] (default 0.2)")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--only-if-missed", action="store_true",
+                   help="stop when every objective is met as recorded (default: search for the cheapest that keeps them)")
+    p.add_argument("--no-diagnosis", action="store_true", help="do not run explain to guide the search")
+    p.add_argument("--confirm", action="store_true",
+                   help="then measure the winner with tailtrace try (baseline = recorded, candidate = the winner)")
+    p.add_argument("--budget", type=seconds(), metavar="DURATION", help="--confirm: try's time budget (e.g. 20m)")
+    p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S", help="--confirm: seconds per block (default 30)")
+    p.add_argument("--out", default=".tailtrace/tune", metavar="DIR", help="--confirm: try's folder (default .tailtrace/tune)")
+    p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p.set_defaults(func=_tune)
+
+
+def _spec(args, run_id) -> tuple[str, str]:
+    """(the traffic spec store:STORE#RUN, the store's name for the model's source)."""
+    if args.store:
+        return f"store:{args.store}#{run_id}", args.store
+    if args.db:
+        return f"store:{args.db}#{run_id}", f"duckdb:///{args.db}"
+    return f"store:#{run_id}", args.api or "the default API"
+
+
+def _tune(args) -> int:
+    import json
+    import sys
+
+    from collector.query.reader import open_store
+    from semantics.slo import DEFAULT_SLO, parse_slo
+    from simulate.calibrate import calibrate, check_tolerance
+    from simulate.limits import fit_to_model_len
+    from simulate.settings import check_traffic, load_traffic
+    from simulate.tune import check_knobs, search
+    from simulate.tune_inputs import check_engine_steps, model_for, tune_run
+    from simulate.tune_render import tune_lines
+
+    tol = check_tolerance(args.tolerance)
+    knobs = check_knobs(args.knobs) if args.knobs is not None else None
+    if args.slo:
+        parse_slo(args.slo)
+    if args.json:
+        from loadgen.cli import check_writable
+
+        check_writable(args.json, "--json")
+    notes = []
+    query, close = open_store(args)
+    try:
+        run = tune_run(query, args.run_id)
+        check_engine_steps(query, run)
+        objectives = parse_slo(args.slo or run.slo or DEFAULT_SLO)
+        spec, store_name = _spec(args, run.run_id)
+        model, how = model_for(query, store_name, run, args.model)
+        hints = {}
+        if not args.no_diagnosis:
+            hints, note = _diagnosis(query, run.run_id, args.slo)
+            notes += [note] if note else []
+    finally:
+        close()
+    api = args.api if not (args.db or args.store) else None
+    if args.model:
+        check_traffic(model, spec, api)
+    cal = calibrate(model, spec, api=api, tolerance=tol)
+    traffic, name = load_traffic(spec, api)
+    traffic, over = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))
+    if over.get("over"):
+        notes.append(over["text"])
+    doc = search(model, traffic, objectives, knobs, args.replicas, args.seed, calibration=cal, hints=hints,
+                 max_configs=args.max_configs, only_if_missed=args.only_if_missed, replicates=args.replicates,
+                 traffic_name=name)
+    doc["model"], doc["notes"], doc["hints"] = how, notes, {k: str(v) for k, v in hints.items()}
+    confirm = _confirm_cmd(args, doc)
+    lines = tune_lines(doc, None if args.confirm else confirm)
+    if args.confirm and not doc.get("stopped"):
+        from tailtrace.tune_confirm import confirm_winner
+
+        lines += confirm_winner(args, doc, spec)
+    text = json.dumps(doc, indent=1, default=str)
+    sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(text + "\n")
+    return 1 if doc.get("stopped") and doc.get("goal") != "none" else 0
+
+
+def _diagnosis(query, run_id: str, slo: str | None) -> tuple[dict, str | None]:
+    """The knobs explain's actions propose for the run ({knob: value}), and a note when it could not
+    run."""
+    from diagnose.explain import explain
+    from diagnose.source import Scope
+    from plumbing.errors import UserError
+    from simulate.tune_inputs import hints_of
+
+    try:
+        report = explain(query, Scope(run_id=run_id, metric=None, slo=slo))
+    except UserError as exc:
+        return {}, f"the diagnosis could not guide the search ({exc})"
+    hints = hints_of(report.to_dict())
+    return hints, (f"the diagnosis proposes: {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else None)
+
+
+def _confirm_cmd(args, doc: dict) -> str | None:
+    """The command that measures the winner (None when there is nothing try can set)."""
+    if doc.get("stopped") or not any(f["try"] for f in doc.get("flags") or []):
+        return None
+    where = f"--db {args.db}" if args.db else (f"--store {args.store}" if args.store else f"--api {args.api}")
+    extra = f" --run-id {args.run_id}" if args.run_id else ""
+    extra += f" --slo {args.slo}" if args.slo else ""
+    extra += f" --knobs {args.knobs}" if args.knobs else ""
+    extra += f" --model {args.model}" if args.model else ""
+    return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 20m"

@@ -31,6 +31,7 @@ _COMMAND_MODULES = (
     "diagnose.cli",         # explain
     "experiment.cli",       # try, compare
     "simulate.cli",         # simulate fit | run | capacity
+    "tailtrace.tune_cmd",   # tune (simulate's search, experiment's try)
 )
 
 

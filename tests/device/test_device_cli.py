@@ -25,6 +25,7 @@ def test_sample_runs_and_exports(otlp_receiver):
     assert len({t for _, t, *_ in otlp_receiver.points()}) >= 5
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("args,msg", [
     (["--interval", "0"], "argument --interval: '0' is out of range: at least 0.01, at most 60"),
     (["--interval", "1", "--export-interval", "0.5"], "export interval must be between"),

@@ -19,8 +19,8 @@ Why these choices (issue 45, measured on the demo's run at its max_num_seqs cap,
   or more. A step draws from its own bucket, so the mean of the draws, and the summed time, holds
   per batch size and not only over the run.
 - **Refits on resampled steps** (block bootstrap, blocks of up to BLOCK consecutive steps so
-  that a slow stretch stays one draw, and at least ~50 blocks): `draws` coefficient vectors, the law's own uncertainty, kept in the
-  model file as `coef_draws`.
+  that a slow stretch stays one draw, and at least ~50 blocks): `draws` coefficient vectors, the law's own uncertainty, which the
+  prediction intervals (simulate/intervals.py) carry.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ class StepModel:
     def scaled(self, factor: float, coef_ms: list[float] | None = None) -> StepModel:
         """A copy whose step law is `factor` times this one's (or `coef_ms` times factor): every
         step `factor` times as long; residuals, overheads and the rest unchanged. For the
-        sensitivity of a prediction to the step law's error, and for refits (`coef_draws`)."""
+        sensitivity of a prediction to the step law's error, and for refits (simulate/intervals.py)."""
         import dataclasses
 
         return dataclasses.replace(self, coef_ms=[float(c) * factor for c in (coef_ms or self.coef_ms)])

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_int, seconds
+from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_float, bounded_int, seconds
 from semantics import envs
 
 __all__ = ["register"]
@@ -37,10 +37,19 @@ def register(sub) -> None:
                    help="the baseline's own settings, same form (embedded stack; default: its defaults)")
     p.add_argument("--traffic", default="azure-conv",
                    help="a trace (azure-conv, mooncake-conv, a CSV) or store:STORE[#RUN_ID] (default azure-conv)")
-    p.add_argument("--block-s", type=seconds(), default=60.0, metavar="S",
-                   help="seconds of traffic per block (default 60)")
-    p.add_argument("--blocks", type=bounded_int(1, 1000), default=4, metavar="N",
-                   help="block pairs (A B or B A each; default 4: eight blocks)")
+    p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S",
+                   help="seconds of traffic per block (default 30)")
+    p.add_argument("--blocks", type=bounded_int(1, 1000), default=6, metavar="N",
+                   help="block pairs without --budget (A B or B A each; default 6, the fewest whose sign-flip test "
+                        "can call a difference at 5%%)")
+    p.add_argument("--budget", type=_duration, metavar="TIME",
+                   help="add pairs until every objective is decided (better, worse or same) or TIME of blocks is "
+                        "spent, e.g. 20m, 90s, 1h (the false-positive rate held over the looks: docs/experiment.md)")
+    p.add_argument("--margin", type=bounded_float(0.0, 1.0, lo_open=True, hi_open=True), default=0.10, metavar="M",
+                   help="'same' when B/A lies within 1 -+ M (default 0.10: within 10%%)")
+    p.add_argument("--one-engine", action="store_true",
+                   help="embedded, a vllm: change: restart vLLM between arms instead of running the candidate's "
+                        "engine beside the baseline's")
     p.add_argument("--start", type=TRACE_OFFSET_S, default=0.0, metavar="OFFSET", help="trace seconds to skip (default 0)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--speed", type=SPEED, metavar="X", help="play the traffic X times faster")
@@ -78,6 +87,11 @@ def register(sub) -> None:
                    help="compare only the requests of this class (default: every request)")
     p.add_argument("--confidence", type=float, default=0.95, choices=(0.95, 0.99, 0.999),
                    help="the intervals' confidence level (default 0.95)")
+    p.add_argument("--margin", type=bounded_float(0.0, 1.0, lo_open=True, hi_open=True), default=0.10, metavar="M",
+                   help="'same' when B/A lies within 1 -+ M (default 0.10: within 10%%)")
+    p.add_argument("--looks-to", type=bounded_int(2, 200), metavar="K",
+                   help="the runs are a `try --budget` that could have run K pairs: its repeated interval (looks "
+                        "after every pair from 6 to K), as try printed it (default: one look)")
     p.add_argument("--split", type=bounded_int(1, 1000), default=4, metavar="K",
                    help="one run per arm: stretches per run (default 4)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
@@ -129,8 +143,14 @@ def _compare(args) -> int:
     query, close = open_store(args)
     try:
         present = [r.run_id for r in list_runs(query) if r.run_id]
-        doc = compare(query, _runs(args.run_a, present), _runs(args.run_b, present), slo=args.slo,
-                      split=args.split, priority=args.priority, level=args.confidence).to_dict()
+        a_runs, b_runs = _runs(args.run_a, present), _runs(args.run_b, present)
+        plan = None
+        if args.looks_to and args.looks_to > min(6, len(a_runs)):
+            from experiment.sequential import Plan
+
+            plan = Plan(min(6, len(a_runs)), args.looks_to, args.confidence, args.margin)
+        doc = compare(query, a_runs, b_runs, slo=args.slo, split=args.split, priority=args.priority,
+                      level=args.confidence, margin=args.margin, plan=plan).to_dict()
     finally:
         close()
     _emit(doc, args)
@@ -166,7 +186,8 @@ def _try(args) -> int:
         check_writable(args.json, "--json")  # before the experiment, not after it: a bad path must not lose the result
     cfg = TrialConfig(out_dir=Path(args.out), changes=changes, base=base, traffic=args.traffic, block_s=args.block_s,
                       start_s=args.start, speed=args.speed, rate=args.rate, max_requests=args.max_requests,
-                      pairs=args.blocks, slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,
+                      pairs=args.blocks, budget_s=args.budget, margin=args.margin, one_engine=args.one_engine,
+                      slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,
                       candidate_url=args.candidate, api=args.api or envs.get("TAILTRACE_API_URL"),
                       otlp_endpoint=args.otlp_endpoint, priority=args.priority, level=args.confidence,
                       store_api=args.api if args.traffic.startswith("store:") else None)
@@ -182,6 +203,32 @@ def _try(args) -> int:
     stop_on_sigint()  # a background job starts with SIGINT ignored; try must still stop on it
     signal.signal(signal.SIGTERM, _on_term)
     console = Console(stderr=args.format == "json")
-    doc = run_trial(cfg, console)
+    from experiment.health import PartDied
+
+    try:
+        doc = run_trial(cfg, console)
+    except PartDied as exc:  # not bad input: the run failed (exit 1), everything it started is stopped
+        import sys
+
+        print(f"tailtrace try: error: {exc}", file=sys.stderr)
+        return 1
     _emit(doc, args)
     return 0
+
+
+def _duration(text: str) -> float:
+    """'20m', '90s', '1h30m', '1.5h' or plain seconds -> seconds (more than 0, at most a day); else
+    ArgRangeError."""
+    import re
+
+    from plumbing.argtypes import ArgRangeError
+
+    t = str(text).strip().lower()
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?:in)?)?(?:(\d+(?:\.\d+)?)s?)?", t)
+    if not t or parts is None or not any(parts.groups()):
+        raise ArgRangeError(f"{text!r} is not a duration (e.g. 20m, 90s, 1h30m)")
+    h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+    total = h * 3600 + m * 60 + sec
+    if not 0 < total <= 86400:
+        raise ArgRangeError(f"{text!r} is out of range: more than 0, at most 24h")
+    return total

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from semantics.catalog import format_ms
+from semantics.catalog import format_ms, quantile_label
 
 __all__ = ["comparison_lines", "render_json", "render_text", "verdict_text"]
 
@@ -38,20 +38,33 @@ def comparison_lines(doc: dict) -> list[str]:
     mode = {"embedded": "on the embedded stack, ", "urls": "between two URLs (nothing changed), "}.get(doc.get("mode"), "")
     out = [(f"B against A {mode}over {doc['blocks']['pairs']} block pair(s) ({doc['blocks']['unit']}s, at least "
            f"{doc['blocks']['requests_min']} requests each{only}); objectives {doc['slo']}")]
+    seq = doc.get("sequential") or {}
+    if seq.get("k_max", 0) > seq.get("k_min", 0):
+        out.append(f"  pairs added until decided: looks after every pair from {seq['k_min']} to {seq['k_max']}, "
+                   f"each interval a Pocock repeated interval (critical value {seq['crit']}); "
+                   + ("decided" if seq.get("decided") else f"stopped undecided ({seq.get('stopped', 'budget spent')})"))
     rows = {(m["metric"], m["quantile"]): m for m in doc["metrics"]}
     for o in doc["objectives"]:
         m = rows.get((o["metric"], o["quantile"]))
         if m is None:
             out.append(f"  {o['objective']}: {o.get('why') or 'not compared'}")
             continue
+        met = (f"; objective {format_ms(o['target_ms'])}: A {_met(o['a_met'])}, B {_met(o['b_met'])}")
         head = f"  {m['metric'].upper()} {m['label']} {format_ms(m['a_ms'])} → {format_ms(m['b_ms'])}"
         if m["ratio_low"] is None:
-            out.append(f"{head}: {m['verdict']} ({m['why']})")
+            out.append(f"{head}: {m['verdict']} ({m['why']}){met}")
             continue
         seen = "" if not m["mde"] else f"; could detect {_pct(math.exp(-m['mde']))} or {_pct(math.exp(m['mde']))}"
         out.append(f"{head} ({_signed(m['diff_ms'])}; {_level(doc)} interval {_pct(m['ratio_low'])} .. "
-                   f"{_pct(m['ratio_high'])}{seen}): "
-                   f"{m['verdict'].upper() if m['verdict'] in ('better', 'worse') else m['verdict']}")
+                   f"{_pct(m['ratio_high'])}{seen}): {verdict_text(m, doc)}{met}")
+    for o in doc["objectives"]:
+        if o.get("crossed") == "missed by B":
+            out.append(f"  !! B moves {o['metric'].upper()} {quantile_label(o['quantile'])} over its objective: "
+                       f"{format_ms(o['a_ms'])} → {format_ms(o['b_ms'])} against {format_ms(o['target_ms'])} "
+                       f"(A met it, B misses it; the change reads {o['change']})")
+        elif o.get("crossed") == "met by B":
+            out.append(f"  B brings {o['metric'].upper()} {quantile_label(o['quantile'])} within its objective: "
+                       f"{format_ms(o['a_ms'])} → {format_ms(o['b_ms'])} against {format_ms(o['target_ms'])}")
     for t in doc["tail_phases"]:
         moved = sorted((p for p in t["phases"] if p["shift_ms"] is not None), key=lambda p: -abs(p["shift_ms"]))[:4]
         absent = [p["phase"] for p in t["phases"] if p["shift_ms"] is None]
@@ -66,10 +79,23 @@ def comparison_lines(doc: dict) -> list[str]:
     return out
 
 
-def verdict_text(m: dict) -> str:
-    """A metric row's verdict as a table shows it: the verdict, or why there is none ("P999 needs
-    500+ per block (has 60)")."""
-    return m["verdict"] if m["ratio_low"] is not None or not m["why"] else m["why"]
+def _met(v) -> str:
+    return "n/a" if v is None else "met" if v else "missed"
+
+
+def verdict_text(m: dict, doc: dict | None = None) -> str:
+    """A metric row's verdict as the report shows it: BETTER / WORSE, "same (within ±10%)",
+    "inconclusive: add 4 pairs (at the spread seen so far)", or why there is none ("P999 needs
+    500+ requests per block (has 60)")."""
+    v = m["verdict"]
+    if m["ratio_low"] is None:
+        return m["why"] or v
+    if v in ("better", "worse"):
+        return v.upper()
+    if v == "same":
+        margin = (doc or {}).get("sequential", {}).get("margin", 0.1)
+        return f"same (within ±{margin:.0%})"
+    return f"{v}: {m['why']}" if m.get("why") else v
 
 
 def render_text(doc: dict, console) -> None:
@@ -87,7 +113,7 @@ def render_text(doc: dict, console) -> None:
             ci = f"{_pct(m['ratio_low'])} .. {_pct(m['ratio_high'])}"
         else:
             ci = "—"
-        verdict = verdict_text(m)
+        verdict = verdict_text(m, doc)
         table.add_row(f"{m['metric'].upper()} {m['label']}", format_ms(m["a_ms"]), format_ms(m["b_ms"]),
                       _signed(m["diff_ms"]), ci, verdict)
     console.print(table)

@@ -1,5 +1,5 @@
 """`tailtrace try`: run a baseline (A) and a candidate (B) on the same traffic in interleaved blocks and
-say what B buys, with an interval by block (experiment/compare.py, experiment/stats.py).
+say what B buys, with an interval by block pair (experiment/compare.py, experiment/stats.py).
 
 The traffic is cut once (`--block-s` seconds of it, from a trace or `store:` a traced run) and
 written to `traffic.csv` in the output folder; every block replays that file (the same arrivals,
@@ -8,30 +8,35 @@ finds another's prompts in vLLM's prefix cache), as one run of kind experiment-a
 (`<id>-A0`, `<id>-B0`, ...). Blocks go in pairs, A B then B A, so that a drift of the machine
 cancels; a pair is the unit of the interval.
 
-Where it runs:
-- embedded (no --baseline): the stack `demo` starts (collector, vLLM CPU, gateway). A vLLM change
-  restarts vLLM between arms (the candidate's arguments are tried first, so that an argument vLLM
-  refuses stops the run before any block, with vLLM's own error line); a gateway change runs a
-  second gateway beside the first, in front of the same engine, so no restart is needed; a client
-  change is the load generator's own. Everything `try` started is stopped at the end, on a failure
-  and on Ctrl-C; a stack handed in keeps running with its baseline restored.
-- URLs (`--baseline URL --candidate URL`, e.g. a canary replica started with the change): the blocks
-  alternate between the two; nothing is changed; the client spans go to the user's collector and
-  the comparison reads its SQL API (`--api`).
+How many pairs: `pairs` (default 6, the fewest whose sign-flip test can reach 5%), or with a
+`budget_s` pairs are added, with a look after each from the 6th, until every objective is decided
+(better, worse or same) or the budget is spent (experiment/sequential.py holds the false-positive
+rate over the looks).
+
+Where it runs: embedded (no --baseline; experiment/engines.py: both engines up at once for a vLLM
+change, or restarts with `one_engine`) or between two URLs (`--baseline URL --candidate URL`, a
+canary replica that already runs the change; the client spans go to the user's collector and the
+comparison reads its SQL API). After every block the parts are checked (experiment/health.py): a
+part that died stops the run (PartDied, naming it with its log's last lines), a block with failures
+beyond the baseline's is discarded with its pair and named, never compared.
+
+`try_change(cfg, console)` returns a `TrialResult` (the comparison, its blocks, the verdict per
+objective): the function `tune` calls; `run_trial` its JSON document.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from experiment.changes import Arm, Change
+from experiment.stats import MARGIN, MIN_DECIDING_PAIRS
 from plumbing.errors import UserError
-from semantics.slo import DEFAULT_SLO, RUN_KIND_ARM
 
-__all__ = ["TrialConfig", "block_order", "run_trial"]
+__all__ = ["TrialConfig", "TrialResult", "block_order", "pair_seconds", "run_trial", "try_change"]
 
 
 @dataclass
@@ -39,22 +44,27 @@ class TrialConfig:
     """One `try`. `changes`: what B changes (empty: a null change, A = B); `base`: the baseline's own
     arguments; `traffic`: a trace spec (loadgen.traces.load_trace; `store:…`), cut to `block_s`
     seconds from `start_s` (rescaled by `speed` or `rate`, at most `max_requests`); `pairs` block
-    pairs (2 x pairs blocks); `slo`: the objectives; `priority`/`level`: compare one class only, at
-    this confidence; `warmup`: requests of the traffic sent (at 4x its speed, not compared) before the
-    first block and after each restart of vLLM, so that no block pays a cold engine;
-    `baseline_url`/`candidate_url`: URL mode, with `api` the collector's SQL API and `otlp_endpoint`
-    its OTLP/HTTP; `out_dir`: traffic, logs, store."""
+    pairs (2 x pairs blocks) without a budget; `budget_s`: add pairs until decided or this many
+    seconds of blocks are spent (from the first block; the stack's start is not counted);
+    `margin`: the band of "same" (0.1: within 10%); `slo`: the objectives; `priority`/`level`:
+    compare one class only, at this confidence; `warmup`: requests of the traffic sent (at 4x its
+    speed, not compared) before the first block and after each restart of vLLM, so that no block
+    pays a cold engine; `one_engine`: restart vLLM between arms instead of running both;
+    `baseline_url`/`candidate_url`: URL mode, with `api` the collector's SQL API and
+    `otlp_endpoint` its OTLP/HTTP; `out_dir`: traffic, logs, store."""
 
     out_dir: Path
     changes: list[Change] = field(default_factory=list)
     base: Arm = field(default_factory=Arm)
     traffic: str = "azure-conv"
-    block_s: float = 60.0
+    block_s: float = 30.0
     start_s: float = 0.0
     speed: float | None = None
     rate: float | None = None
     max_requests: int | None = None
-    pairs: int = 4
+    pairs: int = MIN_DECIDING_PAIRS
+    budget_s: float | None = None
+    margin: float = MARGIN
     slo: str | None = None
     seed: int = 0
     model: str = "tiny"
@@ -68,6 +78,32 @@ class TrialConfig:
     warmup: int = 8
     settle_s: float = 1.0
     timeout_s: float = 600.0
+    one_engine: bool = False
+
+
+@dataclass
+class TrialResult:
+    """What a `try` measured: `comparison` (experiment.compare.Comparison: arms, metric rows with
+    intervals and verdicts, objectives met/missed per arm), `blocks` (every block run, discarded
+    ones with `discarded`: why), `stopped` (decided | budget | pairs), the experiment's id, mode and
+    notes. `verdicts()`: objective -> verdict; `to_dict()`: the JSON (docs/compare.schema.json)."""
+
+    comparison: object
+    blocks: list[dict]
+    experiment: str
+    mode: str
+    stopped: str
+    extra: dict = field(default_factory=dict)
+
+    def verdicts(self) -> dict[str, str]:
+        """Objective spec -> verdict of B against A (better, worse, same, inconclusive, ...)."""
+        return {o["objective"]: o["change"] for o in self.comparison.objectives}
+
+    def to_dict(self) -> dict:
+        doc = self.comparison.to_dict()
+        doc["sequential"]["stopped"] = self.stopped
+        doc.update(mode=self.mode, experiment=self.experiment, block_runs=self.blocks, **self.extra)
+        return doc
 
 
 def block_order(pairs: int, first: str = "A") -> list[str]:
@@ -79,6 +115,12 @@ def block_order(pairs: int, first: str = "A") -> list[str]:
     return out
 
 
+def pair_seconds(block_s: float, settle_s: float = 1.0) -> float:
+    """About how long one pair of blocks takes: two blocks of `block_s` of traffic, each drained
+    (about 10% more, at least 3 s: the last requests' answers) and settled."""
+    return 2 * (block_s + max(3.0, 0.1 * block_s) + settle_s)
+
+
 def _cut_traffic(cfg: TrialConfig) -> tuple[Path, int, list[str]]:
     from loadgen.replay import ReplayConfig, export_plan
 
@@ -88,136 +130,23 @@ def _cut_traffic(cfg: TrialConfig) -> tuple[Path, int, list[str]]:
     return export_plan(rc, cfg.out_dir / "traffic.csv")
 
 
-def _vllm_error(log: Path) -> str | None:
-    """vLLM's own error line from its log (argparse's `error:` or the last `Error`), if any."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()[-200:]
-    except OSError:
-        return None
-    hits = [ln.strip() for ln in lines if "error:" in ln.lower() or "Error" in ln]
-    return hits[-1][:300] if hits else None
+def _plan(cfg: TrialConfig):
+    from experiment.sequential import Plan, pairs_for_budget
+
+    if cfg.budget_s is None:
+        return Plan(cfg.pairs, cfg.pairs, cfg.level, cfg.margin)
+    pair_s = pair_seconds(cfg.block_s, cfg.settle_s)
+    if cfg.budget_s < pair_s:
+        raise UserError(f"--budget {_dur(cfg.budget_s)} is less than one pair of blocks: a pair takes about "
+                        f"{_dur(pair_s)} (2 blocks of --block-s {cfg.block_s:g} s, drained and settled); give more, "
+                        "or a shorter --block-s")
+    k_max = pairs_for_budget(cfg.budget_s, pair_s)
+    return Plan(min(MIN_DECIDING_PAIRS, k_max), k_max, cfg.level, cfg.margin)
 
 
-class _Embedded:
-    """The embedded stack of one `try`: its vLLM restarted when an arm's vLLM arguments differ, one
-    gateway per distinct gateway configuration."""
-
-    def __init__(self, cfg: TrialConfig, arms: dict[str, Arm], console, stack=None):
-        self.cfg, self.arms, self.console = cfg, arms, console
-        self.stack, self.owned = stack, stack is None
-        self.vllm_args: list[str] | None = None if stack is None else list(arms["A"].vllm)
-        self.extra_gateways: list = []
-        self.targets: dict[str, str] = {}
-        self.restarts = 0
-
-    def start(self, first: str) -> None:
-        from embedded.stack import StackConfig, preflight, start_stack
-        from plumbing.procs import free_port
-
-        arm = self.arms[first]
-        if self.stack is None:
-            scfg = StackConfig(out_dir=self.cfg.out_dir, model=self.cfg.model, vllm_port=free_port(),
-                               gateway_port=free_port(), otlp_port=free_port(), api_port=free_port(), grpc_port=0,
-                               sampler=False, vllm_args=list(arm.vllm), gateway_args=list(self.arms["A"].gateway))
-            preflight(scfg)
-            try:
-                self.stack = start_stack(scfg, self.console)
-            except UserError as exc:
-                line = _vllm_error(scfg.out_dir / "logs" / "vllm.log")
-                if line and "vLLM" in str(exc):
-                    raise UserError(f"vLLM refused {' '.join(arm.vllm) or 'its arguments'}: {line}") from None
-                raise
-            self.vllm_args = list(arm.vllm)
-        # one gateway per distinct configuration: the stack's own serves the one it was started with
-        by_args = {tuple(self.stack.cfg.gateway_args): self.stack.gateway_url}
-        for name in ("A", "B"):
-            args = tuple(self.arms[name].gateway)
-            if args not in by_args:
-                by_args[args] = self._gateway(list(args), f"gateway-{name}")
-            self.targets[name] = by_args[args]
-
-    def _gateway(self, args: list[str], name: str) -> str:
-        from plumbing.procs import free_port, start_process, wait_http
-
-        port = free_port()
-        st = self.stack
-        proc = start_process(st.gateway_command(port, args), st.logs / f"{name}.log")
-        self.extra_gateways.append(proc)
-        url = f"http://{st.cfg.host}:{port}"
-        wait_http(f"{url}/v1/models", 60, proc, what=name, log_path=st.logs / (name + ".log"))
-        return url
-
-    def use(self, arm_name: str) -> str:
-        """Make the engine run `arm_name`'s vLLM arguments (restarting it when they differ); its URL."""
-        args = self.arms[arm_name].vllm
-        if args != self.vllm_args:
-            self._restart(args, arm_name)
-        return self.targets[arm_name]
-
-    def _restart(self, args: list[str], tag: str) -> None:
-        from embedded.serve import start_vllm
-        from plumbing.procs import stop_process
-
-        st = self.stack
-        t0 = time.monotonic()
-        i = next((k for k, (name, _) in enumerate(st.procs) if name == "vllm"), None)
-        if i is not None:
-            stop_process(st.procs.pop(i)[1], 60, interrupt_first=True)
-        log = st.logs / f"vllm-{tag}-{int(time.time())}.log"
-        self.vllm_args = None
-        try:
-            proc = start_vllm(st.serve_config(args), log_path=log)
-        except UserError:
-            raise UserError(f"vLLM refused {' '.join(args) or 'its arguments'}: {_vllm_error(log) or 'see ' + str(log)}") \
-                from None
-        st.procs.insert(i if i is not None else len(st.procs), ("vllm", proc))
-        self.vllm_args = list(args)
-        self.restarts += 1
-        self._wait_gateways()
-        self.console.print(f"  vLLM restarted with {' '.join(args) or 'its defaults'} in {time.monotonic() - t0:.0f} s",
-                           highlight=False)
-
-    def _wait_gateways(self, timeout_s: float = 60.0) -> None:
-        """Until every gateway's health check has seen the restarted engine (GET /health: 200)."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        for url in set(self.targets.values()):
-            while True:
-                try:
-                    if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise UserError(f"the gateway at {url} did not see the restarted vLLM within {timeout_s:.0f} s")
-                time.sleep(0.25)
-
-    def stop(self) -> None:
-        from plumbing.procs import stop_process
-
-        while self.extra_gateways:
-            stop_process(self.extra_gateways.pop(), 5)
-        if self.stack is None:
-            return
-        if self.owned:
-            self.stack.stop()
-        elif self.vllm_args != self.arms["A"].vllm:
-            self._restart(self.arms["A"].vllm, "baseline")  # a stack handed in keeps its baseline
-
-
-def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
-    """Run the experiment (module docstring) and return its document: the comparison
-    (docs/compare.schema.json) with `mode`, `changes`, `traffic` and `blocks`. Raises UserError for
-    bad input, a refused start or an unreachable target; KeyboardInterrupt after stopping what it
-    started. `stack`: a running embedded Stack to use (its vLLM and gateway are the baseline's)."""
-    from collector.query.reader import DEFAULT_API, api_query
-    from embedded.stack import wait_for_store
-    from experiment.compare import compare
-    from loadgen.replay import ReplayConfig, run_replay
-
+def _check_input(cfg: TrialConfig) -> bool:
     if cfg.pairs < 1:
-        raise UserError("--blocks must be at least 1 (pairs of blocks; 2+ for an interval)")
+        raise UserError("--blocks must be at least 1 (pairs of blocks; 6+ for a verdict)")
     urls = cfg.baseline_url is not None or cfg.candidate_url is not None
     if urls and (cfg.baseline_url is None or cfg.candidate_url is None):
         raise UserError("give both --baseline URL and --candidate URL (or neither, for the embedded stack)")
@@ -230,6 +159,18 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
 
         check_http_url(cfg.baseline_url, "--baseline")
         check_http_url(cfg.candidate_url, "--candidate")
+    return urls
+
+
+def try_change(cfg: TrialConfig, console, stack=None) -> TrialResult:
+    """Run the experiment (module docstring) and return its TrialResult. Raises UserError for bad
+    input, a refused start or an unreachable target; PartDied (a UserError) when a part died
+    mid-run, after stopping everything it started; KeyboardInterrupt likewise. `stack`: a running
+    embedded Stack to use (its vLLM and gateway are the baseline's)."""
+    from experiment.blocks import BlockRunner
+
+    urls = _check_input(cfg)
+    plan = _plan(cfg)
     arms = {"A": cfg.base, "B": cfg.base.with_changes(cfg.changes)}
     traffic, n_req, notes = _cut_traffic(cfg)
     if n_req < 50:  # compare's rule: a quantile q needs 0.5 / (1 - q) requests per block
@@ -237,76 +178,40 @@ def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
                      "or --rate / --speed)")
         console.print(f"[yellow]note:[/] {notes[-1]}", highlight=False)
     exp = f"try-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
-    first = "B" if arms["B"].vllm != arms["A"].vllm else "A"
-    order = block_order(cfg.pairs, first)
-    console.print(f"[bold]try[/] {exp}: {len(order)} blocks ({' '.join(order)}) of {n_req} requests "
-                  f"({traffic}); B changes {', '.join(c.text() for c in cfg.changes) or 'nothing (a null change)'}",
+    restarts = arms["B"].vllm != arms["A"].vllm and (cfg.one_engine or urls)
+    first = "B" if restarts else "A"
+    looks = (f"{plan.k_max} pairs" if plan.k_min == plan.k_max else
+             f"{plan.k_min} to {plan.k_max} pairs, until decided (--budget {_dur(cfg.budget_s)})")
+    console.print(f"[bold]try[/] {exp}: blocks {' '.join(block_order(2, first))} ... of {n_req} requests ({traffic}), "
+                  f"{looks}; B changes {', '.join(c.text() for c in cfg.changes) or 'nothing (a null change)'}",
                   highlight=False)
-    env = None
-    if urls:
-        from collector.query.reader import sql_api
-        from instrument.otel import otlp_endpoint
-        from loadgen.replay import discover_target, normalize_target
-        from plumbing.urls import check_http_url
-
-        targets = {"A": check_http_url(cfg.baseline_url, "--baseline"), "B": check_http_url(cfg.candidate_url, "--candidate")}
-        api, otlp = (cfg.api or DEFAULT_API).rstrip("/"), otlp_endpoint(cfg.otlp_endpoint)
-        sql_api(api, "SELECT count(*) FROM requests")  # the comparison reads it: refuse now, not after the blocks
-        models = {arm: discover_target(normalize_target(url), None)[0] for arm, url in targets.items()}
-        if models["A"] != models["B"]:
-            notes.append(f"the arms serve different models: A {models['A']}, B {models['B']}")
-    else:
-        env = _Embedded(cfg, arms, console, stack)
-    blocks = []
+    if plan.k_max < MIN_DECIDING_PAIRS:
+        notes.append(f"{plan.k_max} pairs: fewer than {MIN_DECIDING_PAIRS}, so no difference can be called at 5% "
+                     "(the sign-flip test's smallest p is 2 / 2^pairs)")
+    runner = BlockRunner(cfg, arms, exp, traffic, console, urls, stack)
     try:
-        if env is not None:
-            env.start(first)
-            api, otlp, targets = env.stack.api_url, env.stack.otlp_url, None
-        counts = {"A": 0, "B": 0}
-        warm: set[tuple] = set()
-        for j, arm in enumerate(order):
-            target = env.use(arm) if env is not None else targets[arm]
-            state = (target, env.restarts if env is not None else 0)  # a new target or a restarted engine
-            if cfg.warmup and state not in warm:  # a cold engine (first block, a restart) is warmed, not compared
-                warm.add(state)
-                run_replay(ReplayConfig(trace=str(traffic), target=target, run_id=f"{exp}-warmup{len(warm)}",
-                                        run_kind=RUN_KIND_ARM, max_requests=cfg.warmup, speed=4.0, seed=cfg.seed,
-                                        otlp_endpoint=otlp, timeout_s=cfg.timeout_s, progress=False))
-            run_id = f"{exp}-{arm}{counts[arm]}"
-            counts[arm] += 1
-            res = run_replay(ReplayConfig(trace=str(traffic), target=target,
-                                          run_id=run_id, run_kind=RUN_KIND_ARM, slo=cfg.slo or DEFAULT_SLO, seed=cfg.seed,
-                                          otlp_endpoint=otlp, timeout_s=cfg.timeout_s, progress=False,
-                                          **arms[arm].client))
-            s = res.summary
-            blocks.append({"arm": arm, "run_id": run_id, "requests": s.requests, "failed": s.failed,
-                           "target": target})
-            if res.interrupted:
-                raise KeyboardInterrupt
-            if not res.spans_exported:
-                raise UserError(f"no OTLP collector at {otlp}: the blocks' client spans were lost, so nothing can be "
-                                "compared; give --otlp-endpoint (the collector whose --api compares)")
-            ttft = s.latency["ttft"].get("p99")
-            console.print(f"  block {j + 1}/{len(order)} {arm} {run_id}: {s.completed}/{s.requests} ok, "
-                          f"TTFT P99 {_ms(ttft)}, E2E P99 {_ms(s.latency['e2e'].get('p99'))}", highlight=False)
-            time.sleep(cfg.settle_s)
-        for b in blocks:
-            wait_for_store(api, b["run_id"], b["requests"], timeout_s=60, where="TRUE")
-        doc = compare(api_query(api), [b["run_id"] for b in blocks if b["arm"] == "A"],
-                      [b["run_id"] for b in blocks if b["arm"] == "B"], slo=cfg.slo, priority=cfg.priority,
-                      level=cfg.level, split=0).to_dict()
+        runner.start(first)
+        comparison, stopped = runner.run(plan, block_order(plan.k_max, first))
     finally:
-        if env is not None:
-            env.stop()
-    doc.update(mode="urls" if urls else "embedded", experiment=exp, changes=[c.text() for c in cfg.changes],
-               traffic={"spec": cfg.traffic, "file": str(traffic), "requests": n_req, "block_s": cfg.block_s},
-               block_runs=blocks, arm_config={k: {"vllm": v.vllm, "gateway": v.gateway, "client": v.client}
-                                              for k, v in arms.items()})
-    doc["notes"] = notes + doc["notes"] + ([] if cfg.changes else ["a null change: A and B are the same configuration"])
-    return doc
+        runner.stop()
+    notes += runner.notes
+    extra = {"changes": [c.text() for c in cfg.changes],
+             "traffic": {"spec": cfg.traffic, "file": str(traffic), "requests": n_req, "block_s": cfg.block_s},
+             "arm_config": {k: {"vllm": v.vllm, "gateway": v.gateway, "client": v.client} for k, v in arms.items()},
+             "engines": runner.engines}
+    comparison.notes = notes + comparison.notes + ([] if cfg.changes else
+                                                   ["a null change: A and B are the same configuration"])
+    return TrialResult(comparison, runner.blocks, exp, "urls" if urls else "embedded", stopped, extra)
 
 
-def _ms(v) -> str:
-    from semantics.catalog import format_ms
+def run_trial(cfg: TrialConfig, console, stack=None) -> dict:
+    """`try_change` as its JSON document: the comparison (docs/compare.schema.json) with `mode`,
+    `experiment`, `changes`, `traffic`, `block_runs`, `arm_config` and `engines`."""
+    return try_change(cfg, console, stack).to_dict()
 
-    return format_ms(v)
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "none"
+    m, sec = divmod(math.ceil(s), 60)
+    return f"{m} min {sec} s" if m and sec else f"{m} min" if m else f"{sec} s"

@@ -29,14 +29,19 @@ if pick == "choose runs":
     b_runs = c2.multiselect("B (candidate)", runs, default=traffic[-1:], key="cmp_b")
 else:
     a_runs, b_runs = exps[pick]
-c1, c2 = st.columns(2)
+c1, c2, c3, c4 = st.columns(4)
 priority = c1.selectbox("Requests", [None, "interactive", "batch"], format_func=lambda p: p or "every class",
                         key="cmp_priority")
 level = c2.selectbox("Confidence", [0.95, 0.99, 0.999], format_func=lambda x: f"{x:.1%}", key="cmp_level")
+margin = c3.selectbox("Same within", [0.05, 0.10, 0.20], index=1, format_func=lambda x: f"±{x:.0%}", key="cmp_margin")
+# a `try --budget` looked after every pair up to what its budget held: its repeated interval is wider
+looks_to = c4.number_input("Looks up to (pairs; 0: one look)", min_value=0, max_value=200, value=0, step=1,
+                           key="cmp_looks")
 if not a_runs or not b_runs:
     ui.show_empty("Choose at least one run for each arm.")
     st.stop()
-doc = compare.comparison(ctx.src, list(a_runs), list(b_runs), why.slo_spec(ctx.slo), priority, level)
+doc = compare.comparison(ctx.src, list(a_runs), list(b_runs), why.slo_spec(ctx.slo), priority, level, margin,
+                         int(looks_to) or None)
 for line in comparison_lines(doc):
     st.markdown(f"- {line.strip()}" if line.startswith("  ") else f"**{line}**")
 table = ui.ms_table(compare.metrics_frame(doc)).format(  # durations by the one formatter; n/a, never "None"

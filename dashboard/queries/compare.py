@@ -29,16 +29,23 @@ def experiments(runs: list[str]) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def comparison(src: DataSource, a_runs: list[str], b_runs: list[str], slo: str | None,
-               priority: str | None = None, level: float = 0.95) -> dict | None:
+               priority: str | None = None, level: float = 0.95, margin: float = 0.1,
+               looks_to: int | None = None) -> dict | None:
     """The comparison's document (docs/compare.schema.json) over the dashboard's source; None with
     the reason shown by the caller when the runs cannot be compared (UserError's message raised as
-    DataError)."""
+    DataError). `margin`: the band of "same"; `looks_to`: the pairs a sequential `try --budget` could
+    have run (its looks from 6 to that, as `compare --looks-to`), None for one look."""
     from dashboard.queries.why import source_query
     from experiment.compare import compare
+    from experiment.sequential import Plan
     from plumbing.errors import UserError
 
+    plan = None
+    if looks_to and looks_to > min(6, len(a_runs)):
+        plan = Plan(min(6, len(a_runs)), looks_to, level, margin)
     try:
-        return compare(source_query(src), a_runs, b_runs, slo=slo, priority=priority, level=level).to_dict()
+        return compare(source_query(src), a_runs, b_runs, slo=slo, priority=priority, level=level, margin=margin,
+                       plan=plan).to_dict()
     except UserError as exc:
         raise DataError(str(exc)) from None
 
@@ -52,7 +59,7 @@ def metrics_frame(doc: dict) -> pd.DataFrame:
         pct = lambda r: None if r is None else (r - 1) * 100
         rows.append({"metric": f"{m['metric'].upper()} {m['label']}", "A_ms": m["a_ms"], "B_ms": m["b_ms"],
                      "diff_ms": m["diff_ms"], "low_pct": pct(m["ratio_low"]), "high_pct": pct(m["ratio_high"]),
-                     "verdict": verdict_text(m)})
+                     "verdict": verdict_text(m, doc)})
     return pd.DataFrame(rows)
 
 

@@ -32,7 +32,8 @@ def _two_runs():
 def _compare(url: str) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["compare", "run-1", "run-2", "--store", url, "--format", "json", "--split", "3"]) == 0
+        assert main(["compare", "run-1", "run-2", "--store", url, "--format", "json", "--split", "6",
+                     "--slo", "ttft_p99=2s,e2e_p90=10s"]) == 0
     return json.loads(out.getvalue())
 
 
@@ -45,7 +46,8 @@ def test_compare_on_chdb_equals_compare_on_duckdb(tmp_path, chdb_store):
     want = _compare(f"duckdb://{duck}")
     got = _compare(store.text)
     assert want["arms"]["A"]["requests"] == want["arms"]["B"]["requests"] == 300
-    e2e = next(m for m in want["metrics"] if m["metric"] == "e2e" and m["quantile"] == 0.99)
+    # six stretches (the fewest whose sign-flip test can call a difference); E2E P90, as P99 needs 50 per stretch
+    e2e = next(m for m in want["metrics"] if m["metric"] == "e2e" and m["quantile"] == 0.9)
     assert e2e["verdict"] == "worse" and e2e["ratio_low"] > 1  # the slow replica's queue is in B's tail
-    assert {m["verdict"] for m in want["metrics"]} >= {"worse", "no significant change", "not enough requests"}
+    assert {m["verdict"] for m in want["metrics"]} >= {"worse", "not enough requests"}
     assert _differences(want, got) == []

@@ -17,14 +17,14 @@ from .apptest_util import goto, open_app
 def test_compare_page_shows_the_experiment_as_compare_does(tmp_path, monkeypatch):
     rng = np.random.default_rng(9)
     exp = "try-20261204T060000-ab12"
-    reqs = _arm(rng, f"{exp}-A", 3, 1.0, n=100) + _arm(rng, f"{exp}-B", 3, 0.05, n=100)
+    reqs = _arm(rng, f"{exp}-A", 6, 1.0, n=100) + _arm(rng, f"{exp}-B", 6, 0.05, n=100)
     for r in reqs:
         r.at += 400 if f"{exp}-B" in r.run_id else 0
         r.run_id = r.run_id.replace("-b", "")  # try-…-A0, try-…-B0, …
     db = write_store(tmp_path / "s.duckdb", reqs)
     query, close = db_query(db)
     try:  # before the app opens the file (one process: one configuration per file)
-        ref = compare(query, [f"{exp}-A{i}" for i in range(3)], [f"{exp}-B{i}" for i in range(3)])
+        ref = compare(query, [f"{exp}-A{i}" for i in range(6)], [f"{exp}-B{i}" for i in range(6)])
     finally:
         close()
     at = goto(open_app(monkeypatch, db=db), "compare")
@@ -33,7 +33,8 @@ def test_compare_page_shows_the_experiment_as_compare_does(tmp_path, monkeypatch
     assert "TTFT P99" in text and "BETTER" in text, text
     table = at.dataframe[0].value
     row = table[table["metric"] == "TTFT P99"].iloc[0]
-    assert row["A_ms"] == ref.row("ttft", 0.99).a_ms and row["verdict"] == "better"
+    assert row["A_ms"] == ref.row("ttft", 0.99).a_ms and row["verdict"] == "BETTER"
+    assert ref.row("ttft", 0.99).verdict == "better" and ref.row("ttft", 0.99).estimator == "slowest-2%"
     assert len(at.get("plotly_chart")) == 1
     # any two runs
     at.selectbox(key="cmp_exp").set_value("choose runs").run()

@@ -27,18 +27,23 @@ def test_t_quantiles_match_the_tables_and_the_expansion():
 
 def test_interval_covers_a_null_change_about_95_percent_and_finds_a_real_one():
     rng = np.random.default_rng(3)
-    covered, found = 0, 0
+    covered, found, four = 0, 0, set()
     for _ in range(400):
         # per block a P99 that drifts with the machine (shared by both arms of a pair) and varies
         # by block (lognormal 30%): what consecutive blocks of a loaded box give
-        drift = rng.lognormal(0, 0.2, 4)
-        a = drift * rng.lognormal(0, 0.3, 4) * 1000
-        b = drift * rng.lognormal(0, 0.3, 4) * 1000
-        covered += paired_log_ratio(list(a), list(b)).verdict == "no significant change"
+        drift = rng.lognormal(0, 0.2, 6)
+        a = drift * rng.lognormal(0, 0.3, 6) * 1000
+        b = drift * rng.lognormal(0, 0.3, 6) * 1000
+        pr = paired_log_ratio(list(a), list(b))
+        covered += pr.low < 1 < pr.high
         found += paired_log_ratio(list(a), list(b * 0.4)).verdict == "better"
+        four.add(paired_log_ratio(list(a[:4]), list(b[:4] * 0.4)).verdict)
     assert 0.91 <= covered / 400 <= 0.99
-    assert found / 400 >= 0.75  # 4 pairs: a 60% cut is near the smallest this design detects (80% power)
+    assert found / 400 >= 0.75  # 6 pairs: a 60% cut is near the smallest this design detects (80% power)
+    # 4 pairs can never be called: the sign-flip test's smallest p is 2/16
+    assert four <= {"inconclusive", "same"}
     pr = paired_log_ratio([1.0, 2.0, 1.5, 1.2], [0.5, 1.1, 0.7, 0.6])
+    assert pr.high < 1 and pr.verdict == "inconclusive" and "sign-flip" in pr.why and pr.p_flip == 0.125
     assert pr.mde == pytest.approx((t_quantile(0.975, 3) + t_quantile(0.80, 3))
                                    * np.std(np.log([0.5, 0.55, 0.7 / 1.5, 0.5]), ddof=1) / 2)
     assert paired_log_ratio([1.0], [2.0]).verdict == "not enough blocks"
@@ -57,19 +62,24 @@ def _arm(rng, run_prefix, blocks, queue_scale, n=200):
 
 def test_compare_finds_the_queue_it_removed_and_shows_the_phase_shift(tmp_path):
     rng = np.random.default_rng(5)
-    reqs = _arm(rng, "try-x-a", 4, 1.0) + _arm(rng, "try-x-b", 4, 0.25)
-    reqs += _arm(rng, "try-x-n", 4, 1.0)  # a null candidate: same distribution, other draws
+    reqs = _arm(rng, "try-x-a", 6, 1.0) + _arm(rng, "try-x-b", 6, 0.25)
+    reqs += _arm(rng, "try-x-n", 6, 1.0)  # a null candidate: same distribution, other draws
     for r in reqs:
         r.at += {"a": 0, "b": 1000, "n": 2000}[r.run_id.split("-")[2]]
     db = write_store(tmp_path / "s.duckdb", reqs)
     query, close = db_query(db)
     try:
-        a = [f"try-x-a-b{i}" for i in range(4)]
-        cmp = compare(query, a, [f"try-x-b-b{i}" for i in range(4)], slo="ttft_p99=200ms,tpot_p99=100ms")
+        a = [f"try-x-a-b{i}" for i in range(6)]
+        cmp = compare(query, a, [f"try-x-b-b{i}" for i in range(6)], slo="ttft_p99=200ms,tpot_p99=100ms")
         ttft = cmp.row("ttft", 0.99)
-        assert ttft.verdict == "better" and ttft.ratio_high < 1 and ttft.pairs == 4
+        assert ttft.verdict == "better" and ttft.ratio_high < 1 and ttft.pairs == 6 and ttft.p_flip == 2 / 64
+        assert ttft.estimator == "slowest-2%" and len(ttft.a_blocks_ms) == 6
         assert ttft.b_ms < ttft.a_ms and ttft.diff_low_ms < ttft.diff_ms < ttft.diff_high_ms < 0
-        assert cmp.row("tpot", 0.99).verdict == "no significant change"
+        # TPOT did not move (the same 10 ms steps): the interval within +-10%, "same"
+        assert cmp.row("tpot", 0.99).verdict == "same"
+        # ITL from the per-token samples (decode_steps): 8 per request, every one 10 ms
+        itl = cmp.row("itl", 0.99)
+        assert itl.verdict == "same" and itl.a_ms == pytest.approx(10.0) and itl.ratio == pytest.approx(1.0)
         assert cmp.row("ttft", 0.999).verdict == "not enough requests"  # 200 per block: P999 needs 500
         tail = next(t for t in cmp.tail_phases if t["metric"] == "ttft")
         shifts = {p["column"]: p["shift_ms"] for p in tail["phases"]}
@@ -77,12 +87,12 @@ def test_compare_finds_the_queue_it_removed_and_shows_the_phase_shift(tmp_path):
         # no client layer in this store: its queue is not measured, never a shift of 0
         assert shifts["client_queue_ms"] is None
         doc = cmp.to_dict()
-        assert doc["schema"] == "tailtrace.compare/1" and doc["arms"]["A"]["runs"] == a
+        assert doc["schema"] == "tailtrace.compare/2" and doc["arms"]["A"]["runs"] == a
         assert doc["arms"]["B"]["goodput_share"] > doc["arms"]["A"]["goodput_share"]
         lines = "\n".join(comparison_lines(doc))
         assert "TTFT P99" in lines and "BETTER" in lines and "engine queue −" in lines
-        null = compare(query, a, [f"try-x-n-b{i}" for i in range(4)])
-        assert null.row("ttft", 0.99).verdict == "no significant change"
+        null = compare(query, a, [f"try-x-n-b{i}" for i in range(6)])
+        assert null.row("ttft", 0.99).verdict in ("same", "inconclusive")
         assert null.row("ttft", 0.99).ratio_low < 1 < null.row("ttft", 0.99).ratio_high
         # one run per arm: stretches of arrival time, said so
         one = compare(query, ["try-x-a-b0"], ["try-x-b-b0"])
@@ -121,6 +131,9 @@ def test_an_empty_class_duplicate_runs_and_unmeasured_requests_are_honest(tmp_pa
         # goodput: a request with no TTFT is not known to have met it
         assert cmp.arms["A"].goodput_share == 1.0 and cmp.arms["B"].goodput_share < 1.0
         assert any("itl_p99=50ms is per step" in n for n in cmp.notes)
+        # ITL is now compared per token: its objective is judged in each arm
+        itl = next(o for o in cmp.objectives if o["metric"] == "itl")
+        assert itl["a_met"] is True and itl["b_met"] is True and itl["change"] != "not compared"
         # a class no request has: zero requests, said, rendered without a crash
         none = compare(query, a, b, priority="batch").to_dict()
         assert none["arms"]["A"]["requests"] == 0 and none["arms"]["A"]["goodput_share"] is None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from semantics.knobs import KNOBS, Knob
 
-__all__ = ["DIRECTIONS", "KNOBS", "Action", "Knob", "action", "render_action"]
+__all__ = ["DIRECTIONS", "KNOBS", "Action", "Knob", "action", "predicted_text", "render_action"]
 
 DIRECTIONS = ("down", "up")
 
@@ -22,7 +22,9 @@ class Action:
     """One change to try. `id`: `<cause>:<knob>` (stable; `tailtrace try --action ID`); `knob`: a key
     of KNOBS; `where`: its layer; `current`: the recorded value (None: not recorded); `proposed`:
     the value to try; `expected`: {metric: "down" | "up"} over ttft, tpot, e2e, errors;
-    `rationale`: the arithmetic behind `proposed`, in words; `flag`: how to set it."""
+    `rationale`: the arithmetic behind `proposed`, in words; `flag`: how to set it; `predicted`: what
+    the simulator predicts it does to each objective (simulate/vet.py, set by `tailtrace explain` on
+    the top floor; None when not asked), shown after the `try:` line (`predicted_text`)."""
 
     id: str
     knob: str
@@ -32,6 +34,7 @@ class Action:
     expected: dict
     rationale: str
     flag: str = field(default="")
+    predicted: dict | None = None
 
 
 def action(cause: str, knob: str, current, proposed, expected: dict, rationale: str) -> Action:
@@ -63,4 +66,25 @@ def render_action(a: Action) -> str:
     flag = a.flag if a.flag.startswith("-") else a.knob
     if a.flag.startswith("-") and a.where in ("gateway", "client"):  # not vLLM's: `tailtrace gateway`'s, the load's
         flag = f"{a.where} {flag}"
-    return f"try: {flag} {_value(a.current)} → {_value(a.proposed)} ({moves})"
+    line = f"try: {flag} {_value(a.current)} → {_value(a.proposed)} ({moves})"
+    return line + (f"; {predicted_text(a.predicted)}" if a.predicted else "")
+
+
+def predicted_text(p: dict) -> str:
+    """`predicted: TTFT P99 3.7 s → 1.1 s (0.9 s – 1.4 s), TPOT P99 70 ms → 137 ms (…): breaks tpot_p99`,
+    or `not predicted (why)`, of an action's `predicted` (simulate/vet.py's shape)."""
+    from semantics.catalog import format_ms
+
+    if p.get("state") != "predicted":
+        return f"not predicted ({p.get('why')})"
+    parts = []
+    for o in p.get("objectives") or []:
+        if o.get("predicted_ms") is None:
+            parts.append(f"{o['name']} not predicted ({o.get('why')})")
+            continue
+        iv = o.get("interval")
+        parts.append(f"{o['name']} {format_ms(o.get('measured_ms'))} → {format_ms(o['predicted_ms'])}"
+                     + (f" ({format_ms(iv[0])} – {format_ms(iv[1])})" if iv else ""))
+    level = f" ({p['level']:.0%} intervals)" if p.get("level") else ""
+    brk = f": breaks {', '.join(p['breaks'])}" if p.get("breaks") else ""
+    return f"predicted{level}: {', '.join(parts)}{brk}"

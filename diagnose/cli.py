@@ -13,7 +13,11 @@ import argparse
 
 from collector.query.reader import DEFAULT_API, add_store_flags, open_store
 
-__all__ = ["register"]
+__all__ = ["REPORT_HOOKS", "register"]
+
+# callables (report, args) run on the report before it is rendered (the store closed; `args` name it): the
+# top floor adds simulate's vetting of the actions (tailtrace/vet_explain.py), which diagnose may not import
+REPORT_HOOKS: list = []
 
 
 def register(sub) -> None:
@@ -72,6 +76,8 @@ def _run(args: argparse.Namespace) -> int:
         report = explain(query, scope)
     finally:
         close()
+    for hook in REPORT_HOOKS:
+        hook(report, args)
     evidence_for_store(report, args.store)   # re-runnable by `tailtrace sql --store` as shown
     if args.format == "json":
         sys.stdout.write(render_json(report) + "\n")

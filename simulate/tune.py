@@ -306,8 +306,9 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
         raise UserError(f"--slo {', '.join(unsim)}: not simulated (per-token times are not kept); tune takes "
                         f"objectives on {', '.join(METRICS)}")
     counts = sorted({int(n) for n in replicas} | ({int(hints["replicas"])} if "replicas" in hints else set()))
-    if "replicas" not in names:
-        counts = counts[:1] if counts else [1]
+    if knobs is not None and "replicas" not in names:  # --knobs without replicas: the recorded count only
+        counts = counts[:1]
+    counts = counts or [1]
     doc = {"schema": SCHEMA, "slo": format_slo(objectives), "traffic": traffic_name, "seed": seed,
            "calibration": calibration.to_dict() if calibration is not None else None, "stopped": None}
     if calibration is None or calibration.state != "ok":

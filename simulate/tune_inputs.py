@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from plumbing.errors import UserError
 
-__all__ = ["NO_STEPS_WHY", "check_engine_steps", "hints_of", "model_for", "tune_run"]
+__all__ = ["NO_STEPS_WHY", "check_engine_steps", "hints_of", "model_and_traffic", "model_for", "tune_run"]
 
 NO_STEPS_WHY = ("the simulator's step-time model is fitted to vLLM's per-step stats (engine_steps), which a "
                 "client-only or gateway-only store, vLLM without the tailtrace plugin, or --disable-log-stats "
@@ -71,3 +71,33 @@ def hints_of(report: dict | None) -> dict:
                 if k in MODELLED and k not in out and v is not None and not isinstance(v, (list, dict)):
                     out[k] = v
     return out
+
+
+def model_and_traffic(query_open, spec: str, store_name: str, run_id: str | None, model_path: str | None, *,
+                      api: str | None = None, tolerance: float = 0.2) -> dict:
+    """Everything a search or a vetting needs from a store, each step as its owner does it:
+    {"run" (collector Run), "model" (StepModel), "how" (fitted or read), "calibration"
+    (simulate.calibrate on the run), "traffic" (the run's requests, fitted to max_model_len), "name"
+    (the traffic's), "notes"}. `query_open() -> (query, close)` opens the store (it is closed before
+    the calibration, which opens it itself); `spec(run_id) -> store:STORE#RUN`. Raises UserError: no
+    such run, no engine steps ("cannot tune: …"), a model that cannot be fitted or read, or one
+    fitted on another deployment than the store's."""
+    from simulate.calibrate import calibrate
+    from simulate.limits import fit_to_model_len
+    from simulate.settings import check_traffic, load_traffic
+
+    query, close = query_open()
+    try:
+        run = tune_run(query, run_id)
+        check_engine_steps(query, run)
+        model, how = model_for(query, store_name, run, model_path)
+    finally:
+        close()
+    traffic_spec = spec(run.run_id)
+    if model_path:
+        check_traffic(model, traffic_spec, api)
+    cal = calibrate(model, traffic_spec, api=api, tolerance=tolerance)
+    traffic, name = load_traffic(traffic_spec, api)
+    traffic, over = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))
+    return {"run": run, "model": model, "how": how, "calibration": cal, "traffic": traffic, "name": name,
+            "spec": traffic_spec, "notes": [over["text"]] if over.get("over") else []}

@@ -32,6 +32,7 @@ _COMMAND_MODULES = (
     "experiment.cli",       # try, compare
     "simulate.cli",         # simulate fit | run | capacity
     "tailtrace.tune_cmd",   # tune (simulate's search, experiment's try)
+    "tailtrace.vet_explain",  # explain's actions vetted by simulation (after diagnose.cli)
 )
 
 

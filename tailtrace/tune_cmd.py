@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from plumbing.argtypes import SEED, bounded_int, bounded_list, seconds
 
-__all__ = ["register"]
+__all__ = ["register", "store_spec"]
 
 
 def register(sub) -> None:
@@ -54,7 +54,7 @@ def register(sub) -> None:
     p.set_defaults(func=_tune)
 
 
-def _spec(args, run_id) -> tuple[str, str]:
+def store_spec(args, run_id) -> tuple[str, str]:
     """(the traffic spec store:STORE#RUN, the store's name for the model's source)."""
     if args.store:
         return f"store:{args.store}#{run_id}", args.store
@@ -69,11 +69,9 @@ def _tune(args) -> int:
 
     from collector.query.reader import open_store
     from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.calibrate import calibrate, check_tolerance
-    from simulate.limits import fit_to_model_len
-    from simulate.settings import check_traffic, load_traffic
+    from simulate.calibrate import check_tolerance
     from simulate.tune import check_knobs, search
-    from simulate.tune_inputs import check_engine_steps, model_for, tune_run
+    from simulate.tune_inputs import model_and_traffic
     from simulate.tune_render import tune_lines
 
     tol = check_tolerance(args.tolerance)
@@ -84,38 +82,28 @@ def _tune(args) -> int:
         from loadgen.cli import check_writable
 
         check_writable(args.json, "--json")
-    notes = []
-    query, close = open_store(args)
-    try:
-        run = tune_run(query, args.run_id)
-        check_engine_steps(query, run)
-        objectives = parse_slo(args.slo or run.slo or DEFAULT_SLO)
-        spec, store_name = _spec(args, run.run_id)
-        model, how = model_for(query, store_name, run, args.model)
-        hints = {}
-        if not args.no_diagnosis:
-            hints, note = _diagnosis(query, run.run_id, args.slo)
-            notes += [note] if note else []
-    finally:
-        close()
     api = args.api if not (args.db or args.store) else None
-    if args.model:
-        check_traffic(model, spec, api)
-    cal = calibrate(model, spec, api=api, tolerance=tol)
-    traffic, name = load_traffic(spec, api)
-    traffic, over = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))
-    if over.get("over"):
-        notes.append(over["text"])
-    doc = search(model, traffic, objectives, knobs, args.replicas, args.seed, calibration=cal, hints=hints,
-                 max_configs=args.max_configs, only_if_missed=args.only_if_missed, replicates=args.replicates,
-                 traffic_name=name)
-    doc["model"], doc["notes"], doc["hints"] = how, notes, {k: str(v) for k, v in hints.items()}
+    got = model_and_traffic(lambda: open_store(args), lambda run_id: store_spec(args, run_id)[0],
+                            store_spec(args, None)[1], args.run_id, args.model, api=api, tolerance=tol)
+    run, notes, hints = got["run"], list(got["notes"]), {}
+    objectives = parse_slo(args.slo or run.slo or DEFAULT_SLO)
+    if not args.no_diagnosis:
+        query, close = open_store(args)
+        try:
+            hints, note = _diagnosis(query, run.run_id, args.slo)
+        finally:
+            close()
+        notes += [note] if note else []
+    doc = search(got["model"], got["traffic"], objectives, knobs, args.replicas, args.seed,
+                 calibration=got["calibration"], hints=hints, max_configs=args.max_configs,
+                 only_if_missed=args.only_if_missed, replicates=args.replicates, traffic_name=got["name"])
+    doc["model"], doc["notes"], doc["hints"] = got["how"], notes, {k: str(v) for k, v in hints.items()}
     confirm = _confirm_cmd(args, doc)
     lines = tune_lines(doc, None if args.confirm else confirm)
     if args.confirm and not doc.get("stopped"):
         from tailtrace.tune_confirm import confirm_winner
 
-        lines += confirm_winner(args, doc, spec)
+        lines += confirm_winner(args, doc, got["spec"])
     text = json.dumps(doc, indent=1, default=str)
     sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
     if args.json:

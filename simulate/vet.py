@@ -1,0 +1,115 @@
+"""Vetted actions (issue 47): every action of explain's report simulated against every objective
+before it is printed, as data in and data out over the report's JSON shape
+(docs/explain.schema.json: `findings[].actions[]`, `objectives[]`).
+
+For an action `{knob, proposed}` whose knob the simulator models (simulate/tune.py MODELLED), the
+change `knob=proposed` (or `replicas` behind the gateway) is simulated on the run's own traffic with
+intervals (simulate/api.py `predict`), and each objective gets its measured value (the report's
+verdict), its predicted value and interval, and whether the change **breaks** it: met as measured,
+predicted over its bound. An action that breaks a met objective is never ranked first in its
+finding (`order_key`). Without a calibrated model every action reads "not predicted (why)".
+"""
+
+from __future__ import annotations
+
+from plumbing.errors import UserError
+
+__all__ = ["not_predicted", "order_key", "vet_actions"]
+
+REPLICATES = 19  # with LEVEL 0.9: the lowest and highest of 19 hold a further draw 18/20 = 90% (simulate/intervals.py)
+LEVEL = 0.9
+
+
+def not_predicted(why: str) -> dict:
+    """The `predicted` of an action that was not simulated, with why."""
+    return {"state": "not-predicted", "why": why, "objectives": [], "breaks": []}
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+def _one(action: dict, verdicts: list[dict], model, traffic, calibration, objectives, seed: int,
+         replicates: int) -> dict:
+    from semantics.catalog import quantile_label
+    from simulate.api import predict
+    from simulate.tune import MODELLED
+
+    knob, proposed = action.get("knob"), action.get("proposed")
+    if knob not in MODELLED:
+        return not_predicted(f"the simulator does not model {knob}")
+    if proposed is None or isinstance(proposed, (list, dict)):
+        return not_predicted("the action proposes no value")
+    replicas, changes = 1, []
+    if knob == "replicas":
+        try:
+            replicas = int(proposed)
+        except (TypeError, ValueError):
+            return not_predicted(f"replicas {proposed!r} is not a count")
+        if not 1 <= replicas <= 64:
+            return not_predicted(f"replicas {replicas}: the simulator takes 1 to 64")
+    else:
+        changes = [f"{knob}={_value(proposed)}"]
+    try:
+        doc = predict(model, traffic, changes, objectives=objectives, calibration=calibration, replicas=replicas,
+                      seed=seed, replicates=replicates, level=LEVEL)
+    except UserError as exc:  # a value vLLM refuses, or one the simulator cannot parse
+        return not_predicted(str(exc))
+    arm = "B" if changes else "A"
+    summary = doc["arms"][arm]
+    ivs = doc.get("intervals") or {}
+    arm_iv = (ivs.get("objectives") or [{}, {}])[1 if changes else 0] if ivs.get("replicates") else {}
+    objs, breaks = [], []
+    for o, spec in zip(summary["objectives"], objectives, strict=True):
+        m = next((v for v in verdicts if v["metric"] == o["metric"] and abs(v["quantile"] - o["quantile"]) < 1e-12
+                  and abs(v["target_ms"] - o["limit_ms"]) < 1e-9), None)
+        met_m = m["met"] if m else None
+        row = {"objective": o["objective"], "name": f"{o['metric'].upper()} {quantile_label(o['quantile'])}",
+               "limit_ms": o["limit_ms"], "measured_ms": m["value_ms"] if m else None, "met_measured": met_m,
+               "predicted_ms": o["value_ms"], "interval": arm_iv.get(o["objective"]), "met_predicted": o["met"],
+               "why": o["why"]}
+        objs.append(row)
+        if met_m is True and o["met"] is False:
+            breaks.append(spec.key)
+    level = ivs.get("level") if ivs.get("replicates") else None
+    return {"state": "predicted", "why": None, "change": changes[0] if changes else f"replicas={replicas}",
+            "replicas": replicas, "calibration": calibration.state, "replicates": ivs.get("replicates") or 0,
+            "level": level, "objectives": objs, "breaks": breaks}
+
+
+def vet_actions(actions: list[dict], verdicts: list[dict], model, traffic, calibration, objectives, *,
+                seed: int = 0, replicates: int = REPLICATES) -> dict[str, dict]:
+    """{action id: predicted} for `actions` (explain's action dicts: id, knob, proposed, …) given the
+    report's `verdicts` (its `objectives` items: objective, metric, quantile, value_ms, met),
+    `model` (StepModel), `traffic` (cluster.Traffic of the scope's run, fitted to max_model_len),
+    `calibration` (simulate.calibrate.Calibration on that run) and `objectives` (semantics.slo
+    Objectives on TTFT, TPOT or E2E; others are not simulated). `predicted`: {"state": "predicted" |
+    "not-predicted", "why", "change", "replicas", "calibration", "replicates", "level", "objectives":
+    [{objective, name, limit_ms, measured_ms, met_measured, predicted_ms, interval [lo, hi] | None,
+    met_predicted, why}], "breaks": [objective keys met as measured and predicted missed]}. An
+    uncalibrated or unchecked model predicts nothing: every action "not predicted (why)". The same
+    change proposed by two findings is simulated once."""
+    if calibration is None or calibration.state != "ok":
+        state = "uncalibrated" if calibration is not None and calibration.state == "uncalibrated" else "not checked"
+        why = f"the simulator's model is {state} on the run" + (f": {calibration.why}" if calibration and calibration.why
+                                                                 else "")
+        return {a["id"]: not_predicted(why) for a in actions}
+    from simulate.report import METRICS
+
+    objectives = [o for o in objectives if o.metric in METRICS]
+    done: dict[tuple, dict] = {}
+    out = {}
+    for a in actions:
+        key = (a.get("knob"), _value(a.get("proposed")))
+        if key not in done:
+            done[key] = _one(a, verdicts, model, traffic, calibration, objectives, seed, replicates)
+        out[a["id"]] = done[key]
+    return out
+
+
+def order_key(predicted: dict | None) -> int:
+    """Sort key of an action within its finding (a stable sort keeps explain's order otherwise): an
+    action predicted to break a met objective goes after those that do not."""
+    return 1 if predicted and predicted.get("breaks") else 0

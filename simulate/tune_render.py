@@ -99,13 +99,19 @@ def tune_lines(doc: dict, confirm_cmd: str | None = None) -> list[str]:
 
 
 def confirm_lines(rows: list[dict]) -> list[str]:
-    """Predicted beside measured per objective (`rows`: simulate/vet.py `confirm_rows`)."""
-    out = ["  predicted vs measured (the candidate; measured by try, interval by block pair):"]
+    """Predicted beside measured per objective (`rows`: simulate/vet.py `confirm_rows`): the winner's
+    value and its ratio to the recorded configuration, simulated and measured by try (interval by
+    block pair), and whether the prediction fell inside the measured interval."""
+    out = ["  predicted vs measured (B = the winner, A = as recorded, on the run's traffic):"]
+    ratio = lambda v: "n/a" if v is None else f"{v:.2f}x"
     for r in rows:
         iv = r.get("measured_interval")
-        inside = {True: "inside", False: "OUTSIDE the measured interval: a simulator bug", None: "not judged"}[
-            r["inside"]]
-        out.append(f"    {r['name']}: predicted {format_ms(r['predicted_ms'])}{_iv(r.get('predicted_interval'))}, "
-                   f"measured {format_ms(r['measured_ms'])}{_iv(iv)}: {inside}"
-                   + (f" ({r['why']})" if r.get("why") else ""))
+        inside = {True: "inside the measured interval",
+                  False: "OUTSIDE the measured interval: a simulator bug, shown as such",
+                  None: f"not judged ({r.get('why')})"}[r["inside"]]
+        met = {True: "met", False: "MISSED", None: "n/a"}
+        out.append(f"    {r['name']}: predicted {format_ms(r['predicted_ms'])}{_iv(r.get('predicted_interval'))} "
+                   f"({met[r['met_predicted']]}), B/A {ratio(r['predicted_ratio'])}; measured "
+                   f"{format_ms(r['measured_ms'])} ({met[r['met_measured']]}), B/A {ratio(r['measured_ratio'])}"
+                   + (f" ({iv[0]:.2f} .. {iv[1]:.2f})" if iv else "") + f", {r['verdict'] or 'no verdict'}: {inside}")
     return out

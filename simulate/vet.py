@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from plumbing.errors import UserError
 
-__all__ = ["not_predicted", "order_key", "vet_actions"]
+__all__ = ["confirm_rows", "not_predicted", "order_key", "vet_actions"]
 
 REPLICATES = 19  # with LEVEL 0.9: the lowest and highest of 19 hold a further draw 18/20 = 90% (simulate/intervals.py)
 LEVEL = 0.9
@@ -113,3 +113,40 @@ def order_key(predicted: dict | None) -> int:
     """Sort key of an action within its finding (a stable sort keeps explain's order otherwise): an
     action predicted to break a met objective goes after those that do not."""
     return 1 if predicted and predicted.get("breaks") else 0
+
+
+def confirm_rows(tune_doc: dict, trial: dict) -> list[dict]:
+    """Predicted beside measured, per objective of the search (`tune_doc`, simulate/tune.py's) and
+    the `try` that measured its winner against the recorded configuration (`trial`: the comparison's
+    JSON, docs/compare.schema.json). Each row: {objective, name, predicted_ms (B) and
+    predicted_interval, measured_ms (B, pooled exact), predicted_ratio (B/A, simulated) and
+    predicted_ratio_interval, measured_ratio (by block pair) and measured_interval [low, high],
+    inside (the predicted ratio within the measured interval; None when either is unknown),
+    verdict (try's), met_predicted, met_measured, why}. The ratio is what is checked: both arms ran
+    on the same traffic, so what the simulator must get right is what the change does."""
+    from semantics.catalog import quantile_label
+
+    pred = {(r["metric"], r["quantile"]): r for r in (tune_doc.get("prediction") or {}).get("b_over_a") or []}
+    rows = {(m["metric"], m["quantile"]): m for m in trial.get("metrics") or []}
+    verdicts = {(o["metric"], o["quantile"]): o for o in trial.get("objectives") or []}
+    out = []
+    for o in (tune_doc.get("best") or {}).get("objectives") or []:
+        label = quantile_label(o["quantile"])
+        p = pred.get((o["metric"], label)) or {}
+        m = next((r for (mt, q), r in rows.items() if mt == o["metric"] and abs(q - o["quantile"]) < 1e-12), {})
+        v = next((r for (mt, q), r in verdicts.items() if mt == o["metric"] and abs(q - o["quantile"]) < 1e-12), {})
+        lo, hi = m.get("ratio_low"), m.get("ratio_high")
+        ratio = p.get("ratio")
+        inside = None if ratio is None or lo is None or hi is None else bool(lo <= ratio <= hi)
+        why = None
+        if ratio is None:
+            why = "no predicted ratio (the winner is the recorded configuration, or not simulated)"
+        elif lo is None:
+            why = m.get("why") or "no measured interval"
+        out.append({"objective": o["objective"], "name": f"{o['metric'].upper()} {label}",
+                    "predicted_ms": o["value_ms"], "predicted_interval": o.get("interval"),
+                    "measured_ms": m.get("b_ms"), "predicted_ratio": ratio, "predicted_ratio_interval": p.get("interval"),
+                    "measured_ratio": m.get("ratio"), "measured_interval": None if lo is None else [lo, hi],
+                    "inside": inside, "verdict": v.get("change") or m.get("verdict"), "met_predicted": o["met"],
+                    "met_measured": v.get("b_met"), "why": why})
+    return out

@@ -3,7 +3,7 @@ simulate/tune_inputs.py's, the diagnosis diagnose's, the confirmation experiment
 
     tailtrace tune --db .tailtrace/demo/tailtrace.duckdb                       # search only: seconds
     tailtrace tune --db .tailtrace/demo/tailtrace.duckdb --replicas 1,2,4 --knobs max_num_seqs,max_concurrency
-    tailtrace tune --db .tailtrace/demo/tailtrace.duckdb --confirm --budget 20m   # then measure the winner
+    tailtrace tune --db .tailtrace/demo/tailtrace.duckdb --confirm --budget 1200   # then measure the winner
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def register(sub) -> None:
     p.add_argument("--no-diagnosis", action="store_true", help="do not run explain to guide the search")
     p.add_argument("--confirm", action="store_true",
                    help="then measure the winner with tailtrace try (baseline = recorded, candidate = the winner)")
-    p.add_argument("--budget", type=seconds(), metavar="DURATION", help="--confirm: try's time budget (e.g. 20m)")
+    p.add_argument("--budget", type=seconds(), metavar="S",
+                   help="--confirm: try's budget in seconds of blocks (pairs are added until decided or it is spent)")
     p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S", help="--confirm: seconds per block (default 30)")
     p.add_argument("--out", default=".tailtrace/tune", metavar="DIR", help="--confirm: try's folder (default .tailtrace/tune)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
@@ -139,4 +140,4 @@ def _confirm_cmd(args, doc: dict) -> str | None:
     extra += f" --slo {args.slo}" if args.slo else ""
     extra += f" --knobs {args.knobs}" if args.knobs else ""
     extra += f" --model {args.model}" if args.model else ""
-    return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 20m"
+    return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 1200"

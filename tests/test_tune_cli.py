@@ -88,3 +88,11 @@ def test_a_store_without_engine_steps_cannot_be_tuned(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot tune: no engine steps in run sim-" in err[0] and "plugin" in err[0]
     assert np.isfinite(r.e2e_ms[r.ok]).all()
+
+
+def test_confirm_of_a_winner_try_cannot_set_says_why_and_starts_nothing(store, capsys):
+    # TTFT P99 under 5 ms: only more replicas come near it, and try runs one engine
+    assert _tune(store, "--slo", "ttft_p99=5ms", "--replicas", "1,2", "--knobs", "max_num_seqs,replicas",
+                 "--confirm", "--max-configs", "20") == 0
+    out = capsys.readouterr().out
+    assert "not confirmed: try cannot set deployment: replicas 1 → 2" in out and "measured by try" not in out

@@ -55,3 +55,27 @@ def test_the_same_change_of_two_findings_is_simulated_once():
     p = vet_actions(twice, VERDICTS, _model(seqs=16), _traffic(), OK, SLO, replicates=3)
     assert p["a:max_num_seqs"] is p["b:max_num_seqs"]
     assert np.isfinite(p["a:max_num_seqs"]["objectives"][0]["predicted_ms"])
+
+
+def test_confirm_sets_the_predicted_ratio_beside_the_measured_interval():
+    from simulate.tune import search
+    from simulate.vet import confirm_rows
+
+    doc = search(_model(seqs=4), _traffic(), SLO, ["max_num_seqs"], [1], 0, calibration=OK, replicates=5)
+    assert doc["best"]["changes"] == ["max_num_seqs=8"]
+    p = {(r["metric"], r["quantile"]): r["ratio"] for r in doc["prediction"]["b_over_a"]}
+    ttft, tpot = p[("ttft", "P99")], p[("tpot", "P99")]
+    assert ttft < 0.2 and tpot > 1  # the queue gone: TTFT P99 a fraction; a larger batch: TPOT up a little
+    trial = {"metrics": [
+        {"metric": "ttft", "quantile": 0.99, "b_ms": 30.0, "ratio": ttft * 1.1, "ratio_low": ttft * 0.9,
+         "ratio_high": ttft * 1.3, "verdict": "better"},
+        {"metric": "tpot", "quantile": 0.99, "b_ms": 3.0, "ratio": 1.5, "ratio_low": 1.4, "ratio_high": 1.6,
+         "verdict": "worse"}],
+        "objectives": [{"metric": "ttft", "quantile": 0.99, "change": "better", "b_met": True},
+                       {"metric": "tpot", "quantile": 0.99, "change": "worse", "b_met": True}]}
+    rows = {r["name"]: r for r in confirm_rows(doc, trial)}
+    assert rows["TTFT P99"]["inside"] is True and rows["TTFT P99"]["measured_interval"] == [ttft * 0.9, ttft * 1.3]
+    assert rows["TPOT P99"]["inside"] is False and rows["TPOT P99"]["verdict"] == "worse"
+    assert rows["TTFT P99"]["predicted_ms"] == doc["best"]["objectives"][0]["value_ms"]
+    trial["metrics"][0].update(ratio_low=None, ratio_high=None, why="fewer than 2 pairs")
+    assert confirm_rows(doc, trial)[0]["inside"] is None and confirm_rows(doc, trial)[0]["why"] == "fewer than 2 pairs"

@@ -59,7 +59,9 @@ def block_unfit(errors: dict[str, int], requests: int, baseline_broken: int) -> 
 
 def log_tail(path: Path | None, lines: int = 8) -> str:
     """The last `lines` non-blank lines of the log at `path`, each on its own line indented by 4, or
-    "" when it cannot be read."""
+    "" when it cannot be read. Where the last 16 KiB name an error (`Error`, `died`, `dead`,
+    `Killed`) its last 3 such lines come first: a dying vLLM ends its log with shutdown noise
+    (nanobind's leak report) after the line that says what happened."""
     if path is None:
         return ""
     try:
@@ -69,8 +71,11 @@ def log_tail(path: Path | None, lines: int = 8) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    tail = [ln.rstrip()[:240] for ln in text.splitlines() if ln.strip()][-lines:]
-    return "".join(f"\n    {ln}" for ln in tail)
+    every = [ln.rstrip()[:240] for ln in text.splitlines() if ln.strip()]
+    tail = every[-lines:]
+    marks = ("Error", "error:", " died", " dead", "Killed")
+    errors = [ln for ln in every[:-lines] if any(m in ln for m in marks)][-3:]
+    return "".join(f"\n    {ln}" for ln in errors + ([" ..."] if errors else []) + tail)
 
 
 def engine_alive(server_pid: int | None) -> str | None:

@@ -30,6 +30,10 @@ def test_an_engine_without_its_enginecore_is_dead_and_the_log_tail_is_named(tmp_
     log.write_text("".join(f"line {i}\n" for i in range(20)) + "\n\nEngineDeadError: EngineCore died\n")
     assert log_tail(log, 3) == "\n    line 18\n    line 19\n    EngineDeadError: EngineCore died"
     assert log_tail(tmp_path / "nope.log") == ""
+    # the error line first when shutdown noise follows it
+    log.write_text("ok\nEngineDeadError: EngineCore encountered an issue\n" + "- leaked function\n" * 10)
+    assert log_tail(log, 2) == ("\n    EngineDeadError: EngineCore encountered an issue\n     ...\n    - leaked function"
+                                "\n    - leaked function")
 
 
 def test_a_part_that_died_exits_1_with_its_name_never_a_flag_try_lacks(tmp_path, capsys, monkeypatch):

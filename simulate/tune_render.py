@@ -6,7 +6,7 @@ from __future__ import annotations
 from semantics.catalog import format_ms, quantile_label
 from simulate.calibrate import calibration_lines
 
-__all__ = ["confirm_lines", "objective_name", "tune_lines"]
+__all__ = ["brief_lines", "confirm_lines", "objective_name", "tune_lines"]
 
 
 def objective_name(o: dict) -> str:
@@ -114,4 +114,23 @@ def confirm_lines(rows: list[dict]) -> list[str]:
                    f"({met[r['met_predicted']]}), B/A {ratio(r['predicted_ratio'])}; measured "
                    f"{format_ms(r['measured_ms'])} ({met[r['met_measured']]}), B/A {ratio(r['measured_ratio'])}"
                    + (f" ({iv[0]:.2f} .. {iv[1]:.2f})" if iv else "") + f", {r['verdict'] or 'no verdict'}: {inside}")
+    return out
+
+
+def brief_lines(doc: dict) -> list[str]:
+    """The search in a few lines, as the demo's report ends: the winner, its predicted objectives
+    with intervals, the flags to apply (or why the search stopped)."""
+    cal = doc.get("calibration") or {}
+    if doc.get("stopped"):
+        return [f"tuned: not searched ({doc['stopped']})"]
+    s, b = doc["search"], doc["best"]
+    head = "meets every objective" if b["meets"] else "still misses"
+    out = [(f"tuned by simulation ({s['simulated']:,} configurations in {s['wall_s']:.1f} s; the model "
+            f"{'calibrated' if cal.get('state') == 'ok' else cal.get('state')} on this run): "
+            f"{_changes(b['changes'], b['replicas'])} {head}"),
+           f"  predicted: {_objs(b)}"]
+    if doc["flags"]:
+        out += [f"  apply: {f['text']}" for f in doc["flags"]]
+    else:
+        out.append("  apply: nothing (the recorded configuration is the best found)")
     return out

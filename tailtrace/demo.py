@@ -126,6 +126,9 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         if not cfg.dashboard:
             console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db} --host {cfg.host} --port "
                           f"{cfg.dashboard_port}   (then http://{cfg.host}:{cfg.dashboard_port})", soft_wrap=True)
+        from tailtrace.tune_cmd import demo_tune  # ends with the tuned configuration (search only: seconds)
+
+        report["tune"] = demo_tune(stack.api_url, result["run_id"], cfg.slo, db, diagnosis, console)
     finally:
         stack.stop()
     if cfg.dashboard:

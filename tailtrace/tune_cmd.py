@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from plumbing.argtypes import SEED, bounded_int, bounded_list, seconds
 
-__all__ = ["register", "store_spec"]
+__all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 
 
 def register(sub) -> None:
@@ -141,3 +141,46 @@ def _confirm_cmd(args, doc: dict) -> str | None:
     extra += f" --knobs {args.knobs}" if args.knobs else ""
     extra += f" --model {args.model}" if args.model else ""
     return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 1200"
+
+
+def demo_tune(api: str, run_id: str, slo: str | None, db, diagnosis, console) -> dict | None:
+    """Print the demo report's last lines (`tune_brief` over the running collector's API `api`, guided by
+    `diagnosis`, the demo's explain Report or None) with the command that confirms the winner on the
+    store `db`. Returns the search document (None when it could not run)."""
+    from rich.markup import escape
+
+    from collector.query.reader import api_query
+
+    confirm = f".venv/bin/tailtrace tune --db {db} --run-id {run_id} --confirm --budget 1200"
+    lines, doc = tune_brief(lambda: (api_query(api), lambda: None), lambda rid: f"store:#{rid}", api, run_id, slo,
+                            diagnosis.to_dict() if diagnosis is not None else None, confirm, api=api)
+    console.print()
+    for line in lines:
+        console.print(escape(line), soft_wrap=True)
+    return doc
+
+
+def tune_brief(query_open, spec_of, store_name: str, run_id: str, slo: str | None, report: dict | None,
+               confirm_cmd: str, *, api: str | None = None, model_path: str | None = None, max_configs: int = 120,
+               replicates: int = 19) -> tuple[list[str], dict | None]:
+    """The demo report's last lines: the search on the replay's run (guided by its diagnosis, `report`
+    explain's JSON; `model_path` a model to read instead of fitting one), the winner's predicted
+    objectives and flags, and `confirm_cmd`. Returns (lines,
+    the search document or None when it could not run: one line says why)."""
+    from plumbing.errors import UserError
+    from semantics.slo import DEFAULT_SLO, parse_slo
+    from simulate.tune import search
+    from simulate.tune_inputs import hints_of, model_and_traffic
+    from simulate.tune_render import brief_lines
+
+    try:
+        got = model_and_traffic(query_open, spec_of, store_name, run_id, model_path, api=api)
+        doc = search(got["model"], got["traffic"], parse_slo(slo or (got["run"].slo or DEFAULT_SLO)), None, [1], 0,
+                     calibration=got["calibration"], hints=hints_of(report), max_configs=max_configs,
+                     replicates=replicates, traffic_name=got["name"])
+    except (UserError, ValueError, RuntimeError) as exc:  # the demo's report stands without it: one line why
+        return [f"tuned: not searched ({exc})"], None
+    lines = brief_lines(doc)
+    if not doc.get("stopped") and any(f["try"] for f in doc["flags"]):
+        lines.append(f"confirm it by measurement: {confirm_cmd}")
+    return lines, doc

@@ -96,3 +96,22 @@ def test_confirm_of_a_winner_try_cannot_set_says_why_and_starts_nothing(store, c
                  "--confirm", "--max-configs", "20") == 0
     out = capsys.readouterr().out
     assert "not confirmed: try cannot set deployment: replicas 1 → 2" in out and "measured by try" not in out
+
+
+def test_the_demo_report_ends_with_the_tuned_configuration_and_the_command_that_confirms_it(queued):
+    from collector.query.reader import db_query
+    from tailtrace.tune_cmd import tune_brief
+
+    db = queued["db"]
+    with duckdb.connect(db, read_only=True) as con:
+        run = con.execute("SELECT DISTINCT run_id FROM requests").fetchone()[0]
+    lines, doc = tune_brief(lambda: db_query(db), lambda rid: f"store:{db}#{rid}", db, run,
+                            "ttft_p99=200ms,tpot_p99=100ms", None, "CONFIRM-CMD", model_path=queued["good"],
+                            max_configs=30, replicates=3)
+    assert lines[0].startswith("tuned by simulation (30 configurations in ") and "calibrated on this run" in lines[0]
+    assert "max_num_seqs=32" in lines[0] and lines[0].endswith("meets every objective")
+    assert lines[1].startswith("  predicted: TTFT P99 ") and "  apply: vllm: --max-num-seqs 16 → 32" in lines
+    assert lines[-1] == "confirm it by measurement: CONFIRM-CMD" and doc["best"]["meets"]
+    # without a model that can be fitted (no decode steps in this store): one line why, nothing lost
+    lines, doc = tune_brief(lambda: db_query(db), lambda rid: f"store:{db}#{rid}", db, run, None, None, "X")
+    assert doc is None and len(lines) == 1 and lines[0].startswith("tuned: not searched (")

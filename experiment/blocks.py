@@ -51,7 +51,8 @@ class BlockRunner:
             return
         from experiment.engines import EmbeddedArms
 
-        self.env = EmbeddedArms(cfg, self.arms, self.console, self.stack, one_engine=cfg.one_engine)
+        self.env = EmbeddedArms(cfg, self.arms, self.console, self.stack, one_engine=cfg.one_engine,
+                                two_engines=cfg.two_engines)
         self.env.start(first)
         st = self.env.stack
         self.api, self.otlp = st.api_url, st.otlp_url

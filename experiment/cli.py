@@ -50,6 +50,9 @@ def register(sub) -> None:
     p.add_argument("--one-engine", action="store_true",
                    help="embedded, a vllm: change: restart vLLM between arms instead of running the candidate's "
                         "engine beside the baseline's")
+    p.add_argument("--two-engines", action="store_true",
+                   help="embedded: B on an engine of its own even when its vLLM arguments equal A's (a null change "
+                        "with it checks that the two-engine set-up carries no bias)")
     p.add_argument("--start", type=TRACE_OFFSET_S, default=0.0, metavar="OFFSET", help="trace seconds to skip (default 0)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--speed", type=SPEED, metavar="X", help="play the traffic X times faster")
@@ -187,6 +190,7 @@ def _try(args) -> int:
     cfg = TrialConfig(out_dir=Path(args.out), changes=changes, base=base, traffic=args.traffic, block_s=args.block_s,
                       start_s=args.start, speed=args.speed, rate=args.rate, max_requests=args.max_requests,
                       pairs=args.blocks, budget_s=args.budget, margin=args.margin, one_engine=args.one_engine,
+                      two_engines=args.two_engines,
                       slo=args.slo, seed=args.seed, model=args.model, baseline_url=args.baseline,
                       candidate_url=args.candidate, api=args.api or envs.get("TAILTRACE_API_URL"),
                       otlp_endpoint=args.otlp_endpoint, priority=args.priority, level=args.confidence,

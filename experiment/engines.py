@@ -74,7 +74,8 @@ class EmbeddedArms:
     `one_engine`: restart vLLM between arms instead of running the candidate's beside it; `stack`: a
     running embedded Stack to use (its vLLM and gateway are the baseline's)."""
 
-    def __init__(self, cfg, arms: dict[str, Arm], console, stack=None, one_engine: bool = False):
+    def __init__(self, cfg, arms: dict[str, Arm], console, stack=None, one_engine: bool = False,
+                 two_engines: bool = False):
         self.cfg, self.arms, self.console = cfg, arms, console
         self.stack, self.owned = stack, stack is None
         self.vllm_args: list[str] | None = None if stack is None else list(arms["A"].vllm)
@@ -85,11 +86,16 @@ class EmbeddedArms:
         self.two_engines = False
         self.engine_b = None  # (process, url, log) of the candidate's own vLLM
         self.one_engine = one_engine
+        self.force_two = two_engines  # B on an engine of its own even when its arguments equal A's
         self.notes: list[str] = []
 
     @property
     def differ(self) -> bool:
         return self.arms["A"].vllm != self.arms["B"].vllm
+
+    @property
+    def wants_two(self) -> bool:
+        return (self.differ or self.force_two) and not self.one_engine
 
     def start(self, first: str) -> None:
         """Start what the arms need (nothing restarts later when both engines fit). Raises UserError
@@ -99,7 +105,7 @@ class EmbeddedArms:
 
         # one engine: the first arm's arguments (the candidate's: a refusal ends the run before any
         # block); two engines: the stack runs the baseline's
-        own = self.arms["A"] if self.differ and not self.one_engine else self.arms[first]
+        own = self.arms["A"] if self.wants_two else self.arms[first]
         if self.stack is None:
             scfg = StackConfig(out_dir=self.cfg.out_dir, model=self.cfg.model, vllm_port=free_port(),
                                gateway_port=free_port(), otlp_port=free_port(), api_port=free_port(), grpc_port=0,
@@ -114,7 +120,7 @@ class EmbeddedArms:
                 raise
             self.vllm_args, self.vllm_log = list(own.vllm), self.stack.logs / "vllm.log"
         by_args = {tuple(self.stack.cfg.gateway_args): self.stack.gateway_url}
-        if self.differ and not self.one_engine:
+        if self.wants_two:
             self._start_engine_b()
         for name in ("A", "B"):
             if name == "B" and self.two_engines:
@@ -148,7 +154,7 @@ class EmbeddedArms:
         self.engine_b = (proc, url, log)
         self.extra.append(("the candidate's vLLM (B)", proc, log))
         self.two_engines = True
-        self.console.print(f"  the candidate's vLLM ({' '.join(self.arms['B'].vllm)}) up beside the baseline's at "
+        self.console.print(f"  the candidate's vLLM ({' '.join(self.arms['B'].vllm) or 'the same arguments'}) up beside the baseline's at "
                            f"{url} in {time.monotonic() - t0:.0f} s (needs {need:.1f} GiB, {avail:.1f} available)",
                            highlight=False)
         self.targets["B"] = self._gateway(list(self.arms["B"].gateway), "gateway-B", url)

@@ -50,6 +50,8 @@ class TrialConfig:
     compare one class only, at this confidence; `warmup`: requests of the traffic sent (at 4x its
     speed, not compared) before the first block and after each restart of vLLM, so that no block
     pays a cold engine; `one_engine`: restart vLLM between arms instead of running both;
+    `two_engines`: B on an engine of its own even when its vLLM arguments equal A's (the null
+    check of the two-engine set-up);
     `baseline_url`/`candidate_url`: URL mode, with `api` the collector's SQL API and
     `otlp_endpoint` its OTLP/HTTP; `out_dir`: traffic, logs, store."""
 
@@ -79,6 +81,7 @@ class TrialConfig:
     settle_s: float = 1.0
     timeout_s: float = 600.0
     one_engine: bool = False
+    two_engines: bool = False
 
 
 @dataclass
@@ -152,6 +155,11 @@ def _check_input(cfg: TrialConfig) -> bool:
         raise UserError("give both --baseline URL and --candidate URL (or neither, for the embedded stack)")
     if urls and any(c.where != "client" for c in cfg.changes):
         raise UserError("with --baseline/--candidate the candidate already runs its change: give only client: changes")
+    if cfg.one_engine and cfg.two_engines:
+        raise UserError("--one-engine and --two-engines: give one of them")
+    if urls and (cfg.one_engine or cfg.two_engines):
+        raise UserError("--one-engine/--two-engines are for the embedded stack: with --baseline/--candidate the "
+                        "engines are the user's")
     if urls and (cfg.base.vllm or cfg.base.gateway):
         raise UserError("with --baseline/--candidate the deployments are the user's: --base takes only client: settings")
     if urls:  # before the traffic is cut and the plan printed: a bad URL is one line, nothing written

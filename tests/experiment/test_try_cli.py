@@ -32,6 +32,9 @@ SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "compare.sch
       "vllm:--max-num-seqs=8"], "give only client: changes"),
     (["--traffic", "nope.csv"], "trace 'nope.csv' not found"),
     (["--baseline", "http://127.0.0.1:9", "--candidate", "ftp://x"], "--candidate"),  # after the plan was printed
+    (["--one-engine", "--two-engines"], "give one of them"),
+    (["--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9", "--two-engines"],
+     "are for the embedded stack"),
     (["--blocks", "0"], "argument --blocks: '0' is out of range: at least 1, at most 1000"),
 ])
 def test_bad_try_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/compare.py                 # 2 x 100,000 requests, blocks of 4 runs per arm and 1 run split
     .venv/bin/python bench/compare.py --requests 20000 --repeats 5
+    .venv/bin/python bench/compare.py --estimators   # the per-block tail estimators side by side
 
 Builds a DuckDB store with the store's own DDL (collector/store/schema.py) holding two arms of
 `--requests` requests each, every arm once as 4 runs (a `try` of 4 block pairs) and once as one run
@@ -78,7 +79,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000, help="requests per arm (default 100,000)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--estimators", action="store_true",
+                    help="instead: the per-block tail estimators side by side (docs/experiment.md's table)")
     args = ap.parse_args()
+    if args.estimators:
+        return estimators()
 
     from collector.query.reader import db_query
     from experiment.compare import compare
@@ -123,6 +128,41 @@ def main() -> int:
         print(f"  {name:<48} {s:7.3f} s{ratio}")
     worst = max(v for k, v in times.items() if k.startswith("compare"))
     print(f"goal: under {GOAL_S:g} s for two 100k-request arms: {'met' if worst < GOAL_S else 'MISSED'} ({worst:.2f} s)")
+    return 0
+
+
+def estimators(blocks: int = 2000, seed: int = 0) -> int:
+    """Per block P99 by the sample quantile, Harrell-Davis and the mean of the slowest 2%, on blocks of
+    one configuration and of one 20% slower: the sd of ln(estimate) across blocks and the slower one's
+    shift in units of it (larger detects more), side by side on the same blocks."""
+    import numpy as np
+
+    from experiment.montecarlo import ESTIMATORS, queue_blocks
+
+    def bimodal(rng, s=1.0, n=430, p=0.012):
+        x = rng.normal(300, 40, n)
+        k = rng.random(n) < p
+        x[k] = rng.lognormal(np.log(2000), 0.4, k.sum())
+        return np.abs(x) * s
+
+    cases = {
+        "iid lognormal(0,1), n=60": lambda r, s=1.0: r.lognormal(0, 1, 60) * s,
+        "iid lognormal(0,1), n=300": lambda r, s=1.0: r.lognormal(0, 1, 300) * s,
+        "FIFO queue at 0.5, n=300": lambda r, s=1.0: queue_blocks(r, n=300, load=0.5, scale=s),
+        "FIFO queue at 0.7, n=300": lambda r, s=1.0: queue_blocks(r, n=300, load=0.7, scale=s),
+        "n=430, 1.2% in a slow mode": bimodal,
+    }
+    rng = np.random.default_rng(seed)
+    print(f"{blocks} blocks per case; per estimator: sd of ln(P99 estimate), shift of a 20% slower configuration / sd")
+    for name, draw in cases.items():
+        base = [draw(rng) for _ in range(blocks)]
+        slow = [draw(rng, 1.2) for _ in range(blocks)]
+        cols = []
+        for est_name, est in ESTIMATORS.items():
+            v = np.log([est(b, 0.99) for b in base])
+            w = np.log([est(b, 0.99) for b in slow])
+            cols.append(f"{est_name} {v.std():.3f} {(w.mean() - v.mean()) / v.std():.2f}")
+        print(f"  {name:<30} " + " | ".join(cols))
     return 0
 
 

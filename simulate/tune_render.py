@@ -126,7 +126,7 @@ def brief_lines(doc: dict) -> list[str]:
     s, b = doc["search"], doc["best"]
     head = "meets every objective" if b["meets"] else "still misses"
     out = [(f"tuned by simulation ({s['simulated']:,} configurations in {s['wall_s']:.1f} s; the model "
-            f"{'calibrated' if cal.get('state') == 'ok' else cal.get('state')} on this run): "
+            f"{'calibrated' if cal.get('state') == 'ok' else cal.get('state')} on {cal.get('run') or 'no run'}): "
             f"{_changes(b['changes'], b['replicas'])} {head}"),
            f"  predicted: {_objs(b)}"]
     if doc["flags"]:

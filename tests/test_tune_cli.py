@@ -108,7 +108,7 @@ def test_the_demo_report_ends_with_the_tuned_configuration_and_the_command_that_
     lines, doc = tune_brief(lambda: db_query(db), lambda rid: f"store:{db}#{rid}", db, run,
                             "ttft_p99=200ms,tpot_p99=100ms", None, "CONFIRM-CMD", model_path=queued["good"],
                             max_configs=30, replicates=3)
-    assert lines[0].startswith("tuned by simulation (30 configurations in ") and "calibrated on this run" in lines[0]
+    assert lines[0].startswith("tuned by simulation (30 configurations in ") and f"calibrated on store:{db}#{run})" in lines[0]
     assert "max_num_seqs=32" in lines[0] and lines[0].endswith("meets every objective")
     assert lines[1].startswith("  predicted: TTFT P99 ") and "  apply: vllm: --max-num-seqs 16 → 32" in lines
     assert lines[-1] == "confirm it by measurement: CONFIRM-CMD" and doc["best"]["meets"]

@@ -50,6 +50,12 @@ def register(sub) -> None:
                    help="OTLP requests read or decoded at once above which new ones get 429 (default 32)")
     p.add_argument("--query-timeout", type=_TIMEOUT_S, default=10.0, help="SQL statement timeout, s (default 10)")
     p.add_argument("--max-rows", type=_MAX_ROWS, default=10_000, help="row cap of /api/sql (default 10000)")
+    p.add_argument("--query-memory-mb", type=_MEMORY_MB, default=1024,
+                   help="memory one /api/sql query may use, MiB (it runs in its own process: stopped past this "
+                        "with 422, at --query-timeout with 408; default 1024)")
+    p.add_argument("--max-queries", type=bounded_int(1, 64), default=2,
+                   help="/api/sql queries running at once (default 2); a further one waits within its "
+                        "timeout, then gets 429")
     p.add_argument("--scrape", action="append", default=[], metavar="URL",
                    help="Prometheus endpoint to scrape into metric_points (repeatable)")
     p.add_argument("--scrape-interval", type=bounded_float(0.05, 3600.0), default=1.0, help="scrape interval, s (default 1.0)")
@@ -129,6 +135,7 @@ def _collect(args) -> int:
         duckdb_memory_mb=args.duckdb_memory_mb, max_pending_rows=args.max_pending_rows,
         max_inflight=args.max_inflight, query_timeout_s=args.query_timeout, max_rows=args.max_rows,
         scrape=tuple(args.scrape), scrape_interval_s=args.scrape_interval, scrape_buckets=args.scrape_buckets,
+        query_memory_mb=args.query_memory_mb, max_queries=args.max_queries,
     )
     return run_collector(cfg)
 

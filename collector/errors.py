@@ -21,6 +21,7 @@ Errors cross a stage as one of these kinds (as the OpenTelemetry Collector's con
 | MethodNotAllowed | permanent | 405 (+ `Allow`) | - |
 | PayloadTooLarge | permanent | 413 | - |
 | UnsupportedMediaType | permanent | 415 | - |
+| QueryTooLarge | permanent | 422 | - |
 | BodyTimedOut | timed out | 408 | - |
 | QueryTimeout | timed out | 408 | - |
 | Overloaded | retryable | 429 | its `retry_after_s` |
@@ -58,6 +59,7 @@ __all__ = [
     "QueryInvalid",
     "QueryRefused",
     "QueryTimeout",
+    "QueryTooLarge",
     "Refusal",
     "RetryableError",
     "StoreUnavailable",
@@ -159,6 +161,18 @@ class UnsupportedMediaType(PermanentError):
     status = 415
 
 
+class QueryTooLarge(PermanentError, MemoryError):
+    """A user's query needed more memory than its budget, or its process died, and was stopped (422:
+    the same query fails again; narrow it). Carries `sql` and `memory_mb`."""
+
+    status = 422
+
+    def __init__(self, message: str, sql: str = "", memory_mb: int | None = None):
+        super().__init__(message)
+        self.sql = sql
+        self.memory_mb = memory_mb
+
+
 # ------------------------------------------------------------------------------------------ timed out
 class BodyTimedOut(TimedOut):
     """The request body did not arrive within its deadline (408)."""
@@ -202,7 +216,7 @@ class InternalError(CollectorError):
 # Every concrete error of the collector (tests/collector/test_errors.py holds each to its status).
 ERRORS: tuple[type[CollectorError], ...] = (
     BadRequest, QueryInvalid, Unauthorized, QueryRefused, NotFound, MethodNotAllowed, PayloadTooLarge,
-    UnsupportedMediaType, BodyTimedOut, QueryTimeout, Overloaded, MemoryHigh, StoreUnavailable, InternalError,
+    UnsupportedMediaType, QueryTooLarge, BodyTimedOut, QueryTimeout, Overloaded, MemoryHigh, StoreUnavailable, InternalError,
 )
 
 # google.rpc.Code for an OTLP error body, by HTTP status (OTLP/HTTP spec); 2 UNKNOWN otherwise.

@@ -38,7 +38,8 @@ class CollectorConfig:
     def __init__(self, db, host="127.0.0.1", otlp_port=4318, api_port=9464, grpc_port=4317, retention_s=None,
                  max_body_bytes=16 * 2**20, memory_limit_mb=2048, duckdb_memory_mb=1024,
                  max_pending_rows=200_000, max_inflight=32, query_timeout_s=10.0, max_rows=10_000,
-                 scrape=(), scrape_interval_s=1.0, scrape_buckets=False, dedup_window=1_000_000):
+                 scrape=(), scrape_interval_s=1.0, scrape_buckets=False, dedup_window=1_000_000,
+                 query_memory_mb=1024, max_queries=2):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -59,6 +60,11 @@ class _Server:
 
 def run_collector(cfg: CollectorConfig) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit status. Raises UserError on a busy port or file."""
+    import os
+
+    # /api/sql forks a child per query (collector/store/isolated.py); gRPC's own fork handlers would
+    # log a line per query ("skipping fork() handlers") or pause its threads: the child never uses gRPC
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     import uvicorn
 
     from collector.processor.limiter import AdmissionLimiter
@@ -101,8 +107,9 @@ def run_collector(cfg: CollectorConfig) -> int:
         otlp = _Server(uvicorn.Config(make_otlp_app(store, limiter, cfg.max_body_bytes, health), host=cfg.host,
                                       port=cfg.otlp_port, log_level="warning", access_log=False,
                                       lifespan="off", timeout_graceful_shutdown=30))
-        api = _Server(uvicorn.Config(make_api_app(store, timeout_s=cfg.query_timeout_s, max_rows=cfg.max_rows),
-                                     host=cfg.host, port=cfg.api_port, log_level="warning", access_log=False,
+        api_app = make_api_app(store, timeout_s=cfg.query_timeout_s, max_rows=cfg.max_rows,
+                               query_memory_mb=cfg.query_memory_mb, max_queries=cfg.max_queries)
+        api = _Server(uvicorn.Config(api_app, host=cfg.host, port=cfg.api_port, log_level="warning", access_log=False,
                                      lifespan="off", timeout_graceful_shutdown=5))
 
         async def main():
@@ -133,6 +140,7 @@ def run_collector(cfg: CollectorConfig) -> int:
                 for t in grpc_stop:
                     await t             # in-flight RPCs answered (committed) or cut after 30 s
             api.should_exit = True
+            api_app.state.queries.stop()  # a query's process still running is killed
             await api_task
 
         asyncio.run(main())

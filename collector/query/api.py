@@ -2,9 +2,13 @@
 table as Arrow IPC, for `tailtrace export --api`), `/metrics` (the Prometheus exporter of
 collector/export/prometheus.py, when present) and `/healthz`.
 
+A user's query on `/api/sql` runs in a forked child process (collector/store/isolated.py) that is
+killed at its time budget and held to a memory budget, so no query can stop ingest.
+
 Errors are JSON `{"error": "..."}`: 400 SQL error (empty, does not parse, fails), 413 a body over 1 MiB, 401 missing/wrong bearer token (only when
 TAILTRACE_API_TOKEN is set), 403 a statement that is not one SELECT or that touches the file
-system, 404 unknown table or no exporter, 408 statement timeout. Status and message come from
+system, 404 unknown table or no exporter, 408 statement timeout, 422 over the query memory budget,
+429 every query slot busy for the whole budget. Status and message come from
 `collector.errors.http_error`, the one map of the collector's errors to HTTP.
 """
 
@@ -27,6 +31,7 @@ from starlette.routing import Route
 
 from collector.errors import BadRequest, BodyTimedOut, NotFound, PayloadTooLarge, Unauthorized, http_error
 from collector.query.auth import api_token
+from collector.store.isolated import DEFAULT_MAX_QUERIES, DEFAULT_QUERY_MEMORY_MB, IsolatedQueries
 from collector.store.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
 from collector.store.schema import USER_TABLES
 from plumbing.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
@@ -93,9 +98,13 @@ def _arrow_bytes(table) -> bytes:
 
 
 def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int = DEFAULT_MAX_ROWS,
-                 token: str | None = None) -> Starlette:
-    """The API ASGI app over a started `DuckDBStore`. `token` defaults to TAILTRACE_API_TOKEN."""
+                 token: str | None = None, query_memory_mb: int = DEFAULT_QUERY_MEMORY_MB,
+                 max_queries: int = DEFAULT_MAX_QUERIES) -> Starlette:
+    """The API ASGI app over a started `DuckDBStore`. `token` defaults to TAILTRACE_API_TOKEN;
+    `query_memory_mb` (MiB) and `max_queries` bound `/api/sql`'s child processes. The app's
+    `state.queries` is the `IsolatedQueries` (stop it at shutdown)."""
     token = token if token is not None else api_token()
+    queries = IsolatedQueries(store, memory_mb=query_memory_mb, max_queries=max_queries)
     registry = None
     try:
         from collector.export.prometheus import make_registry  # written by another part
@@ -149,8 +158,7 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         want_arrow = ARROW_STREAM in request.headers.get("accept", "")
         await run_in_threadpool(store.refresh, min(timeout_s, 5.0))
         # QueryInvalid 400, QueryRefused 403, QueryTimeout 408, DuckDB errors 400/403: see collector/errors.py
-        res = await run_in_threadpool(run_guarded, store.cursor, q, params, timeout_s=budget,
-                                      max_rows=max_rows, arrow=want_arrow)
+        res = await run_in_threadpool(queries.run, q, params, timeout_s=budget, max_rows=max_rows, arrow=want_arrow)
         if want_arrow:
             return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM,
                             headers={"X-Truncated": str(res.truncated).lower()})
@@ -166,7 +174,7 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
             raise NotFound(f"no table {table!r}; tables: {', '.join(USER_TABLES)}")
         await run_in_threadpool(store.refresh, 30.0)
         res = await run_in_threadpool(run_guarded, store.cursor, f"SELECT * FROM {table}", None,
-                                      timeout_s=600.0, max_rows=None, arrow=True)
+                                      timeout_s=600.0, max_rows=None, arrow=True, hold=store.gate.shared)
         return Response(_arrow_bytes(res.arrow), media_type=ARROW_STREAM)
 
     @_json_errors
@@ -182,9 +190,11 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
         doc, status = store.healthz(pending_rows=store.pending_rows, **store.stats)
         return JSONResponse(doc, status_code=status)
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/api/sql", sql, methods=["GET", "POST"]),
         Route("/api/export/{table}", export_table, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ])
+    app.state.queries = queries
+    return app

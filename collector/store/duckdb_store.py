@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from collector.errors import StoreUnavailable  # retryable (503); re-exported
 from collector.store import derive, latency_histogram, step_rollup, totals
+from collector.store.fork_gate import ForkGate
 from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
 from collector.store.step_histogram import COMPACT_STEP_HISTOGRAM, REBUILD_STEP_HISTOGRAM
 from collector.store.store_path import check_opened_is_file, check_store_file
@@ -139,6 +140,7 @@ class DuckDBStore:
         self.stats = {"committed_rows": 0, "duplicates": 0, "commits": 0, "failed_batches": 0}
         self._write_error: str | None = None   # the last failed write's error, until a write succeeds
         self._write_error_since: float | None = None
+        self.gate = ForkGate()  # held shared by every thread in DuckDB; exclusive to fork a query's process
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> DuckDBStore:
@@ -332,7 +334,7 @@ class DuckDBStore:
         from collector.store.readonly import run_guarded
 
         self.refresh(timeout_s)
-        res = run_guarded(self.cursor, sql, params, timeout_s=timeout_s, max_rows=None)
+        res = run_guarded(self.cursor, sql, params, timeout_s=timeout_s, max_rows=None, hold=self.gate.shared)
         return [tuple(r) for r in res.rows]
 
     # ------------------------------------------------------------------ writer thread
@@ -345,53 +347,54 @@ class DuckDBStore:
                 item = self._q.get(timeout=0.2)
             except queue.Empty:
                 item = None
-            now = time.monotonic()
-            if item is None:
-                if (self._dirty or self._staged) and now - last_refresh >= self.refresh_interval_s:
-                    self._refresh(con)
-                    last_refresh = now
-                if self._rollups_dirty and now - last_compact >= COMPACT_EVERY_S:
-                    self._compact_rollups(con)
-                    last_compact = now
-                if self.retention_s and now - last_retention >= 60:
-                    self._retention(con)
-                    last_retention = now
-                continue
-            group, controls, rows = [], [], 0
-            while True:
-                if item is _STOP or item[0] != "batch":
-                    controls.append(item)
-                else:
-                    group.append(item)
-                    rows += item[3]
-                if rows >= self.max_group_rows:
-                    break
-                try:
-                    item = self._q.get_nowait()
-                except queue.Empty:
-                    break
-            if group:
-                self._commit_group(con, group)
-                if self._rollups_dirty and time.monotonic() - last_compact >= COMPACT_EVERY_S:
-                    self._compact_rollups(con)  # under steady load the queue is never idle
-                    last_compact = time.monotonic()
-            if (self._dirty or self._staged) and (time.monotonic() - last_refresh >= self.refresh_interval_s
-                                or controls):
-                self._refresh(con)
-                last_refresh = time.monotonic()
-            for c in controls:
-                if c is _STOP:
-                    self._drain_after_stop(con)
-                    self._compact_rollups(con)
+            with self.gate.shared():  # no fork while the writer is inside DuckDB
+                now = time.monotonic()
+                if item is None:
+                    if (self._dirty or self._staged) and now - last_refresh >= self.refresh_interval_s:
+                        self._refresh(con)
+                        last_refresh = now
+                    if self._rollups_dirty and now - last_compact >= COMPACT_EVERY_S:
+                        self._compact_rollups(con)
+                        last_compact = now
+                    if self.retention_s and now - last_retention >= 60:
+                        self._retention(con)
+                        last_retention = now
+                    continue
+                group, controls, rows = [], [], 0
+                while True:
+                    if item is _STOP or item[0] != "batch":
+                        controls.append(item)
+                    else:
+                        group.append(item)
+                        rows += item[3]
+                    if rows >= self.max_group_rows:
+                        break
                     try:
-                        con.execute("CHECKPOINT")
-                    except Exception:
-                        log.exception("checkpoint at stop")
-                    con.close()
-                    return
-                if c[0] == "retention":
-                    self._retention(con)
-                c[1].set()
+                        item = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                if group:
+                    self._commit_group(con, group)
+                    if self._rollups_dirty and time.monotonic() - last_compact >= COMPACT_EVERY_S:
+                        self._compact_rollups(con)  # under steady load the queue is never idle
+                        last_compact = time.monotonic()
+                if (self._dirty or self._staged) and (time.monotonic() - last_refresh >= self.refresh_interval_s
+                                    or controls):
+                    self._refresh(con)
+                    last_refresh = time.monotonic()
+                for c in controls:
+                    if c is _STOP:
+                        self._drain_after_stop(con)
+                        self._compact_rollups(con)
+                        try:
+                            con.execute("CHECKPOINT")
+                        except Exception:
+                            log.exception("checkpoint at stop")
+                        con.close()
+                        return
+                    if c[0] == "retention":
+                        self._retention(con)
+                    c[1].set()
 
     def _drain_after_stop(self, con) -> None:
         rest = []

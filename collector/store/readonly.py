@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
 
 __all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "check_read_only_sql",
-           "run_guarded"]
+           "execute_capped", "run_guarded"]
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_ROWS = 10_000
@@ -62,75 +62,94 @@ class QueryResult:
     arrow: object = None
 
 
-def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                max_rows: int | None = DEFAULT_MAX_ROWS, arrow: bool = False) -> QueryResult:
-    """Run `sql` on a fresh cursor from `cursor_factory()` with every guard of the module docstring.
-
-    Raises QueryRefused (not one SELECT), QueryTimeout (past `timeout_s`), duckdb.Error (SQL
-    errors, e.g. a permission error for read_csv('/etc/passwd')). `max_rows=None`: no cap."""
+def execute_capped(cur, sql: str, params: list | None, max_rows: int | None, arrow: bool) -> QueryResult:
+    """Run `sql` (already checked by `check_read_only_sql`) on the DuckDB cursor `cur` inside a
+    transaction that is always rolled back; fetch at most `max_rows` rows (cap + 1 read to set
+    `truncated`; None: no cap), as Python rows or, with `arrow`, a pyarrow Table. No time budget:
+    the caller's (`run_guarded`: an interrupt; `collector.store.isolated`: a kill). Raises duckdb.Error."""
     import duckdb
 
+    t0 = time.perf_counter()
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        cur.execute(sql, params or None)
+        desc = cur.description or []
+        cols = [d[0] for d in desc]
+        types = [str(d[1]) for d in desc]
+        if arrow:
+            if max_rows is None:
+                tbl = _reader(cur, 100_000).read_all()
+                truncated = False
+            else:
+                reader = _reader(cur, min(max_rows + 1, 100_000))
+                batches, n = [], 0
+                for rb in reader:
+                    batches.append(rb)
+                    n += rb.num_rows
+                    if n > max_rows:
+                        break
+                import pyarrow as pa
+
+                tbl = pa.Table.from_batches(batches, schema=reader.schema)
+                truncated = tbl.num_rows > max_rows
+                tbl = tbl.slice(0, max_rows)
+            return QueryResult(cols, types, None, truncated, (time.perf_counter() - t0) * 1e3, tbl)
+        rows = cur.fetchall() if max_rows is None else cur.fetchmany(max_rows + 1)
+        truncated = max_rows is not None and len(rows) > max_rows
+        return QueryResult(cols, types, rows[:max_rows] if truncated else rows, truncated,
+                           (time.perf_counter() - t0) * 1e3)
+    finally:
+        try:
+            cur.execute("ROLLBACK")
+        except duckdb.Error:
+            pass
+
+
+def run_guarded(cursor_factory, sql: str, params: list | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                max_rows: int | None = DEFAULT_MAX_ROWS, arrow: bool = False, hold=None) -> QueryResult:
+    """Run `sql` on a fresh cursor from `cursor_factory()` with every guard of the module docstring,
+    in this process (trusted SQL, or a file no collector writes: a query DuckDB does not stop at
+    its interrupt runs on; `collector.store.isolated` runs a user's query on a live store).
+
+    `hold`: a context-manager factory entered on the query's thread around everything that touches
+    DuckDB (the store's fork gate: `DuckDBStore.gate.shared`); None: nothing.
+    Raises QueryRefused (not one SELECT), QueryTimeout (past `timeout_s`), duckdb.Error (SQL
+    errors, e.g. a permission error for read_csv('/etc/passwd')). `max_rows=None`: no cap."""
     if not isinstance(sql, str) or not sql.strip():
         raise QueryInvalid("empty SQL")
-    cur = cursor_factory()
-    try:
-        check_read_only_sql(cur, sql)
-        box: dict = {}
+    box: dict = {}
+    ready = threading.Event()
 
-        def work():
-            try:
-                t0 = time.perf_counter()
-                cur.execute("BEGIN TRANSACTION")
+    def work():
+        try:
+            with hold() if hold is not None else contextlib.nullcontext():
+                cur = cursor_factory()
                 try:
-                    cur.execute(sql, params or None)
-                    desc = cur.description or []
-                    cols = [d[0] for d in desc]
-                    types = [str(d[1]) for d in desc]
-                    if arrow:
-                        if max_rows is None:
-                            tbl = _reader(cur, 100_000).read_all()
-                            truncated = False
-                        else:
-                            reader = _reader(cur, min(max_rows + 1, 100_000))
-                            batches, n = [], 0
-                            for rb in reader:
-                                batches.append(rb)
-                                n += rb.num_rows
-                                if n > max_rows:
-                                    break
-                            import pyarrow as pa
-
-                            tbl = pa.Table.from_batches(batches, schema=reader.schema)
-                            truncated = tbl.num_rows > max_rows
-                            tbl = tbl.slice(0, max_rows)
-                        box["res"] = QueryResult(cols, types, None, truncated,
-                                                 (time.perf_counter() - t0) * 1e3, tbl)
-                    else:
-                        rows = cur.fetchall() if max_rows is None else cur.fetchmany(max_rows + 1)
-                        truncated = max_rows is not None and len(rows) > max_rows
-                        box["res"] = QueryResult(cols, types, rows[:max_rows] if truncated else rows, truncated,
-                                                 (time.perf_counter() - t0) * 1e3)
+                    box["cur"] = cur
+                    ready.set()
+                    check_read_only_sql(cur, sql)
+                    box["res"] = execute_capped(cur, sql, params, max_rows, arrow)
                 finally:
-                    try:
-                        cur.execute("ROLLBACK")
-                    except duckdb.Error:
-                        pass
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                box["exc"] = exc
+                    with contextlib.suppress(Exception):  # closing a cursor that already failed
+                        cur.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["exc"] = exc
+        finally:
+            ready.set()
 
-        th = threading.Thread(target=work, name="sql-query", daemon=True)
-        th.start()
-        th.join(timeout_s)
-        if th.is_alive():
-            cur.interrupt()
-            th.join(5.0)
-            raise QueryTimeout(sql, timeout_s)
-        if "exc" in box:
-            raise box["exc"]
-        return box["res"]
-    finally:
-        with contextlib.suppress(Exception):  # closing a cursor that already failed
-            cur.close()
+    th = threading.Thread(target=work, name="sql-query", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        ready.wait(1.0)
+        if "cur" in box:
+            with contextlib.suppress(Exception):
+                box["cur"].interrupt()
+        th.join(5.0)
+        raise QueryTimeout(sql, timeout_s)
+    if "exc" in box:
+        raise box["exc"]
+    return box["res"]
 
 
 def stream_batches(con, sql: str, batch_rows: int):

@@ -22,6 +22,7 @@ TABLE = {
     e.MethodNotAllowed: (405, False),
     e.PayloadTooLarge: (413, False),
     e.UnsupportedMediaType: (415, False),
+    e.QueryTooLarge: (422, False),
     e.BodyTimedOut: (408, False),
     e.QueryTimeout: (408, False),
     e.Overloaded: (429, True),

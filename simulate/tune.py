@@ -44,7 +44,7 @@ from simulate.limits import check_vllm_config
 from simulate.report import METRICS
 from simulate.settings import ENGINE_KNOBS, GATEWAY_KNOBS, apply_sets, deployment_of
 
-__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "grid", "search"]
+__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "confirmable", "grid", "objective_rows", "search"]
 
 SCHEMA = "tailtrace.tune/1"
 MODELLED = (*ENGINE_KNOBS, *GATEWAY_KNOBS, "replicas")
@@ -381,16 +381,33 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
     pnames = [o["objective"] for o in missed]
     pareto = _pareto([e for e in entries if e["replicas"] == best["replicas"]], pnames) if len(pnames) == 2 else []
     searched_wall = time.perf_counter() - started
-    pred = predict(model, traffic, best["changes"], objectives=objectives, traffic_name=traffic_name,
-                   calibration=calibration, replicas=best["replicas"], seed=seed, replicates=replicates)
-    ivs = pred.get("intervals") or {}
-    arm_iv = ivs.get("objectives") or []
-    b_doc, r_doc = _entry_doc(best), _entry_doc(recorded)
-    for o in b_doc["objectives"]:
-        o["interval"] = (arm_iv[-1] if arm_iv else {}).get(o["objective"])
+
+    def predicted(e: dict) -> tuple[dict, dict, dict]:
+        """(the entry's doc with each objective's interval, predict's answer, A's objective intervals)."""
+        pred = predict(model, traffic, e["changes"], objectives=objectives, traffic_name=traffic_name,
+                       calibration=calibration, replicas=e["replicas"], seed=seed, replicates=replicates)
+        arm_iv = (pred.get("intervals") or {}).get("objectives") or [{}]
+        d = _entry_doc(e)
+        for o in d["objectives"]:
+            o["interval"] = arm_iv[-1].get(o["objective"])
+        return d, {k: pred.get(k) for k in ("intervals", "sensitivity", "b_over_a", "changes", "replicas")}, arm_iv[0]
+
+    b_doc, b_pred, a_iv = predicted(best)
+    r_doc = _entry_doc(recorded)
     if best["replicas"] == 1:
         for o in r_doc["objectives"]:
-            o["interval"] = (arm_iv[0] if arm_iv else {}).get(o["objective"])
+            o["interval"] = a_iv.get(o["objective"])
+    measurable = None  # what `--confirm` can measure when try cannot set the winner (replicas, a limit unset)
+    if not _try_settable(best):
+        ones = [e for e in entries if _try_settable(e)]
+        m = min(ones, key=ks.key) if ones else None
+        why = f"the winner needs {best['replicas']} replicas" if best["replicas"] > 1 else "try cannot unset a limit"
+        if m is None or not m["changes"]:
+            measurable = {"why": f"{why}, and no one-replica configuration try can set beats the recorded one"}
+        else:
+            m_doc, m_pred, _ = predicted(m)
+            measurable = {**m_doc, "flags": flag_diff(m["changes"], ks.rec, 1), "prediction": m_pred,
+                          "why": f"{why}; try runs one engine: the best one-replica configuration is measured instead"}
     how = (f"coordinate search from the recorded configuration ({rounds} rounds, the diagnosis' knobs first: "
            f"{', '.join(k for k in order if k in hints) or 'none'}), then random configurations of the grid "
            f"(seed {seed}); replicas tried: {', '.join(str(n) for n in sorted(best_at))}")
@@ -401,5 +418,18 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
                search={"how": how, "simulated": len(entries), "refused": len(ks.refused), "wall_s": searched_wall,
                        "simulate_s": ks.wall, "grid": {k: [_txt(v) for v in g[k]] for k in order},
                        "skipped": skipped, "replicas": counts, "max_configs": max_configs},
-               prediction={k: pred.get(k) for k in ("intervals", "sensitivity", "b_over_a", "changes", "replicas")})
+               prediction=b_pred, measurable=measurable)
     return doc
+
+
+def confirmable(doc: dict) -> bool:
+    """Whether `tune --confirm` has something to measure in search document `doc`: the winner, or
+    when try cannot set it the best one-replica configuration (doc["measurable"])."""
+    m = doc.get("measurable")
+    return not doc.get("stopped") and bool(doc.get("flags")) and (m is None or bool(m.get("flags")))
+
+
+def _try_settable(e: dict) -> bool:
+    """Whether `tailtrace try` can run entry `e` against the recorded configuration: one replica, no limit
+    unset (try sets flags; it cannot remove one)."""
+    return e["replicas"] == 1 and not any(c.endswith("=none") for c in e["changes"])

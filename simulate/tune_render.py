@@ -79,6 +79,11 @@ def tune_lines(doc: dict, confirm_cmd: str | None = None) -> list[str]:
         out += [f"    {f['text']}" for f in doc["flags"]]
     else:
         out.append("  apply: nothing (the recorded configuration is the best found)")
+    m = doc.get("measurable")
+    if m is not None:
+        out.append(f"  measurable by try: {m['why']}")
+        if m.get("flags"):
+            out.append(f"    {_changes(m['changes'], 1)}, predicted: {_objs(m)}")
     sens = (doc.get("prediction") or {}).get("sensitivity") or {}
     if sens.get("line"):
         out.append(f"  {sens['line']}")
@@ -133,4 +138,7 @@ def brief_lines(doc: dict) -> list[str]:
         out += [f"  apply: {f['text']}" for f in doc["flags"]]
     else:
         out.append("  apply: nothing (the recorded configuration is the best found)")
+    m = doc.get("measurable")
+    if m is not None:
+        out.append(f"  measurable by try: {m['why']}" + (f" ({_changes(m['changes'], 1)})" if m.get("flags") else ""))
     return out

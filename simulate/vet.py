@@ -115,9 +115,10 @@ def order_key(predicted: dict | None) -> int:
     return 1 if predicted and predicted.get("breaks") else 0
 
 
-def confirm_rows(tune_doc: dict, trial: dict) -> list[dict]:
-    """Predicted beside measured, per objective of the search (`tune_doc`, simulate/tune.py's) and
-    the `try` that measured its winner against the recorded configuration (`trial`: the comparison's
+def confirm_rows(tune_doc: dict, trial: dict, target: str = "best") -> list[dict]:
+    """Predicted beside measured, per objective of the search (`tune_doc`, simulate/tune.py's; its
+    `target` configuration: "best", or "measurable" when try cannot set the winner) and the `try`
+    that measured it against the recorded configuration (`trial`: the comparison's
     JSON, docs/compare.schema.json). Each row: {objective, name, predicted_ms (B) and
     predicted_interval, measured_ms (B, pooled exact), predicted_ratio (B/A, simulated) and
     predicted_ratio_interval, measured_ratio (by block pair) and measured_interval [low, high],
@@ -126,11 +127,13 @@ def confirm_rows(tune_doc: dict, trial: dict) -> list[dict]:
     on the same traffic, so what the simulator must get right is what the change does."""
     from semantics.catalog import quantile_label
 
-    pred = {(r["metric"], r["quantile"]): r for r in (tune_doc.get("prediction") or {}).get("b_over_a") or []}
+    entry = tune_doc.get(target) or {}
+    prediction = entry.get("prediction") if target != "best" else tune_doc.get("prediction")
+    pred = {(r["metric"], r["quantile"]): r for r in (prediction or {}).get("b_over_a") or []}
     rows = {(m["metric"], m["quantile"]): m for m in trial.get("metrics") or []}
     verdicts = {(o["metric"], o["quantile"]): o for o in trial.get("objectives") or []}
     out = []
-    for o in (tune_doc.get("best") or {}).get("objectives") or []:
+    for o in entry.get("objectives") or []:
         label = quantile_label(o["quantile"])
         p = pred.get((o["metric"], label)) or {}
         m = next((r for (mt, q), r in rows.items() if mt == o["metric"] and abs(q - o["quantile"]) < 1e-12), {})

@@ -133,7 +133,9 @@ def _diagnosis(query, run_id: str, slo: str | None) -> tuple[dict, str | None]:
 
 def _confirm_cmd(args, doc: dict) -> str | None:
     """The command that measures the winner (None when there is nothing try can set)."""
-    if doc.get("stopped") or not any(f["try"] for f in doc.get("flags") or []):
+    from simulate.tune import confirmable
+
+    if not confirmable(doc):
         return None
     where = f"--db {args.db}" if args.db else (f"--store {args.store}" if args.store else f"--api {args.api}")
     extra = f" --run-id {args.run_id}" if args.run_id else ""
@@ -169,7 +171,7 @@ def tune_brief(query_open, spec_of, store_name: str, run_id: str, slo: str | Non
     the search document or None when it could not run: one line says why)."""
     from plumbing.errors import UserError
     from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.tune import search
+    from simulate.tune import confirmable, search
     from simulate.tune_inputs import hints_of, model_and_traffic
     from simulate.tune_render import brief_lines
 
@@ -181,6 +183,6 @@ def tune_brief(query_open, spec_of, store_name: str, run_id: str, slo: str | Non
     except (UserError, ValueError, RuntimeError) as exc:  # the demo's report stands without it: one line why
         return [f"tuned: not searched ({exc})"], None
     lines = brief_lines(doc)
-    if not doc.get("stopped") and any(f["try"] for f in doc["flags"]):
+    if confirmable(doc):
         lines.append(f"confirm it by measurement: {confirm_cmd}")
     return lines, doc

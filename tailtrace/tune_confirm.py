@@ -11,7 +11,8 @@ __all__ = ["confirm_winner"]
 def confirm_winner(args, doc: dict, spec: str) -> list[str]:
     """Run try on `doc`'s winner over the run's traffic `spec` (store:STORE#RUN) under
     `args.budget`; add doc["confirm"]; return the lines to print. A winner try cannot set (more
-    replicas) is not measured, and the lines say why."""
+    replicas) is replaced by the best one-replica configuration the search found (doc["measurable"]),
+    and the lines say so."""
     from pathlib import Path
 
     from rich.console import Console
@@ -21,15 +22,17 @@ def confirm_winner(args, doc: dict, spec: str) -> list[str]:
     from simulate.tune_render import confirm_lines
     from simulate.vet import confirm_rows
 
-    flags = doc.get("flags") or []
+    flags, target, lines = doc.get("flags") or [], "best", []
     if not flags:
         doc["confirm"] = {"measured": False, "why": "the recorded configuration is the best found: nothing to measure"}
         return [f"  not confirmed: {doc['confirm']['why']}"]
-    cannot = [f["text"] for f in flags if f["try"] is None]
-    if cannot:
-        doc["confirm"] = {"measured": False, "why": f"try cannot set {'; '.join(cannot)}: measure it on a deployment "
-                                                     "that has it (tailtrace try --baseline URL --candidate URL)"}
-        return [f"  not confirmed: {doc['confirm']['why']}"]
+    m = doc.get("measurable")
+    if m is not None:  # try cannot set the winner (more replicas, a limit unset)
+        if not m.get("flags"):
+            doc["confirm"] = {"measured": False, "why": m["why"]}
+            return [f"  not confirmed: {m['why']}"]
+        flags, target = m["flags"], "measurable"
+        lines.append(f"  confirming {', '.join(m['changes'])} on 1 replica: {m['why']}")
     changes = [parse_change(f["try"]) for f in flags]
     base = Arm().with_changes([parse_change(f"{f['where']}:{f['flag']}={f['recorded']}", "the recorded value")
                                for f in flags if f["recorded"] != "none"])
@@ -37,11 +40,11 @@ def confirm_winner(args, doc: dict, spec: str) -> list[str]:
                       budget_s=args.budget, slo=doc["slo"], seed=args.seed)
     result = try_change(cfg, Console(stderr=True))
     trial = result.to_dict()
-    rows = confirm_rows(doc, trial)
+    rows = confirm_rows(doc, trial, target)
     store = Path(args.out) / "tailtrace.duckdb"
-    doc["confirm"] = {"measured": True, "experiment": result.experiment, "stopped": result.stopped,
+    doc["confirm"] = {"measured": True, "target": target, "experiment": result.experiment, "stopped": result.stopped,
                       "verdicts": result.verdicts(), "rows": rows, "store": str(store), "trial": trial}
-    return [(f"  measured by try {result.experiment} ({trial['blocks']['pairs']} block pairs, stopped: "
+    return [*lines, (f"  measured by try {result.experiment} ({trial['blocks']['pairs']} block pairs, stopped: "
             f"{result.stopped}), stored as experiment-arm runs {result.experiment}-A*, -B* in {args.out}"),
             *confirm_lines(rows),
             f"  compare them again: tailtrace compare '{result.experiment}-A*' '{result.experiment}-B*' --db {store}"]

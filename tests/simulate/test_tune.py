@@ -86,6 +86,10 @@ def test_when_no_knob_saves_one_replica_the_fewest_replicas_that_do_and_the_rate
     one = doc["one_replica"]
     assert one["rate_rps"] is not None and 0 < one["rate_x"] < 1  # one replica holds less than this traffic
     assert any(f["knob"] == "replicas" and f["try"] is None for f in doc["flags"])
+    # try runs one engine: what --confirm measures is the best one-replica configuration, predicted too
+    m = doc["measurable"]
+    assert m["replicas"] == 1 and m["changes"] and all(f["try"] for f in m["flags"]) and "needs 2 replicas" in m["why"]
+    assert m["prediction"]["b_over_a"] and all(o["interval"] for o in m["objectives"])
 
 
 def test_objectives_already_met_search_for_the_cheapest_or_stop_if_asked():

@@ -238,7 +238,7 @@ def _pareto(entries: list[dict], names: list[str]) -> list[dict]:
         if e["summary"]["rejected"] == 0 and all(x is not None for x in v):
             pts.append((v, e))
     front = [(v, e) for v, e in pts if not any(w[0] <= v[0] and w[1] <= v[1] and w != v for w, _ in pts)]
-    front.sort(key=lambda p: (p[0][0], p[0][1], p[1]["order"]))
+    front.sort(key=lambda p: (p[0][0], p[0][1], len(p[1]["changes"]), p[1]["order"]))  # a tie: fewest changes
     out, seen = [], set()
     for v, e in front:
         if tuple(v) in seen:

@@ -177,6 +177,8 @@ _REQUEST_SPAN_SQL = {
     "decode_s": _native_s(sc.GEN_AI_LATENCY_DECODE), "e2e_s": _native_s(sc.GEN_AI_LATENCY_E2E),
     "client_queue_ms": _num(sc.CLIENT_QUEUE_MS),
     "rejection": _attr(sc.REJECTION),
+    "ladder_level": _int(sc.LADDER_LEVEL), "degradation": _attr(sc.DEGRADATION),
+    "predicted_ttft_ms": _num(sc.PREDICTED_TTFT_MS),
 }
 assert tuple(_REQUEST_SPAN_SQL) == REQUEST_SPANS.names
 

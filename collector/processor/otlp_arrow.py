@@ -210,7 +210,8 @@ S_NQUEUE, S_NPREFILL, S_NDECODE, S_NE2E = range(31, 35)
 S_GEN_AI_RID = 35  # gen_ai.request.id: the request id of a span without tailtrace.request_id (vLLM's own)
 S_CQUEUE = 36  # _request_spans.client_queue_ms (the client's wait for a --concurrency-cap slot)
 S_REJECT = 37  # _request_spans.rejection (tailtrace.rejection: the admission limit that refused it)
-N_SLOTS = 38
+S_LEVEL, S_DEGRADE, S_PREDICT = range(38, 41)  # _request_spans.ladder_level, degradation, predicted_ttft_ms
+N_SLOTS = 41
 _EMPTY_STATE = [None] * N_SLOTS
 _NO_NATIVE = (None, None, None, None)
 # a part-fact's columns after the native latencies (client_queue_ms, rejection, ...): NULL
@@ -235,6 +236,9 @@ _KEY_OPS: dict[str, tuple] = {
     sc.CLIENT_TTFT_MS: (S_CTTFT, as_num),
     sc.CLIENT_QUEUE_MS: (S_CQUEUE, as_num),
     sc.REJECTION: (S_REJECT, as_str),
+    sc.LADDER_LEVEL: (S_LEVEL, as_int),
+    sc.DEGRADATION: (S_DEGRADE, as_str),
+    sc.PREDICTED_TTFT_MS: (S_PREDICT, as_num),
     sc.UPSTREAM: (S_UPSTREAM, as_str),
     sc.FIRST_CHUNK_TIME: (S_FIRST, as_int),
     sc.STEP_INDEX: (S_STEP, as_int),
@@ -416,7 +420,8 @@ class TraceBatchBuilder:
                             state[S_RUN], state[S_LAG], state[S_CTTFT], state[S_UPSTREAM], host,
                             state[S_FIRST], *((state[S_NQUEUE], state[S_NPREFILL], state[S_NDECODE],
                                                state[S_NE2E]) if phase in _NATIVE_ROOTS else _NO_NATIVE),
-                            state[S_CQUEUE], state[S_REJECT], idx))
+                            state[S_CQUEUE], state[S_REJECT], state[S_LEVEL], state[S_DEGRADE], state[S_PREDICT],
+                            idx))
         if phase == _ENGINE and (state[S_AT] is not None or state[S_ABS] is not None
                                  or state[S_APF] is not None or state[S_ADC] is not None
                                  or state[S_AKV] is not None):

@@ -168,6 +168,10 @@ PER_TRACE_AGGREGATES = f"""
         -- latest one, and when its span ended: a rejection is the request's only when no attempt started after it
         arg_max(rejection, end_ns) FILTER (WHERE rejection IS NOT NULL) AS rejection,
         max(end_ns) FILTER (WHERE rejection IS NOT NULL) AS rejection_end,
+        -- the gateway's degradation ladder, on its server span of the last attempt (NULL without a ladder)
+        arg_max(f.ladder_level, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS ladder_level,
+        arg_max(f.degradation, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS degradation,
+        arg_max(f.predicted_ttft_ms, end_ns) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS predicted_ttft_ms,
         -- attempts: the gateway's server spans, else the engine's spans (the plugin's, else vLLM's own);
         -- and when the last one started
         count(*) FILTER (WHERE {_p(sc.PHASE_GATEWAY)}) AS g_attempts,
@@ -359,6 +363,7 @@ SELECT
     -- the limit that refused it (status rejected), else NULL: a rejected earlier attempt is a retry
     CASE WHEN b2.rejection_end >= last_start THEN b2.rejection END AS rejection,
     attempts - 1 AS retries,
+    ladder_level, degradation, predicted_ttft_ms,
     {", ".join(f"{d.sql} AS {d.column}" for d in DERIVED)}
 FROM b2
 """

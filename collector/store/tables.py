@@ -51,7 +51,7 @@ __all__ = [
 
 # The version of the layout below. A column declared with `since` > 1 is added (ALTER TABLE) to a
 # file written before it existed, and every `requests` row is then recomputed once.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 # logical type -> pyarrow type factory (arguments)
 _ARROW = {"VARCHAR": ("string",), "JSON": ("string",), "BIGINT": ("int64",), "INTEGER": ("int32",),
@@ -140,6 +140,7 @@ _V4 = 4  # added in schema version 4 (vLLM's own llm_request span: its latencies
 _V5 = 5  # added in schema version 5 (the client's own queue: --concurrency-cap)
 _V6 = 6  # added in schema version 6 (admission rejections: the limit that refused a request)
 _V7 = 7  # added in schema version 7 (a request's retries: a rejected attempt is no rejected request)
+_V8 = 8  # added in schema version 8 (the gateway's degradation ladder: what it did to each request)
 
 SPANS = _table("spans", [
     ("trace_id", _S), ("span_id", _S), ("parent_span_id", _S), ("name", _S), ("kind", _S),
@@ -187,6 +188,9 @@ REQUEST_SPANS = _table("_request_spans", [
     ("client_queue_ms", _D, _V5),
     # the admission limit that refused the request (`tailtrace.rejection`: gateway.queue_full, vllm.max_num_queued_reqs, ...)
     ("rejection", _S, _V6),
+    # the gateway's degradation ladder (instrument/gateway/ladder.py): its level at the request's arrival, what it
+    # did to it (none | capped | deferred | shed, comma-joined), the TTFT it predicted; NULL without a ladder
+    ("ladder_level", _B, _V8), ("degradation", _S, _V8), ("predicted_ttft_ms", _D, _V8),
 ], time="make_timestamp(start_ns // 1000)")
 
 # Exact per-minute histograms of the decode steps (ITL at 1 us, batch size), kept by the writer
@@ -245,6 +249,7 @@ REQUESTS = _table("requests", [
     ("network_in_ms", _D, _V2), ("network_out_ms", _D, _V2), ("gateway_after_ms", _D, _V2),
     ("upstream", _S, _V2), ("source", _S, _V4), ("client_queue_ms", _D, _V5), ("rejection", _S, _V6),
     ("retries", _B, _V7),
+    ("ladder_level", _B, _V8), ("degradation", _S, _V8), ("predicted_ttft_ms", _D, _V8),
 ], time="arrival_time")
 
 # Not stored: the per-token arrays `tailtrace.steps.*` of each llm.request span, one row per span

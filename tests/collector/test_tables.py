@@ -42,7 +42,8 @@ def test_requests_columns_are_those_docs_schema_md_documents():
     assert REQUESTS.names[:4] == ("request_id", "trace_id", "model", "arrival_time")
     assert [c.name for c in REQUESTS.added_columns()] == [
         "outer_e2e_ms", "outer_ttft_ms", "completion_time", "ok", "network_in_ms", "network_out_ms",
-        "gateway_after_ms", "upstream", "source", "client_queue_ms", "rejection", "retries"]
+        "gateway_after_ms", "upstream", "source", "client_queue_ms", "rejection", "retries",
+        "ladder_level", "degradation", "predicted_ttft_ms"]
 
 
 def test_a_spec_refuses_unknown_types_and_batch_tables_have_no_ddl():

@@ -106,7 +106,8 @@ class BlockRunner:
     def run(self, plan, order: list[str]):
         """Run the blocks of `order` (pairs of two), looking after each pair from plan.k_min when
         plan.k_max > plan.k_min; returns (Comparison of the kept pairs, stopped: decided | budget |
-        pairs). Raises PartDied when a part dies, UserError when no pair could be kept."""
+        pairs | undecidable: no objective's quantile has the samples per block). Raises PartDied
+        when a part dies, UserError when no pair could be kept."""
         cfg = self.cfg
         counts = {"A": 0, "B": 0}
         warm: set = set()
@@ -168,9 +169,11 @@ class BlockRunner:
                 a_run = next(b["run_id"] for b in pair if b["arm"] == "A")
                 b_run = next(b["run_id"] for b in pair if b["arm"] == "B")
                 kept.append((a_run, b_run))
-            if plan.k_max > plan.k_min and len(kept) >= plan.k_min and not bad and self._compare(kept, plan).decided():
-                stopped = "decided"
-                break
+            if plan.k_max > plan.k_min and len(kept) >= plan.k_min and not bad:
+                look = self._compare(kept, plan)
+                if look.decided() or not look.decidable():
+                    stopped = "decided" if look.decided() else "undecidable"
+                    break
             if cfg.budget_s is not None:
                 spent = time.monotonic() - t0
                 if spent + spent / (j // 2 + 1) > cfg.budget_s:  # the next pair would overrun
@@ -182,6 +185,10 @@ class BlockRunner:
         cmp = self._compare(kept, plan)
         if cmp.decided():
             stopped = "decided"
+        elif not cmp.decidable():
+            stopped = "undecidable"
+            self.notes.append("no objective could be decided: its quantile needs more samples per block than the "
+                              "blocks hold (raise --block-s or --rate); adding pairs would not help")
         return cmp, stopped
 
     def _compare(self, kept: list[tuple[str, str]], plan):

@@ -130,6 +130,12 @@ class Comparison:
         """The row of `metric` at `quantile` (None when not compared)."""
         return _row(self.metrics, metric, quantile)
 
+    def decidable(self) -> bool:
+        """Whether any objective has an interval (its quantile has the samples per block): when none
+        has, more pairs cannot decide anything, only longer blocks can."""
+        rows = [_row(self.metrics, o["metric"], o["quantile"]) for o in self.objectives]
+        return any(r is not None and r.ratio_low is not None for r in rows)
+
     def decided(self) -> bool:
         """Whether every objective that has an interval is decided (better, worse or same)."""
         rows = [_row(self.metrics, o["metric"], o["quantile"]) for o in self.objectives]

@@ -88,8 +88,8 @@ class TrialConfig:
 class TrialResult:
     """What a `try` measured: `comparison` (experiment.compare.Comparison: arms, metric rows with
     intervals and verdicts, objectives met/missed per arm), `blocks` (every block run, discarded
-    ones with `discarded`: why), `stopped` (decided | budget | pairs), the experiment's id, mode and
-    notes. `verdicts()`: objective -> verdict; `to_dict()`: the JSON (docs/compare.schema.json)."""
+    ones with `discarded`: why), `stopped` (decided | budget | pairs | undecidable), the
+    experiment's id, mode and notes. `verdicts()`: objective -> verdict; `to_dict()`: the JSON (docs/compare.schema.json)."""
 
     comparison: object
     blocks: list[dict]

@@ -56,6 +56,7 @@ from dashboard.queries.distributions import (  # noqa: F401 - gathered for the p
 )
 from dashboard.queries.engine import (
     device_timeline,
+    engine_crosscheck,  # noqa: F401 - gathered for the pages: data.<name>
     engine_timeline,
 )
 from dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages: data.<name>

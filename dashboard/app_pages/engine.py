@@ -16,8 +16,18 @@ if ctx.filters.replicas:
 first, last = data.bounds(ctx.src, ctx.filters)
 width = data.bucket_ms(first, last)
 eng = data.engine_timeline(ctx.src, ctx.filters, ctx.schema, width)
+# the engines' own counters (vLLM, SGLang, TensorRT-LLM, TGI /metrics) beside tailtrace's counts from their spans
+checks = ctx.side(data.engine_crosscheck, ctx.filters)
+if checks.ok and len(checks.value):
+    st.subheader("The engines' own counters")
+    st.caption("Each engine's /metrics (`tailtrace collect --scrape URL`) against the counts tailtrace assembled "
+               "from the same engine's spans; a disagreement names spans that lacked a value (stored NULL, never 0). "
+               "docs/engines.md lists what each engine emits.")
+    st.dataframe(checks.value, hide_index=True)
 if not len(eng):
-    ui.show_empty("No engine steps in the selection: the vLLM plugin emits them (`tailtrace serve`).")
+    ui.show_empty("No engine steps in the selection: the vLLM plugin emits them (`tailtrace serve`); of the other "
+                  "engines, TGI's batch spans are engine steps, SGLang's and TensorRT-LLM's spans give none "
+                  "(docs/engines.md).")
     st.stop()
 # the device samples and the latency above the engine are side panels: "n/a" rather than no page
 dev_side = ctx.side(data.device_timeline, ctx.filters, ctx.schema, width)

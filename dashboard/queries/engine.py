@@ -8,6 +8,25 @@ from dashboard.queries.common import Filters, _bucket_expr
 from dashboard.source import DataSource
 
 
+# ------------------------------------------------------------------------------------------ engines' own metrics
+def engine_crosscheck(src: DataSource, f: Filters) -> pd.DataFrame:
+    """Each engine's own Prometheus counters (scraped into metric_points: `tailtrace collect --scrape`)
+    beside tailtrace's counts from the same engine's spans over the selection's window
+    (diagnose.engine_metrics.crosscheck): source (requests.source), what, engine, tailtrace, agree.
+    Empty when no engine's counters were scraped."""
+    from dashboard.queries.why import source_query
+    from diagnose.engine_metrics import crosscheck
+
+    query = source_query(src)
+    since = (f.start.isoformat() if f.start else "2000-01-01T00:00:00")
+    until = (f.end.isoformat() if f.end else "2100-01-01T00:00:00")
+    rows = []
+    for (source,) in query("SELECT DISTINCT source FROM requests WHERE source IS NOT NULL ORDER BY 1", []):
+        rows += [{"source": source, "what": c.what, "engine": c.engine, "tailtrace": c.tailtrace, "agree": c.agree}
+                 for c in crosscheck(query, source, since, until)]
+    return pd.DataFrame(rows, columns=["source", "what", "engine", "tailtrace", "agree"])
+
+
 # ------------------------------------------------------------------------------------------ engine & device
 def engine_timeline(src: DataSource, f: Filters, schema: dict[str, list[str]], width_ms: int) -> pd.DataFrame:
     """engine_steps per bucket and service: bucket, service_name, steps, running, waiting (means),

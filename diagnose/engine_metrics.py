@@ -108,7 +108,8 @@ def crosscheck(query: Query, request_source: str, since: str, until: str) -> lis
     pre, nq, sq, ok = query(f"""SELECT coalesce(sum(preemptions), 0), count(queue_ms), coalesce(sum(queue_ms), 0),
         count(*) FILTER (WHERE status = 'ok') FROM requests WHERE {where}""", [request_source, since, until])[0]
     out = []
-    for what, mine, tol in (("preemptions", pre, 0.0), ("queue_count", nq, 0.0), ("finished", ok, 0.0)):
+    for what, mine, tol in (("preemptions", pre, 0.0), ("request_preemptions", pre, 0.0), ("queue_count", nq, 0.0),
+                            ("finished", ok, 0.0)):
         theirs = counter(query, src, what, since, until).get(None)
         if theirs is not None:
             out.append(Check(what, theirs, float(mine), abs(theirs - float(mine)) <= tol))
@@ -119,4 +120,10 @@ def crosscheck(query: Query, request_source: str, since: str, until: str) -> lis
         mine = query("SELECT count(*) FROM requests WHERE rejection = ? AND arrival_time BETWEEN CAST(? AS TIMESTAMP) "
                      "AND CAST(? AS TIMESTAMP)", [f"vllm.{reason}", since, until])[0][0]
         out.append(Check(f"admission_rejections[{reason}]", n, float(mine), n == float(mine)))
+    # vLLM's waiting requests by reason add up to its waiting gauge (its own consistency, at `until`)
+    by_reason = gauge_last(query, src, "waiting_by_reason", until, by="reason")
+    waiting = gauge_last(query, src, "waiting", until).get(None)
+    if by_reason and waiting is not None:
+        total = sum(by_reason.values())
+        out.append(Check("waiting_by_reason", total, waiting, total == waiting))
     return out

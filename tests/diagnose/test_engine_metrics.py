@@ -106,3 +106,45 @@ def test_tailtraces_counts_from_spans_agree_with_each_engines_counters(store, se
     # TGI's "35.2min" was refused: NULL, never 0 — one queue fewer than the engine measured
     assert got["tgi-native"]["queue_count"] == (3.0, 2.0, False)
     assert "preemptions" not in got["trtllm-native"] and "preemptions" not in got["tgi-native"]
+
+
+# vLLM 0.32's names, labels and types (vllm/v1/metrics/loggers.py: vllm:admission_rejections{model_name,
+# reason in ADMISSION_REASONS}, vllm:num_requests_waiting_by_reason{reason}, vllm:request_num_preemptions
+# histogram); the values ours (no test here starts vLLM for it)
+_VLLM = """# HELP vllm:admission_rejections_total Number of admission attempts rejected by a queue limit, by reason.
+# TYPE vllm:admission_rejections_total counter
+vllm:admission_rejections_total{model_name="tiny",reason="max_num_queued_reqs"} 2.0
+vllm:admission_rejections_total{model_name="tiny",reason="max_num_queued_tokens"} 0.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 3.0
+# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="capacity"} 2.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny",reason="deferred"} 1.0
+# HELP vllm:request_num_preemptions Histogram of the number of times a request was preempted.
+# TYPE vllm:request_num_preemptions histogram
+vllm:request_num_preemptions_sum{engine="0",model_name="tiny"} 0.0
+vllm:request_num_preemptions_count{engine="0",model_name="tiny"} 2.0
+"""
+
+
+def test_vllms_admission_rejections_per_reason_are_held_to_the_rejected_rows(store, served):
+    from collector.testing.otlp_payloads import MS, T0, TraceBuilder
+    from semantics import semconv as sc
+
+    texts, base = served
+    texts["vllm"] = _VLLM.encode()
+    Scraper([f"{base}/vllm"], scrape_sink(store)).scrape_once(parse_target(f"{base}/vllm"))
+    b = TraceBuilder()
+    for k, rej in enumerate(("vllm.max_num_queued_reqs", "vllm.max_num_queued_reqs", None)):
+        attrs = {sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: f"r{k}", sc.GEN_AI_REQUEST_MODEL: "tiny"}
+        if rej:
+            attrs[sc.REJECTION] = rej
+        b.span("vllm", sc.SPAN_LLM_REQUEST, T0 + k * MS, T0 + (k + 5) * MS, attrs=attrs)
+    store.submit(traces_to_batch(b.req)).result(30)
+    got = {c.what: (c.engine, c.tailtrace, c.agree) for c in crosscheck(_query(store), "plugin", *ALL)}
+    assert got["admission_rejections[max_num_queued_reqs]"] == (2.0, 2.0, True)
+    assert got["admission_rejections[max_num_queued_tokens]"] == (0.0, 0.0, True)
+    assert got["waiting_by_reason"] == (3.0, 3.0, True)
+    assert got["request_preemptions"][0] == 0.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from plumbing.errors import UserError
 
-__all__ = ["confirm_rows", "not_predicted", "order_key", "vet_actions"]
+__all__ = ["confirm_rows", "not_predicted", "order_key", "predict_on_trial_traffic", "vet_actions"]
 
 REPLICATES = 19  # with LEVEL 0.9: the lowest and highest of 19 hold a further draw 18/20 = 90% (simulate/intervals.py)
 LEVEL = 0.9
@@ -128,7 +128,8 @@ def confirm_rows(tune_doc: dict, trial: dict, target: str = "best") -> list[dict
     from semantics.catalog import quantile_label
 
     entry = tune_doc.get(target) or {}
-    prediction = entry.get("prediction") if target != "best" else tune_doc.get("prediction")
+    prediction = entry.get("prediction_on_blocks") or (entry.get("prediction") if target != "best"
+                                                       else tune_doc.get("prediction"))
     pred = {(r["metric"], r["quantile"]): r for r in (prediction or {}).get("b_over_a") or []}
     rows = {(m["metric"], m["quantile"]): m for m in trial.get("metrics") or []}
     verdicts = {(o["metric"], o["quantile"]): o for o in trial.get("objectives") or []}
@@ -153,3 +154,21 @@ def confirm_rows(tune_doc: dict, trial: dict, target: str = "best") -> list[dict
                     "inside": inside, "verdict": v.get("change") or m.get("verdict"), "met_predicted": o["met"],
                     "met_measured": v.get("b_met"), "why": why})
     return out
+
+
+def predict_on_trial_traffic(model, traffic_file: str, changes: list[str], slo: str, calibration, seed: int = 0,
+                             replicates: int = REPLICATES) -> dict:
+    """The B/A prediction of `changes` on the traffic a `try` replayed in each block (its
+    `traffic.csv`: a cut of the run, not the whole run the search judged), as simulate/api.py
+    `predict` gives it: {"b_over_a": [{metric, quantile, ratio, interval}], "traffic", "replicates"}.
+    The check of a prediction is against what was measured, so it is made on the same requests."""
+    from semantics.slo import parse_slo
+    from simulate.api import predict
+    from simulate.limits import fit_to_model_len
+    from simulate.settings import load_traffic
+
+    traffic, name = load_traffic(str(traffic_file))
+    traffic, _ = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))
+    doc = predict(model, traffic, changes, objectives=parse_slo(slo), calibration=calibration, seed=seed,
+                  replicates=replicates, level=LEVEL, traffic_name=name)
+    return {"b_over_a": doc.get("b_over_a") or [], "traffic": name, "replicates": replicates, "level": LEVEL}

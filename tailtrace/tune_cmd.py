@@ -104,7 +104,7 @@ def _tune(args) -> int:
     if args.confirm and not doc.get("stopped"):
         from tailtrace.tune_confirm import confirm_winner
 
-        lines += confirm_winner(args, doc, got["spec"])
+        lines += confirm_winner(args, doc, got["spec"], got["model"], got["calibration"])
     text = json.dumps(doc, indent=1, default=str)
     sys.stdout.write(text + "\n" if args.format == "json" else "\n".join(lines) + "\n")
     if args.json:

@@ -8,7 +8,7 @@ from __future__ import annotations
 __all__ = ["confirm_winner"]
 
 
-def confirm_winner(args, doc: dict, spec: str) -> list[str]:
+def confirm_winner(args, doc: dict, spec: str, model=None, calibration=None) -> list[str]:
     """Run try on `doc`'s winner over the run's traffic `spec` (store:STORE#RUN) under
     `args.budget`; add doc["confirm"]; return the lines to print. A winner try cannot set (more
     replicas) is replaced by the best one-replica configuration the search found (doc["measurable"]),
@@ -40,6 +40,12 @@ def confirm_winner(args, doc: dict, spec: str) -> list[str]:
                       budget_s=args.budget, slo=doc["slo"], seed=args.seed)
     result = try_change(cfg, Console(stderr=True))
     trial = result.to_dict()
+    if model is not None:  # the prediction on the very traffic try replayed (its blocks' cut of the run)
+        from simulate.vet import predict_on_trial_traffic
+
+        entry = doc["measurable"] if target == "measurable" else doc["best"]
+        entry["prediction_on_blocks"] = predict_on_trial_traffic(model, trial["traffic"]["file"], entry["changes"],
+                                                                 doc["slo"], calibration, args.seed)
     rows = confirm_rows(doc, trial, target)
     store = Path(args.out) / "tailtrace.duckdb"
     doc["confirm"] = {"measured": True, "target": target, "experiment": result.experiment, "stopped": result.stopped,

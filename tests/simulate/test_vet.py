@@ -79,3 +79,29 @@ def test_confirm_sets_the_predicted_ratio_beside_the_measured_interval():
     assert rows["TTFT P99"]["predicted_ms"] == doc["best"]["objectives"][0]["value_ms"]
     trial["metrics"][0].update(ratio_low=None, ratio_high=None, why="fewer than 2 pairs")
     assert confirm_rows(doc, trial)[0]["inside"] is None and confirm_rows(doc, trial)[0]["why"] == "fewer than 2 pairs"
+
+
+def test_confirm_checks_the_prediction_made_on_the_blocks_traffic(tmp_path):
+    """try replays a cut of the run in each block: the prediction checked is the one on that cut."""
+    from simulate.tune import search
+    from simulate.vet import confirm_rows, predict_on_trial_traffic
+
+    model, traffic = _model(seqs=4), _traffic()
+    doc = search(model, traffic, SLO, ["max_num_seqs"], [1], 0, calibration=OK, replicates=3)
+    # the blocks' traffic: the run's first 60 requests, as try writes it (the Azure trace's CSV)
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 12, 5, 15, 0, 0)
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
+        f"{t0 + dt.timedelta(seconds=float(traffic.arrival_s[i]))},{traffic.prompt[i]},{traffic.output[i]}"
+        for i in range(60)]
+    (tmp_path / "traffic.csv").write_text("\n".join(rows) + "\n")
+    on = predict_on_trial_traffic(model, str(tmp_path / "traffic.csv"), doc["best"]["changes"], doc["slo"], OK,
+                                  replicates=3)
+    whole = {(r["metric"], r["quantile"]): r["ratio"] for r in doc["prediction"]["b_over_a"]}
+    cut = {(r["metric"], r["quantile"]): r["ratio"] for r in on["b_over_a"]}
+    assert cut[("ttft", "P99")] != whole[("ttft", "P99")]  # 60 requests queue less than 300
+    doc["best"]["prediction_on_blocks"] = on
+    trial = {"metrics": [{"metric": "ttft", "quantile": 0.99, "ratio": 0.5, "ratio_low": 0.1, "ratio_high": 2.0}],
+             "objectives": []}
+    assert confirm_rows(doc, trial)[0]["predicted_ratio"] == cut[("ttft", "P99")]

@@ -262,8 +262,40 @@ def build_prometheus_rules(alerts: tuple[AlertSpec, ...] = ALERTS, dashboard_url
             "labels": _labels(a),
             "annotations": a.annotations(_PANEL_IDS[a.phase], dashboard_url),
         })
-    return {"groups": [{"name": RULE_GROUP, "interval": "30s", "rules": rules}]}
+    return {"groups": [{"name": RULE_GROUP, "interval": "30s", "rules": rules}, build_ladder_rules()]}
 
+
+
+LADDER_RULE_GROUP = "tailtrace-gateway-ladder"
+LADDER_SHED_ALERT = "TailtraceGatewaySheddingSustained"
+
+
+def ladder_shed_expr(window: str = "5m", share: float = 0.05, min_requests: int = 20) -> str:
+    """PromQL over the gateway's /metrics (instrument/gateway/control.py): more than `share` of the
+    LLM requests the ladder planned over `window` were shed (503), with at least `min_requests` of them
+    in the window so that a quiet minute cannot page anyone."""
+    planned = f"sum(increase(tailtrace_gateway_ladder_requests_total[{window}]))"
+    return (f'sum(increase(tailtrace_gateway_degraded_requests_total{{action="shed"}}[{window}]))\n'
+            f"  / {planned} > {_num(share)}\nand {planned} >= {min_requests}")
+
+
+def build_ladder_rules(window: str = "5m", for_: str = "10m", share: float = 0.05, min_requests: int = 20,
+                       interval: str = "30s") -> dict:
+    """The Prometheus rule group of the gateway's degradation ladder: sustained shedding (layer 1,
+    gateway) — `ladder_shed_expr` true for `for_`."""
+    return {"name": LADDER_RULE_GROUP, "interval": interval, "rules": [{
+        "alert": LADDER_SHED_ALERT,
+        "expr": ladder_shed_expr(window, share, min_requests),
+        "for": for_,
+        "labels": {"severity": "page", "layer": "gateway", "source": "tailtrace"},
+        "annotations": {
+            "summary": "gateway: the degradation ladder is shedding requests (503) for a sustained time",
+            "description": (f"More than {share:.0%} of the LLM requests over {window} were answered 503 by the "
+                            f"gateway's ladder (its last step, shed), for {for_}: the deployment is over capacity "
+                            "for its objectives. Add replicas or find why capacity fell; requests.degradation says what "
+                            "was done to each request (docs/gateway.md)."),
+        },
+    }]}
 
 
 def _num(x: float) -> str:

@@ -73,6 +73,8 @@ def build_prometheus_config() -> dict:
             {"job_name": "tailtrace-collector", "scrape_interval": "5s",
              "static_configs": [{"targets": ["collector:9464"]}]},
             {"job_name": "vllm", "static_configs": [{"targets": ["vllm:8000"]}]},
+            # the gateway's /metrics: its degradation ladder (level, requests capped, deferred, shed)
+            {"job_name": "tailtrace-gateway", "static_configs": [{"targets": ["gateway:8080"]}]},
             {"job_name": "dcgm-exporter", "static_configs": [{"targets": ["dcgm-exporter:9400"]}]},
             {"job_name": "prometheus", "static_configs": [{"targets": ["localhost:9090"]}]},
         ],

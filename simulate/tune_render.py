@@ -107,7 +107,7 @@ def confirm_lines(rows: list[dict]) -> list[str]:
     """Predicted beside measured per objective (`rows`: simulate/vet.py `confirm_rows`): the winner's
     value and its ratio to the recorded configuration, simulated and measured by try (interval by
     block pair), and whether the prediction fell inside the measured interval."""
-    out = ["  predicted vs measured (B = the winner, A = as recorded, on the run's traffic):"]
+    out = ["  predicted vs measured (B = the configuration measured, A = as recorded, on the traffic of try's blocks):"]
     ratio = lambda v: "n/a" if v is None else f"{v:.2f}x"
     for r in rows:
         iv = r.get("measured_interval")

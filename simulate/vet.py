@@ -147,6 +147,9 @@ def confirm_rows(tune_doc: dict, trial: dict, target: str = "best") -> list[dict
             why = "no predicted ratio (the winner is the recorded configuration, or not simulated)"
         elif lo is None:
             why = m.get("why") or "no measured interval"
+        on = ((entry.get("prediction_on_blocks") or {}).get("objectives") or {}).get(o["objective"])
+        if on is not None:  # predicted on the blocks' traffic: its values, not the whole run's
+            o = {**o, "value_ms": on["value_ms"], "interval": on["interval"], "met": on["met"]}
         out.append({"objective": o["objective"], "name": f"{o['metric'].upper()} {label}",
                     "predicted_ms": o["value_ms"], "predicted_interval": o.get("interval"),
                     "measured_ms": m.get("b_ms"), "predicted_ratio": ratio, "predicted_ratio_interval": p.get("interval"),
@@ -171,4 +174,9 @@ def predict_on_trial_traffic(model, traffic_file: str, changes: list[str], slo: 
     traffic, _ = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))
     doc = predict(model, traffic, changes, objectives=parse_slo(slo), calibration=calibration, seed=seed,
                   replicates=replicates, level=LEVEL, traffic_name=name)
-    return {"b_over_a": doc.get("b_over_a") or [], "traffic": name, "replicates": replicates, "level": LEVEL}
+    arm = doc["arms"].get("B") or doc["arms"]["A"]
+    ivs = (doc.get("intervals") or {}).get("objectives") or [{}]
+    values = {o["objective"]: {"value_ms": o["value_ms"], "interval": ivs[-1].get(o["objective"]), "met": o["met"]}
+              for o in arm["objectives"]}
+    return {"b_over_a": doc.get("b_over_a") or [], "objectives": values, "traffic": name, "replicates": replicates,
+            "level": LEVEL}

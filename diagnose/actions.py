@@ -84,7 +84,8 @@ def predicted_text(p: dict) -> str:
             continue
         iv = o.get("interval")
         parts.append(f"{o['name']} {format_ms(o.get('measured_ms'))} → {format_ms(o['predicted_ms'])}"
-                     + (f" ({format_ms(iv[0])} – {format_ms(iv[1])})" if iv else ""))
+                     + (f" ({format_ms(iv[0])} – {format_ms(iv[1])})" if iv else "")
+                     + (f" [{o['why']}]" if o.get("why") else ""))  # e.g. requests refused by an admission limit
     level = f" ({p['level']:.0%} intervals)" if p.get("level") else ""
     brk = f": breaks {', '.join(p['breaks'])}" if p.get("breaks") else ""
     return f"predicted{level}: {', '.join(parts)}{brk}"

@@ -260,17 +260,17 @@ DECODE_ARRAYS = _table("_decode_arrays", [
     ("dc", "BIGINT[]"), ("kv", "DOUBLE[]"),
 ], stored=False)
 
-# Staged by each commit, moved out by the writer's next derive pass (collector/store/derive.py, at most
-# `refresh_interval_s` later, before any read and at start and stop): the per-token arrays with their
-# request's service and model, and the engine steps, whose rollups are then counted in one statement
-# per table over everything staged instead of once per commit.
-PENDING_STEPS = TableSpec("_pending_steps", (*DECODE_ARRAYS.columns, Column("service_name", _S), Column("model", _S)))
 # Not stored: decode steps an engine reports one span each (SGLang's `decode_loop`:
 # collector/processor/engines/sglang.py), already per token: decode_steps' columns and the engine's
 # service, staged in `_pending_native_steps` and counted by the derive pass with the exploded arrays.
 NATIVE_STEPS = TableSpec("_native_steps", (*(Column(c.name, c.type) for c in DECODE_STEPS.columns),
                                            Column("service_name", _S)), stored=False)
 
+# Staged by each commit, moved out by the writer's next derive pass (collector/store/derive.py, at most
+# `refresh_interval_s` later, before any read and at start and stop): the per-token arrays with their
+# request's service and model, and the engine steps, whose rollups are then counted in one statement
+# per table over everything staged instead of once per commit.
+PENDING_STEPS = TableSpec("_pending_steps", (*DECODE_ARRAYS.columns, Column("service_name", _S), Column("model", _S)))
 PENDING_ENGINE_STEPS = TableSpec("_pending_engine_steps", ENGINE_STEPS.columns)
 PENDING_NATIVE_STEPS = TableSpec("_pending_native_steps", NATIVE_STEPS.columns)
 

@@ -201,7 +201,7 @@ class GatewayConfig:
             raise UserError("--gil-switch-interval must be more than 0 and at most 100 milliseconds")
         if not self.health_path.startswith("/"):
             raise UserError(f"--health-path {self.health_path!r} must start with '/'")
-        from instrument.gateway.control import check_control
+        from instrument.gateway.ladder import check_control
 
         check_control(self)
         return self

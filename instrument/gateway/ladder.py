@@ -29,8 +29,9 @@ import math
 from dataclasses import dataclass
 
 from plumbing.errors import UserError
+from semantics.slo import parse_slo
 
-__all__ = ["STEP_KINDS", "Ladder", "LadderStep", "Transition", "parse_ladder"]
+__all__ = ["STEP_KINDS", "Ladder", "LadderStep", "Transition", "check_control", "parse_ladder"]
 
 BATCH, OUTPUT, DEFER, SHED = "batch", "output", "defer-batch", "shed"
 STEP_KINDS = (BATCH, OUTPUT, DEFER, SHED)
@@ -150,3 +151,30 @@ class Ladder:
                               f"predictions under the margin for {self.hold_s:g} s: {self.steps[self.level].spec} lifted",
                               ratio)
         return None
+
+
+def check_control(config) -> None:
+    """Check --slo, --ladder, --ladder-margin, --ladder-hold, --queue-order and --max-wait of a
+    GatewayConfig; raise `UserError` (one line) on a bad one."""
+    if config.slo is not None:
+        objectives = parse_slo(config.slo, "--slo")
+        itl = [o.spec for o in objectives if o.metric == "itl"]
+        if itl:
+            raise UserError(f"--slo {itl[0]}: the gateway cannot predict ITL (it sees response chunks, not engine "
+                            "steps); give ttft, tpot or e2e objectives")
+    if config.ladder is not None:
+        if config.slo is None:
+            raise UserError("--ladder needs --slo, the objectives it holds (e.g. --slo ttft_p99=2s)")
+        steps = parse_ladder(config.ladder)
+        b = next((s for s in steps if s.kind == BATCH), None)
+        if b is not None and (b.value or config.max_concurrency // 2) >= config.max_concurrency:
+            raise UserError(f"--ladder {b.spec}: a batch step must lower --max-concurrency ({config.max_concurrency}); "
+                            "give batch:N with N below it")
+    if not 0 < config.ladder_margin <= 1:
+        raise UserError("--ladder-margin must be more than 0 and at most 1 (a fraction of each bound)")
+    for name, flag in (("ladder_hold_s", "--ladder-hold"), ("max_wait_s", "--max-wait")):
+        v = getattr(config, name)
+        if not (v > 0 and math.isfinite(v)):
+            raise UserError(f"{flag} must be a number of seconds more than 0")
+    if config.queue_order not in ("fifo", "sjf"):
+        raise UserError(f"--queue-order must be 'fifo' or 'sjf', not {config.queue_order!r}")

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_float, bounded_int, seconds
+from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_float, bounded_int, duration, seconds
 from semantics import envs
 
 __all__ = ["register"]
@@ -42,7 +42,7 @@ def register(sub) -> None:
     p.add_argument("--blocks", type=bounded_int(1, 1000), default=6, metavar="N",
                    help="block pairs without --budget (A B or B A each; default 6, the fewest whose sign-flip test "
                         "can call a difference at 5%%)")
-    p.add_argument("--budget", type=_duration, metavar="TIME",
+    p.add_argument("--budget", type=duration(), metavar="TIME",
                    help="add pairs until every objective is decided (better, worse or same) or TIME of blocks is "
                         "spent, e.g. 20m, 90s, 1h (the false-positive rate held over the looks: docs/experiment.md)")
     p.add_argument("--margin", type=bounded_float(0.0, 1.0, lo_open=True, hi_open=True), default=0.10, metavar="M",
@@ -218,21 +218,3 @@ def _try(args) -> int:
         return 1
     _emit(doc, args)
     return 0
-
-
-def _duration(text: str) -> float:
-    """'20m', '90s', '1h30m', '1.5h' or plain seconds -> seconds (more than 0, at most a day); else
-    ArgRangeError."""
-    import re
-
-    from plumbing.argtypes import ArgRangeError
-
-    t = str(text).strip().lower()
-    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?:in)?)?(?:(\d+(?:\.\d+)?)s?)?", t)
-    if not t or parts is None or not any(parts.groups()):
-        raise ArgRangeError(f"{text!r} is not a duration (e.g. 20m, 90s, 1h30m)")
-    h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
-    total = h * 3600 + m * 60 + sec
-    if not 0 < total <= 86400:
-        raise ArgRangeError(f"{text!r} is out of range: more than 0, at most 24h")
-    return total

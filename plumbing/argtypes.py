@@ -134,6 +134,30 @@ def seconds(hi: float = 86400.0) -> _Bounded:
     return bounded_float(0.0, hi, lo_open=True)
 
 
+class _Duration(_Bounded):
+    """An argparse `type`: a duration ('20m', '90s', '1h30m', '1.5h' or plain seconds) -> seconds
+    (float) within (0, hi], else `ArgRangeError`."""
+
+    def __call__(self, text: str) -> float:
+        import re
+
+        t = str(text).strip().lower()
+        parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m(?:in)?)?(?:(\d+(?:\.\d+)?)s?)?", t)
+        if not t or parts is None or not any(parts.groups()):
+            raise ArgRangeError(f"{text!r} is not a duration (e.g. 20m, 90s, 1h30m)")
+        h, m, sec = (float(x) if x else 0.0 for x in parts.groups())
+        total = h * 3600 + m * 60 + sec
+        if not self.contains(total):
+            raise ArgRangeError(f"{text!r} is out of range: {self.range_text}")
+        return total
+
+
+def duration(hi: float = 86400.0) -> _Duration:
+    """A time budget written '20m', '90s', '1h30m' or in plain seconds: more than 0 s, at most `hi`
+    seconds (a day unless said); the range is shown in seconds."""
+    return _Duration(float, 0.0, hi, lo_open=True)
+
+
 # Ranges of quantities many commands take (one definition each).
 PORT = bounded_int(1, 65535)          # a TCP port to listen on or connect to
 PORT_OR_OFF = bounded_int(0, 65535)   # 0: that server is off

@@ -8,7 +8,7 @@ simulate/tune_inputs.py's, the diagnosis diagnose's, the confirmation experiment
 
 from __future__ import annotations
 
-from plumbing.argtypes import SEED, bounded_int, bounded_list, seconds
+from plumbing.argtypes import SEED, bounded_int, bounded_list, duration, seconds
 
 __all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 
@@ -46,8 +46,8 @@ def register(sub) -> None:
     p.add_argument("--no-diagnosis", action="store_true", help="do not run explain to guide the search")
     p.add_argument("--confirm", action="store_true",
                    help="then measure the winner with tailtrace try (baseline = recorded, candidate = the winner)")
-    p.add_argument("--budget", type=seconds(), metavar="S",
-                   help="--confirm: try's budget in seconds of blocks (pairs are added until decided or it is spent)")
+    p.add_argument("--budget", type=duration(), metavar="TIME",
+                   help="--confirm: try's budget (20m, 90s, 1h30m or seconds) (pairs are added until decided or it is spent)")
     p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S", help="--confirm: seconds per block (default 30)")
     p.add_argument("--out", default=".tailtrace/tune", metavar="DIR", help="--confirm: try's folder (default .tailtrace/tune)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")

@@ -10,7 +10,17 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import RATE, REQUESTS, SEED, SPEED, TRACE_OFFSET_S, bounded_float, bounded_int, duration, seconds
+from plumbing.argtypes import (
+    RATE,
+    REQUESTS,
+    SEED,
+    SPEED,
+    TRACE_OFFSET_S,
+    bounded_float,
+    bounded_int,
+    duration,
+    seconds,
+)
 from semantics import envs
 
 __all__ = ["register"]

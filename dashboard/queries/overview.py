@@ -193,7 +193,8 @@ def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, l
     r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS completed, "
                f"count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
                f"max(arrival_time) AS last_time, max(completion_time) AS last_done, sum(prompt_tokens) AS input_tokens, "
-               f"sum(output_tokens) AS output_tokens FROM requests {w}", cp + p).iloc[0]
+               # (not AS output_tokens: ClickHouse would read the goodput condition's output_tokens as this sum)
+               f"sum(output_tokens) AS output_tokens_sum FROM requests {w}", cp + p).iloc[0]
     n = int(r["n"])
     first, last, done = _ts(r["first_time"]), _ts(r["last_time"]), _ts(r["last_done"])
     arrivals = (last - first).total_seconds() if first and last else 0.0
@@ -204,11 +205,11 @@ def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, l
 
     return {
         "requests": n, "completed": int(r["completed"]), "good": int(r["good"]),
-        "input_tokens": int(_f(r["input_tokens"]) or 0), "output_tokens": int(_f(r["output_tokens"]) or 0),
+        "input_tokens": int(_f(r["input_tokens"]) or 0), "output_tokens": int(_f(r["output_tokens_sum"]) or 0),
         "first_time": first,
         "last_time": last, "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),
         "throughput_rps": per(serving)(int(r["completed"])), "input_tps": per(serving)(_f(r["input_tokens"])),
-        "output_tps": per(serving)(_f(r["output_tokens"])), "goodput_rps": per(serving)(int(r["good"])),
+        "output_tps": per(serving)(_f(r["output_tokens_sum"])), "goodput_rps": per(serving)(int(r["good"])),
         "slo_attainment": (int(r["good"]) / n) if n else None,
     }
 

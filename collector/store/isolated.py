@@ -209,11 +209,13 @@ def _read_until(fd: int, deadline: float, pid: int, max_private: int) -> bytes |
     1 GB process: RLIMIT_AS stops a large new mapping at once, this the reuse of the free heap the
     child inherited, which grows neither its address space nor its resident count)."""
     chunks = []
+    poller = select.poll()  # not select.select: it refuses a descriptor numbered 1024 or more
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return "timeout"
-        ready, _, _ = select.select([fd], [], [], min(left, 0.1))
+        ready = poller.poll(min(left, 0.1) * 1000)
         if not ready:
             if _private_bytes(pid) > max_private:
                 return "memory"

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("prometheus") is None or shutil.which("make") is None,
                     reason="needs Debian's prometheus (`make sysdeps`) and make")
 def test_sysdeps_leaves_a_running_prometheus_it_did_not_start_alone(tmp_path):

@@ -4,6 +4,8 @@ exit status for a part that died."""
 
 from __future__ import annotations
 
+import pytest
+
 from experiment.health import PartDied, block_unfit, broken_requests, engine_alive, log_tail
 
 
@@ -17,12 +19,20 @@ def test_a_block_failing_beyond_the_baseline_is_unfit_and_the_deployments_own_an
     assert block_unfit({"connect": 12}, 400, 0) is not None and block_unfit({"connect": 12}, 400, 5) is None
 
 
+@pytest.mark.integration  # starts a process that stands for an API server without its EngineCore
 def test_an_engine_without_its_enginecore_is_dead_and_the_log_tail_is_named(tmp_path):
-    import os
+    import subprocess
+    import sys
 
     import psutil
 
-    assert engine_alive(os.getpid()) == "its EngineCore is gone"  # a process with no VLLM::EngineCore child
+    # a process with no VLLM::EngineCore child (not pytest itself: a session's vLLM may be its child)
+    lone = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert engine_alive(lone.pid) == "its EngineCore is gone"
+    finally:
+        lone.kill()
+        lone.wait()
     gone = next(p for p in range(4_000_000, 1, -1) if not psutil.pid_exists(p))
     assert engine_alive(gone) == "the API server exited"
     assert engine_alive(None) == "it was not running"

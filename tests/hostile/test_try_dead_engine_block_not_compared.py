@@ -55,6 +55,8 @@ def test_a_killed_enginecore_stops_the_run_and_its_block_is_never_compared(tiny_
     console = _Console()
     cfg = TrialConfig(out_dir=tmp_path, model=str(tiny_model_dir), traffic=_csv(tmp_path / "t.csv"), block_s=30,
                       pairs=2, changes=[parse_change("vllm:--max-num-seqs=8")], warmup=2, settle_s=0.2)
+    # what ran before try (a session's vLLM started by another test module) is not try's
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     started: list[int] = []
     killed: dict = {}
 
@@ -67,7 +69,7 @@ def test_a_killed_enginecore_stops_the_run_and_its_block_is_never_compared(tiny_
                     cmd = " ".join(proc.cmdline())
                 except psutil.Error:
                     continue
-                if proc.pid not in started and ("tailtrace" in cmd or "vllm" in cmd):
+                if proc.pid not in started and proc.pid not in before and ("tailtrace" in cmd or "vllm" in cmd):
                     started.append(proc.pid)
                 if "--max-num-seqs 8" in cmd and "api_server" in cmd and any("block 1 " in ln for ln in console.lines):
                     time.sleep(1.0)  # inside block 2 (B's first)

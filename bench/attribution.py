@@ -26,9 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
-from embedded.stack import StackConfig, preflight, start_stack
-from plumbing.procs import free_port
+from tailtrace.chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
+from tailtrace.embedded.stack import StackConfig, preflight, start_stack
+from tailtrace.plumbing.procs import free_port
 
 NET_DELAY_MS = 50.0
 

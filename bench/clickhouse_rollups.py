@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def _rows(n: int, k: int, now_ns: int, seed: int = 1) -> list[list]:
     """n exporter rows (TRACE_INSERT_COLUMNS order) of llm.request spans of k tokens each."""
-    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
-    from semantics import semconv as sc
+    from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+    from tailtrace.semantics import semconv as sc
 
     rng = random.Random(seed)
     rows = []
@@ -68,17 +68,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from bench.scrape import _timed as _median_ms
-    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
-    from collector.clickhouse.query import open_query
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from collector.export.prometheus import make_registry
-    from collector.store import step_histogram
-    from semantics.catalog import ITL_POPULATION, QUANTILES
+    from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+    from tailtrace.collector.clickhouse.query import open_query
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.export.prometheus import make_registry
+    from tailtrace.collector.store import step_histogram
+    from tailtrace.semantics.catalog import ITL_POPULATION, QUANTILES
 
     with tempfile.TemporaryDirectory(prefix="tailtrace-chbench-") as tmp:
         store = parse_store_url(f"chdb://{tmp}/ch")
         client = connect_clickhouse(store, create=True)
-        from collector.clickhouse.objects import init_statements
+        from tailtrace.collector.clickhouse.objects import init_statements
 
         for stmt in init_statements(store.database):
             client.command(stmt)

@@ -38,7 +38,7 @@ def build(path: Path, n: int, seed: int = 0) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from collector.store.schema import DDL
+    from tailtrace.collector.store.schema import DDL
 
     rng = np.random.default_rng(seed)
     con = duckdb.connect(str(path))
@@ -85,8 +85,8 @@ def main() -> int:
     if args.estimators:
         return estimators()
 
-    from collector.query.reader import db_query
-    from experiment.compare import compare
+    from tailtrace.collector.query.reader import db_query
+    from tailtrace.experiment.compare import compare
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "compare.duckdb"
@@ -137,7 +137,7 @@ def estimators(blocks: int = 2000, seed: int = 0) -> int:
     shift in units of it (larger detects more), side by side on the same blocks."""
     import numpy as np
 
-    from experiment.montecarlo import ESTIMATORS, queue_blocks
+    from tailtrace.experiment.montecarlo import ESTIMATORS, queue_blocks
 
     def bimodal(rng, s=1.0, n=430, p=0.012):
         x = rng.normal(300, 40, n)

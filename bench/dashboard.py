@@ -59,7 +59,7 @@ def build_store(path: str | Path, n_requests: int, *, rate_rps: float = 60.0, th
     con.execute("SET preserve_insertion_order = true")
     # Bounded memory (the machine is shared): sorts and joins spill to a temp directory instead.
     con.execute(f"SET memory_limit = '{memory_limit}'")
-    from collector.store.schema import DDL
+    from tailtrace.collector.store.schema import DDL
 
     for stmt in DDL:  # the collector's own tables, so the file is a store it (and its API) can open
         con.execute(stmt)
@@ -226,8 +226,8 @@ def ensure_step_histogram(path: Path, memory_limit: str = "3GB") -> float | None
     Returns the seconds it took, or None when the table was there already."""
     import duckdb
 
-    from collector.store.schema import DDL
-    from collector.store.step_histogram import REBUILD_STEP_HISTOGRAM_FROM_REQUESTS
+    from tailtrace.collector.store.schema import DDL
+    from tailtrace.collector.store.step_histogram import REBUILD_STEP_HISTOGRAM_FROM_REQUESTS
 
     con = duckdb.connect(str(path))
     try:
@@ -249,7 +249,7 @@ def ensure_step_histogram(path: Path, memory_limit: str = "3GB") -> float | None
 
 def _page_runs():
     """(page name, function(source, filters) running that page's queries) for every page."""
-    from dashboard import data
+    from tailtrace.dashboard import data
 
     return [(name, fn) for name, fn in data.PAGE_QUERIES.items()]
 
@@ -259,7 +259,7 @@ def run_scope_filters(src):
     its own window, with steps read by time when the run owns it (dashboard.ui.build_context)."""
     import dataclasses
 
-    from dashboard import data
+    from tailtrace.dashboard import data
 
     r = src.df("SELECT min(arrival_time) AS a, max(completion_time) AS c FROM requests WHERE run_id = 'bench'").iloc[0]
     f = data.Filters(start=r["a"].to_pydatetime(), end=r["c"].to_pydatetime(), run_where="run_id = ?",
@@ -270,7 +270,7 @@ def run_scope_filters(src):
 def run_bench(db: Path, repeats: int, threads: int | None, scoped: bool = False) -> list[tuple[str, float, float]]:
     """Time each page's queries: (page, cold seconds, warm median seconds); `scoped`: under the run
     scope the dashboard opens with (run_scope_filters), else every request."""
-    from dashboard import data
+    from tailtrace.dashboard import data
 
     src = data.DuckDBSource(db, threads=threads, memory_limit="4GB")
     filters = run_scope_filters(src) if scoped else data.Filters()

@@ -91,10 +91,10 @@ class _Timer:
 def _instrumented(timer: _Timer):
     """Wrap, for the duration, the diagnosis' stages (diagnose.explain's globals) and every
     detector (diagnose.detectors.DETECTORS) so that `timer` charges their seconds by name."""
-    import diagnose.detectors as det
-    import diagnose.explain  # noqa: F401  (the package's `explain` attribute is the function)
+    import tailtrace.diagnose.detectors as det
+    import tailtrace.diagnose.explain  # noqa: F401  (the package's `explain` attribute is the function)
 
-    ex = sys.modules["diagnose.explain"]
+    ex = sys.modules["tailtrace.diagnose.explain"]
 
     def wrap(name, fn):
         def inner(*a, **k):
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     from bench.dashboard import build_store, ensure_step_histogram
-    from diagnose import Scope, db_query, explain
-    from diagnose.source import METRICS as COLUMNS
+    from tailtrace.diagnose import Scope, db_query, explain
+    from tailtrace.diagnose.source import METRICS as COLUMNS
 
     n = a.requests or (100_000 if a.quick else 1_000_000)
     tmp = None

@@ -75,11 +75,11 @@ def build(directory: Path, n_requests: int, part: int, tokens: int, *, chdb: boo
     """Fill `directory`/t.duckdb and (with `chdb`) the chdb store `directory`/ch with the same
     `n_requests` full traces (and, in the first part, one of each special shape). Returns {"duckdb":
     path, "chdb": URL or None, "spans": n, "seconds": {...}}."""
-    from collector.clickhouse.exporter_encoding import encode_traces
-    from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
-    from collector.processor.enrich import traces_to_batch
-    from collector.store.duckdb_store import DuckDBStore
-    from collector.testing.clickhouse_spans import build_spans, insert_spans, new_chdb_store
+    from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+    from tailtrace.collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
+    from tailtrace.collector.processor.enrich import traces_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.testing.clickhouse_spans import build_spans, insert_spans, new_chdb_store
 
     now = time.time_ns()
     duck_path = directory / "t.duckdb"
@@ -152,9 +152,9 @@ def load_into_chdb(directory: Path, duck_path: Path, oldest_minute: int) -> dict
     Returns {"chdb": URL, "ttl hours": h, "seconds": {stage: s}, "max RSS MiB": {"after load": MiB}}.
 
     Raises RuntimeError: init or load exited non-zero."""
-    from collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main as cli
+    from tailtrace.collector.clickhouse.objects import REFRESH_MARGIN_S, refresh_requests
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     secs = {}
     # ClickHouse drops rows past the TTL at insert: the default (72 h) unless the oldest copy is older
@@ -218,8 +218,8 @@ def merge_requests(url: str) -> dict:
     """objects.merge_kept_requests on the chdb store at `url`: `_requests_kept` in one part, so that a read
     of `requests` (`_requests_kept FINAL`) merges nothing. Returns {"parts_before", "parts_after", "rows",
     "rows_before", "seconds"}."""
-    from collector.clickhouse.objects import merge_kept_requests
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.clickhouse.objects import merge_kept_requests
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     client = connect_clickhouse(parse_store_url(url))
     try:
@@ -243,10 +243,10 @@ def go_live(url: str, rounds: int, n: int, tokens: int) -> dict:
     `requests` refreshed (objects.refresh_requests, as the refreshable views do every REFRESH_S): each
     refresh appends its part to `_requests_kept` beside the big one, as while a fleet's spans arrive.
     Returns {"parts": active parts of `_requests_kept` after, "rows": their rows, "seconds": s}."""
-    from collector.clickhouse.exporter_encoding import encode_traces
-    from collector.clickhouse.objects import refresh_requests
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from collector.testing.clickhouse_spans import build_spans, insert_spans
+    from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+    from tailtrace.collector.clickhouse.objects import refresh_requests
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.testing.clickhouse_spans import build_spans, insert_spans
 
     client = connect_clickhouse(parse_store_url(url))
     t0 = time.perf_counter()
@@ -271,7 +271,7 @@ def _max_rss_mib() -> float:
 
 
 def _columns() -> list[str]:
-    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+    from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
 
     return list(TRACE_INSERT_COLUMNS)
 
@@ -279,8 +279,8 @@ def _columns() -> list[str]:
 def time_pages(url: str, repeats: int, replica: str | None = None) -> dict[str, tuple[float, float]]:
     """{page: (cold s, warm median s)} of every dashboard page's queries on the store at `url`; with
     `replica`, each page again with the sidebar's Replica filter set to it ("<page>, replica R")."""
-    from dashboard import data
-    from dashboard.source import open_source
+    from tailtrace.dashboard import data
+    from tailtrace.dashboard.source import open_source
 
     src = open_source("store", url)
     try:
@@ -324,10 +324,10 @@ def time_per_trace(url: str, repeats: int, shares=(0.01, 0.1)) -> dict[str, floa
     kept, and a backfill's refresh), all of `requests` (the kept table); then one run each: the
     refreshes of clock_offsets and `requests` with no trace arrived, and after each share of `shares`
     of the traces arrived again (marked in _trace_arrivals, as an insert of their spans does)."""
-    from collector.clickhouse.ddl import SETTINGS as _SETTINGS
-    from collector.clickhouse.dialect import to_clickhouse
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from collector.store.schema import per_trace_sql, requests_sql
+    from tailtrace.collector.clickhouse.ddl import SETTINGS as _SETTINGS
+    from tailtrace.collector.clickhouse.dialect import to_clickhouse
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.store.schema import per_trace_sql, requests_sql
 
     sqls = {"per-trace aggregate from _trace_state": "SELECT * FROM _agg",
             "per-trace aggregate from otel_traces": f"SELECT * FROM ({to_clickhouse(per_trace_sql('1'))})",
@@ -377,8 +377,8 @@ def quantile_check(duck_path: Path, url: str) -> list[tuple[str, str, float]]:
     catalog's QUANTILES, for the direct, merged and weighted exact quantiles."""
     import duckdb
 
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from semantics.catalog import QUANTILES
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.semantics.catalog import QUANTILES
 
     qs = ", ".join(str(q) for q in QUANTILES)
     con = duckdb.connect(str(duck_path), read_only=True)

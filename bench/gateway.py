@@ -237,7 +237,7 @@ def main() -> int:
         if "=" not in kv:
             ap.error(f"--also takes KEY=VALUE, not {kv!r}")
 
-    from plumbing.procs import free_port, start_process, stop_process, wait_http
+    from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
     duration = args.duration or (10.0 if args.quick else 30.0)
     max_rate_s = 5.0 if args.quick else 10.0
@@ -256,7 +256,7 @@ def main() -> int:
             otlp = "none"
         else:
             try:
-                from collector.testing import start_collector
+                from tailtrace.collector.testing import start_collector
 
                 collector = start_collector(tmp / "bench.duckdb")
                 otlp = collector.otlp_url

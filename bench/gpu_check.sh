@@ -40,8 +40,8 @@ PYEOF
 echo "== 2. backend"
 "$PY" - <<'PYEOF'
 import pynvml as n
-from instrument.device.backends import NvmlBackend
-from instrument.device.reasons import throttle_reasons_label
+from tailtrace.instrument.device.backends import NvmlBackend
+from tailtrace.instrument.device.reasons import throttle_reasons_label
 b = NvmlBackend()
 samples = b.sample()
 n.nvmlInit()

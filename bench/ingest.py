@@ -46,7 +46,7 @@ T0 = 1_760_000_000 * 10**9
 
 
 def _kv(span, key, value):
-    from collector.testing import set_any_value
+    from tailtrace.collector.testing import set_any_value
 
     kv = span.attributes.add()
     kv.key = key
@@ -58,7 +58,7 @@ def make_template(seed: int = 1) -> tuple[bytes, list[bytes]]:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.proto.trace.v1 import trace_pb2
 
-    from instrument import semconv as sc
+    from tailtrace.instrument import semconv as sc
 
     rnd = random.Random(seed)
     req = ExportTraceServiceRequest()
@@ -156,7 +156,7 @@ def make_payloads(count: int, seed: int = 1) -> list[bytes]:
     (phase, model, names, status, routes). This is the pessimistic case for that cache."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from instrument import semconv as sc
+    from tailtrace.instrument import semconv as sc
 
     tpl, _ = make_template(seed)
     req = ExportTraceServiceRequest.FromString(tpl)
@@ -207,8 +207,8 @@ def convert_only(payloads: list[bytes], seconds: float, fast: bool) -> float:
     Each payload is converted once (a fresh attribute cache sees each value once, as in a run)."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-    from collector.processor.enrich import traces_to_batch
-    from collector.processor.fastpath import fast_traces_to_batch
+    from tailtrace.collector.processor.enrich import traces_to_batch
+    from tailtrace.collector.processor.fastpath import fast_traces_to_batch
 
     n, t0, i = 0, time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds and i < len(payloads):
@@ -229,8 +229,8 @@ def store_only(payloads: list[bytes], seconds: float, group: int) -> float:
     every second and once at the end, inside the timed window. The ceiling of the store side."""
     from concurrent.futures import Future
 
-    from collector.processor.fastpath import fast_traces_to_batch
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.processor.fastpath import fast_traces_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     n_batches = max(group, min(len(payloads), int(seconds * 120)))
     batches = [fast_traces_to_batch(p) for p in payloads[:n_batches]]
@@ -289,7 +289,7 @@ def _grpc_sender(target: str, payloads: list[bytes], stop_at: float, q) -> None:
     import grpc
     from google.rpc import error_details_pb2
 
-    from collector.receiver.otlp_export import SIGNALS
+    from tailtrace.collector.receiver.otlp_export import SIGNALS
 
     ok = refused = 0
     with grpc.insecure_channel(target, options=[("grpc.max_send_message_length", -1)]) as ch:
@@ -318,8 +318,8 @@ def _count(h) -> int:
 
 def _probe_payload(k: int) -> tuple[bytes, str]:
     """One request's client span and llm.request span in a fresh trace: (OTLP bytes, trace id hex)."""
-    from collector.testing.otlp_payloads import MS, TraceBuilder
-    from instrument import semconv as sc
+    from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+    from tailtrace.instrument import semconv as sc
 
     tid = b"\xfe" * 8 + k.to_bytes(8, "big")
     now = time.time_ns()
@@ -380,7 +380,7 @@ def ingest(payloads: list[bytes], secs: float, senders: int, fast: bool, protoco
     collector's peak RSS (bytes), "lags": the probe's freshness lags (s)}."""
     import threading
 
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     os.environ["TAILTRACE_COLLECTOR_FASTPATH"] = "1" if fast else "0"
     with tempfile.TemporaryDirectory() as d:

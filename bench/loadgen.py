@@ -36,10 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.pacing import PacedSpanExporter, SchedulePace
-from loadgen.replay import ReplayConfig, run_replay
-from plumbing.procs import free_port, start_process, stop_process, wait_http
-from semantics import envs
+from tailtrace.loadgen.pacing import PacedSpanExporter, SchedulePace
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.semantics import envs
 
 GOAL_P99_MS = 2.0
 BURST_REQUESTS, BURST_WINDOW_MS = 50, 100.0
@@ -56,7 +56,7 @@ def _encoding_provider(paced: bool = True):
     if envs.get("TAILTRACE_DIRECT_EXPORT") == "0":
         from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
     else:
-        from instrument.otlp_export import encode_spans
+        from tailtrace.instrument.otlp_export import encode_spans
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
@@ -81,7 +81,7 @@ def run(url: str, trace: str, rate: float, duration: float, spin_s: float, provi
 
 
 def _p(values: list[float], q: float) -> float:
-    from loadgen.stats import percentiles
+    from tailtrace.loadgen.stats import percentiles
 
     return percentiles(values, (q,))[f"p{q * 100:g}"]
 
@@ -130,7 +130,7 @@ def trace_window(tmp: Path, provider) -> None:
     agreement, and the P99 ratio to the default. No goal is asserted (the goal is the synthetic
     burst's); it shows what a real bursty window gives."""
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.receiver", "--port", str(port)],
                          log_path=tmp / "receiver-trace.log")
     url = f"http://127.0.0.1:{port}"
     unpaced = _encoding_provider(paced=False)
@@ -165,7 +165,7 @@ def burst(reps: int, tmp: Path, provider) -> bool:
     receiver agreement side by side; returns True when the default meets both goals (pooled)."""
 
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.receiver", "--port", str(port)],
                          log_path=tmp / "receiver.log")
     url = f"http://127.0.0.1:{port}"
     pooled = {label: ([], []) for label, _ in BURST_VARIANTS}
@@ -232,7 +232,7 @@ def main() -> int:
     trace = str(tmp / "shape.csv")
     Path(trace).write_text("timestamp,input_length,output_length\n0,128,8\n")
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port)],
                          log_path=tmp / "stub.log")
     url = f"http://127.0.0.1:{port}"
     provider = _encoding_provider()

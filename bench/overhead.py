@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
 
-from embedded.model import build_tiny_model
-from embedded.serve import ServeConfig, start_vllm
-from plumbing.procs import free_port, stop_process
+from tailtrace.embedded.model import build_tiny_model
+from tailtrace.embedded.serve import ServeConfig, start_vllm
+from tailtrace.plumbing.procs import free_port, stop_process
 
 MODES = ("off", "tail", "full")
 # --compare cpu-binding: both with the plugin (tail); vLLM bound to 1 of the 2 cores (one left to
@@ -192,7 +192,7 @@ def main() -> int:
         a.rounds, a.requests, a.output_tokens = 1, 16, 64
     work = Path(tempfile.mkdtemp(prefix="tailtrace-overhead-"))
     model = build_tiny_model(work / "tiny")
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     coll = start_collector(work / "overhead.duckdb") if a.sink == "collector" else None
     sink = DiscardSink() if coll is None else None

@@ -64,10 +64,10 @@ def main() -> int:
     args = ap.parse_args()
     rounds, window = (3, 5.0) if args.quick else (6, 15.0)
 
-    from instrument.device.backends import open_backend
-    from instrument.device.otlp import encode_samples
-    from instrument.device.sampler import DeviceSampler
-    from plumbing.procs import free_port, start_process, stop_process, wait_http
+    from tailtrace.instrument.device.backends import open_backend
+    from tailtrace.instrument.device.otlp import encode_samples
+    from tailtrace.instrument.device.sampler import DeviceSampler
+    from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
     port = free_port()
     recv = start_process([sys.executable, "-c", _RECEIVER, str(port)])

@@ -45,7 +45,7 @@ def _ensure_rollups(path: Path) -> float:
     """Open the synthetic store (written row by row, not by the writer) once with the collector's
     store, which counts a store from before its rollups into them (as it does for any older file).
     Seconds it took."""
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     t0 = time.perf_counter()
     DuckDBStore(path, memory_limit_mb=3072).start().stop()
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from prometheus_client import generate_latest
 
     from bench.dashboard import build_store, ensure_step_histogram
-    from collector.export.prometheus import StoreMetricsCollector, make_registry
+    from tailtrace.collector.export.prometheus import StoreMetricsCollector, make_registry
 
     n = a.requests or (100_000 if a.quick else 1_000_000)
     tmp = None

@@ -34,14 +34,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from collector.query.reader import store_query
-from collector.query.runs import list_runs
-from semantics import envs
-from semantics.slo import TRAFFIC_KINDS
-from simulate.cluster import simulate
-from simulate.fit import fit_model
-from simulate.model import StepModel, load_model
-from simulate.settings import deployment_of, load_traffic, tile
+from tailtrace.collector.query.reader import store_query
+from tailtrace.collector.query.runs import list_runs
+from tailtrace.semantics import envs
+from tailtrace.semantics.slo import TRAFFIC_KINDS
+from tailtrace.simulate.cluster import simulate
+from tailtrace.simulate.fit import fit_model
+from tailtrace.simulate.model import StepModel, load_model
+from tailtrace.simulate.settings import deployment_of, load_traffic, tile
 
 # the tiny model on this kind of machine, as `simulate fit` found it on a demo store (docs/simulate.md)
 DEMO_LAW = [2.149, 0.3547, 0.3455, 0.278, 56.0]
@@ -108,9 +108,9 @@ def _slope(t: np.ndarray, y: np.ndarray) -> float | None:
 def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
     """Per traffic run: a model fitted to that run's own steps, its calibration table (measured vs
     simulated, simulate/calibrate.py) and the regime table (simulate/regimes.py)."""
-    from simulate.calibrate import calibrate
-    from simulate.fit import read_steps
-    from simulate.regimes import regime_lines, regime_table
+    from tailtrace.simulate.calibrate import calibrate
+    from tailtrace.simulate.fit import read_steps
+    from tailtrace.simulate.regimes import regime_lines, regime_table
 
     query, close = store_query(store)
     try:
@@ -181,7 +181,7 @@ CHANGES = [
 
 def _csv(path: Path, rows) -> str:
     """rows: (offset s, input tokens, output tokens, class) -> an Azure trace CSV with classes."""
-    from loadgen.traces import TraceRequest, export_azure_csv
+    from tailtrace.loadgen.traces import TraceRequest, export_azure_csv
 
     return str(export_azure_csv([TraceRequest(offset_s=t, input_tokens=n_in, output_tokens=n_out, priority=prio)
                                  for t, n_in, n_out, prio in sorted(rows)], path, start_unix_s=1704067200.0))
@@ -191,7 +191,7 @@ def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None
     import json
     import os
 
-    from simulate.settings import apply_sets
+    from tailtrace.simulate.settings import apply_sets
 
     hits, total, directions, decided = 0, 0, 0, 0
     for case in CHANGES:

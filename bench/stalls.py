@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from embedded.model import build_tiny_model
-from embedded.serve import ServeConfig, start_vllm
-from plumbing.procs import free_port, stop_process
+from tailtrace.embedded.model import build_tiny_model
+from tailtrace.embedded.serve import ServeConfig, start_vllm
+from tailtrace.plumbing.procs import free_port, stop_process
 
 PROBE = """
 import sys, time

@@ -28,9 +28,9 @@ def main() -> int:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
-    from instrument import semconv as sc
-    from instrument.engine_trace import MonoClock, SpanSink, StepInfo
-    from instrument.step_spans import DecodeStepWriter
+    from tailtrace.instrument import semconv as sc
+    from tailtrace.instrument.engine_trace import MonoClock, SpanSink, StepInfo
+    from tailtrace.instrument.step_spans import DecodeStepWriter
 
     class Keep(SpanProcessor):
         def __init__(self):

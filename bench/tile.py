@@ -33,9 +33,9 @@ import math
 import time
 from pathlib import Path
 
-from collector.store import latency_histogram, totals
-from collector.store.tables import STORED_TABLES
-from semantics import semconv as sc
+from tailtrace.collector.store import latency_histogram, totals
+from tailtrace.collector.store.tables import STORED_TABLES
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["REBUILT", "TILED", "span_minutes", "tile_store", "tile_trace_id", "window_minutes"]
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from semantics.slo import DEFAULT_SLO, parse_slo
-from simulate.calibrate import Calibration
-from simulate.cluster import Traffic
-from simulate.model import StepModel
-from simulate.settings import deployment_of, load_traffic
-from simulate.tune import search
-from simulate.tune_render import brief_lines
+from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+from tailtrace.simulate.calibrate import Calibration
+from tailtrace.simulate.cluster import Traffic
+from tailtrace.simulate.model import StepModel
+from tailtrace.simulate.settings import deployment_of, load_traffic
+from tailtrace.simulate.tune import search
+from tailtrace.simulate.tune_render import brief_lines
 
 DEMO_S = 120.0  # tailtrace demo's default window of schedule
 DEMO_LOAD = 0.9  # and its default load
@@ -67,8 +67,8 @@ def main() -> int:
     args = ap.parse_args()
     objectives = parse_slo(args.slo)
     if args.store:
-        from collector.query.reader import db_query
-        from simulate.tune_inputs import model_and_traffic
+        from tailtrace.collector.query.reader import db_query
+        from tailtrace.simulate.tune_inputs import model_and_traffic
 
         got = model_and_traffic(lambda: db_query(args.store), lambda rid: f"store:{args.store}#{rid}",
                                 f"duckdb:///{args.store}", args.run_id, None)

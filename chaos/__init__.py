@@ -7,6 +7,6 @@ __all__ = ["EXPERIMENTS", "AttributionRow", "ExperimentResult", "run_experiment"
 
 def __getattr__(name):
     if name in __all__:
-        from chaos import runner
+        from tailtrace.chaos import runner
         return getattr(runner, name)
     raise AttributeError(name)

@@ -32,7 +32,7 @@ import itertools
 
 import httpx
 
-from chaos.contract import (
+from tailtrace.chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -43,12 +43,12 @@ from chaos.contract import (
     layer_of,
     median,
 )
-from chaos.load import burst_config, run_streams, shape_trace
-from chaos.proxy import read_log, request_holds, start_proxy
-from embedded.stack import tailtrace_command, wait_for_store
-from loadgen.replay import discover_target, new_run_id, normalize_target
-from plumbing.errors import UserError
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.chaos.load import burst_config, run_streams, shape_trace
+from tailtrace.chaos.proxy import read_log, request_holds, start_proxy
+from tailtrace.embedded.stack import tailtrace_command, wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 __all__ = ["BURST_SPACING_MS", "run"]
 

@@ -12,15 +12,15 @@ import signal
 import sys
 from pathlib import Path
 
-from plumbing.argtypes import RATE, SEED, TOKENS, bounded_float, bounded_int, seconds
-from plumbing.errors import UserError
-from semantics import envs
+from tailtrace.plumbing.argtypes import RATE, SEED, TOKENS, bounded_float, bounded_int, seconds
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import envs
 
 __all__ = ["register"]
 
 
 def _cmd_chaos(args: argparse.Namespace) -> int:
-    from chaos.runner import ChaosOptions, experiment_named
+    from tailtrace.chaos.runner import ChaosOptions, experiment_named
 
     remote = args.gateway is not None
     experiment_named(args.experiment, remote=remote)  # unknown / not remote-capable: one line, exit 2
@@ -32,8 +32,8 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         if value is not None and value < 1:  # before the load's trace is written: named as the user gave it
             raise UserError(f"{flag} must be at least 1, not {value}")
     if args.experiment == "long-prompt":  # N must fit the model (the engine's max_model_len is checked again)
-        from chaos.long_prompt import check_prompt_tokens
-        from embedded.model import TINY
+        from tailtrace.chaos.long_prompt import check_prompt_tokens
+        from tailtrace.embedded.model import TINY
 
         check_prompt_tokens(args.prompt_tokens, TINY["max_position_embeddings"] if (args.model or "tiny") == "tiny"
                             else None)
@@ -43,7 +43,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
                            burst=args.burst, input_tokens=args.input_tokens, output_tokens=output_tokens,
                            seed=args.seed, prompt_tokens=args.prompt_tokens, seconds=args.seconds)
     if args.experiment == "cpu-contention":  # before the stack starts: one line, exit 2
-        from chaos.cpu_contention import check_options, check_realtime
+        from tailtrace.chaos.cpu_contention import check_options, check_realtime
 
         check_options(options)
         check_realtime()
@@ -51,11 +51,11 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C (see tailtrace demo)
         signal.raise_signal(signal.SIGINT)
 
-    from plumbing.procs import stop_on_sigint
+    from tailtrace.plumbing.procs import stop_on_sigint
 
     stop_on_sigint()
     signal.signal(signal.SIGTERM, _on_term)
-    from chaos.load import show_progress
+    from tailtrace.chaos.load import show_progress
 
     show_progress(not args.no_progress)
     try:
@@ -66,7 +66,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
         return 130
     finally:
         show_progress(False)  # a process that goes on (tests, an embedding program) gets it off again
-    from chaos.runner import print_table, result_json
+    from tailtrace.chaos.runner import print_table, result_json
 
     print_table(results)
     if args.json:
@@ -82,13 +82,13 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 def _run(args, options, remote: bool):
     from rich.console import Console
 
-    from chaos.runner import Target, run_experiment
+    from tailtrace.chaos.runner import Target, run_experiment
 
     console = Console(stderr=True)
     out = Path(args.out or f".tailtrace/chaos/{args.experiment}")
     if remote:
-        from instrument.otel import otlp_endpoint
-        from plumbing.urls import check_http_url
+        from tailtrace.instrument.otel import otlp_endpoint
+        from tailtrace.plumbing.urls import check_http_url
 
         if not args.collector_api:
             raise UserError("--gateway needs --collector-api URL (the collector's SQL API, where the store is read)")
@@ -99,9 +99,9 @@ def _run(args, options, remote: bool):
         _check_gateway(gateway, args.model)
         target = Target(gateway_url=gateway, otlp_url=otlp, api_url=api, out_dir=out, model=args.model)
         return run_experiment(args.experiment, target, options)
-    from chaos.runner import experiment_named
-    from embedded.stack import StackConfig, preflight, start_stack
-    from plumbing.procs import free_port
+    from tailtrace.chaos.runner import experiment_named
+    from tailtrace.embedded.stack import StackConfig, preflight, start_stack
+    from tailtrace.plumbing.procs import free_port
 
     cfg = StackConfig(out_dir=out, model=args.model or "tiny", vllm_port=free_port(), gateway_port=free_port(),
                       otlp_port=free_port(), api_port=free_port(), grpc_port=0, sampler=False,
@@ -117,7 +117,7 @@ def _run(args, options, remote: bool):
 
 
 def _check_gateway(gateway: str, model: str | None) -> None:
-    from loadgen.replay import discover_target, normalize_target
+    from tailtrace.loadgen.replay import discover_target, normalize_target
 
     try:
         discover_target(normalize_target(gateway), model)
@@ -140,7 +140,7 @@ def _check_api(api: str) -> None:
 
 def register(sub) -> None:
     """Register `tailtrace chaos`."""
-    from chaos.runner import EXPERIMENTS, remote_names
+    from tailtrace.chaos.runner import EXPERIMENTS, remote_names
 
     p = sub.add_parser("chaos", help="fault experiments with a known answer: injected vs attributed latency")
     p.add_argument("experiment", metavar="EXPERIMENT",

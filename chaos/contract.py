@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from semantics import catalog
+from tailtrace.semantics import catalog
 
 __all__ = ["EXPERIMENTS", "PHASE_COLUMNS", "AttributionRow", "ChaosOptions", "Experiment", "ExperimentResult",
            "Target", "fetch_requests", "hodges_lehmann", "hodges_lehmann_shift", "layer_of", "median"]
@@ -180,15 +180,15 @@ _KV_PRESSURE_VLLM_ARGS = ("--max-model-len", "1024", "--num-gpu-blocks-override"
 
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
-    Experiment("net-delay", "a TCP delay proxy between client and gateway (--ms D, --direction)", True, "chaos.net_delay"),
-    Experiment("admission", "a gateway concurrency limit of 1 under a burst (--burst N)", True, "chaos.admission"),
+    Experiment("net-delay", "a TCP delay proxy between client and gateway (--ms D, --direction)", True, "tailtrace.chaos.net_delay"),
+    Experiment("admission", "a gateway concurrency limit of 1 under a burst (--burst N)", True, "tailtrace.chaos.admission"),
     Experiment("replica-kill", "SIGKILL one of two vLLM replicas mid-run and restart it (--duration S, "
-               "--rate R): failed requests, missing engine spans", False, "chaos.replica_kill"),
-    Experiment("cpu-contention", "a CPU hog on vLLM's worker core for --seconds T mid-load", False, "chaos.cpu_contention"),
+               "--rate R): failed requests, missing engine spans", False, "tailtrace.chaos.replica_kill"),
+    Experiment("cpu-contention", "a CPU hog on vLLM's worker core for --seconds T mid-load", False, "tailtrace.chaos.cpu_contention"),
     Experiment("long-prompt", "one long prompt (--prompt-tokens N, default 14000) into steady traffic: its "
-               "chunked prefill's co-scheduled decode steps and their ITL rise", False, "chaos.long_prompt"),
+               "chunked prefill's co-scheduled decode steps and their ITL rise", False, "tailtrace.chaos.long_prompt"),
     Experiment("kv-pressure", "vLLM with a KV cache of 40 blocks under a burst (--burst N): its preemption "
-               "counter against the store's", False, "chaos.kv_pressure", _KV_PRESSURE_VLLM_ARGS),
+               "counter against the store's", False, "tailtrace.chaos.kv_pressure", _KV_PRESSURE_VLLM_ARGS),
 )}
 
 
@@ -197,7 +197,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
 def fetch_requests(api_url: str, run_id: str, columns: tuple[str, ...]) -> list[dict]:
     """The ok requests of `run_id` as dicts of trace_id and `columns`, from the collector's SQL
     API (`embedded.stack.sql_api`; raises `UserError` when it is down)."""
-    from embedded.stack import sql_api
+    from tailtrace.embedded.stack import sql_api
 
     cols = ", ".join(columns)
     rows = sql_api(api_url, f"SELECT trace_id, {cols} FROM requests WHERE run_id = ? AND ok ORDER BY arrival_time",

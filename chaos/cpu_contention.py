@@ -85,7 +85,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from chaos.contract import (
+from tailtrace.chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -96,11 +96,11 @@ from chaos.contract import (
     layer_of,
     median,
 )
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from embedded.stack import sql_api, wait_for_store
-from loadgen.replay import discover_target, new_run_id, normalize_target
-from plumbing.errors import UserError
-from plumbing.procs import start_process, stop_process
+from tailtrace.chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from tailtrace.embedded.stack import sql_api, wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import start_process, stop_process
 
 __all__ = ["COMPUTE", "HOG_BUSY_MS", "HOG_PERIOD_MS", "FoundWindow", "check_options", "check_realtime", "find_window",
            "mean_shift", "run"]
@@ -218,7 +218,7 @@ def _start_hogs(target: Target, cores: set[int], start_unix_ns: int, seconds: fl
     for core in sorted(cores):
         truth = target.out_dir / f"{base}.hog-{core}.json"
         truth.unlink(missing_ok=True)
-        proc = start_process([sys.executable, "-m", "chaos.hog", "--core", str(core), "--start-at-unix-ns",
+        proc = start_process([sys.executable, "-m", "tailtrace.chaos.hog", "--core", str(core), "--start-at-unix-ns",
                               str(start_unix_ns), "--seconds", repr(float(seconds)), "--out", str(truth),
                               "--fifo", str(HOG_FIFO_PRIORITY), "--busy-ms", repr(HOG_BUSY_MS),
                               "--period-ms", repr(HOG_PERIOD_MS)],
@@ -335,7 +335,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     without the engine's pid, an engine whose worker is bound to no core (nothing to pin the hog
     to), `--seconds` not in (0, duration), a hog that failed, a load with no control or no
     treated request, or requests that all failed."""
-    from embedded.serve import worker_cores
+    from tailtrace.embedded.serve import worker_cores
 
     check_options(options)
     if target.vllm_pid is None:

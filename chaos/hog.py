@@ -1,6 +1,6 @@
 """The CPU hog of `tailtrace chaos cpu-contention`: one process that spins on one core.
 
-    python -m chaos.hog --core 1 --start-at-unix-ns 1767000000000000000 --seconds 10 --out hog.json
+    python -m tailtrace.chaos.hog --core 1 --start-at-unix-ns 1767000000000000000 --seconds 10 --out hog.json
 
 It pins itself to `--core` (`os.sched_setaffinity`), keeps the nice level it was started with
 (the experiment starts it at vLLM's, 0, so the kernel's fair scheduler gives it about half of the
@@ -68,7 +68,7 @@ def spin(seconds: float, busy_ms: float | None = None, period_ms: float | None =
 
 def main(argv=None) -> int:
     """Parse the flags, pin, wait, spin, write the JSON (module docstring). Returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m chaos.hog", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tailtrace.chaos.hog", description=__doc__.splitlines()[0])
     p.add_argument("--core", type=int, required=True, help="the core to spin on")
     p.add_argument("--start-at-unix-ns", type=int, default=0, help="wall time to start spinning (default now)")
     p.add_argument("--seconds", type=float, required=True, help="how long to spin")
@@ -79,16 +79,16 @@ def main(argv=None) -> int:
                    help="run as SCHED_FIFO at this priority (needs CAP_SYS_NICE; falls back to the fair class)")
     args = p.parse_args(argv)
     if not args.seconds > 0:
-        print(f"chaos.hog: --seconds must be > 0, not {args.seconds}", file=sys.stderr)
+        print(f"tailtrace.chaos.hog: --seconds must be > 0, not {args.seconds}", file=sys.stderr)
         return 2
     if (args.busy_ms is None) != (args.period_ms is None) or (
             args.busy_ms is not None and not 0 < args.busy_ms <= args.period_ms):
-        print("chaos.hog: --busy-ms and --period-ms go together, 0 < busy <= period", file=sys.stderr)
+        print("tailtrace.chaos.hog: --busy-ms and --period-ms go together, 0 < busy <= period", file=sys.stderr)
         return 2
     try:
         os.sched_setaffinity(0, {args.core})
     except (OSError, ValueError) as exc:
-        print(f"chaos.hog: cannot pin to core {args.core}: {exc}", file=sys.stderr)
+        print(f"tailtrace.chaos.hog: cannot pin to core {args.core}: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(args.fifo))
             policy = "fifo"
         except (PermissionError, OSError) as exc:
-            print(f"chaos.hog: SCHED_FIFO refused ({exc}); spinning in the fair class", file=sys.stderr)
+            print(f"tailtrace.chaos.hog: SCHED_FIFO refused ({exc}); spinning in the fair class", file=sys.stderr)
     truth = {"pid": os.getpid(), "core": args.core, "nice": os.getpriority(os.PRIO_PROCESS, 0), "policy": policy,
              "busy_ms": args.busy_ms, "period_ms": args.period_ms}
     try:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import httpx
 
-from chaos.contract import EXPERIMENTS, AttributionRow, ChaosOptions, ExperimentResult, Target
-from chaos.load import burst_config, run_streams, shape_trace
-from embedded.stack import sql_api, wait_for_store
-from loadgen.replay import discover_target, new_run_id, normalize_target
-from plumbing.errors import UserError
+from tailtrace.chaos.contract import EXPERIMENTS, AttributionRow, ChaosOptions, ExperimentResult, Target
+from tailtrace.chaos.load import burst_config, run_streams, shape_trace
+from tailtrace.embedded.stack import sql_api, wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["OUTPUT_TOKENS", "PROMPT_TOKENS", "VLLM_ARGS", "preemptions_total", "run"]
 

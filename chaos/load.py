@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from loadgen.replay import ReplayConfig, ReplayResult, run_replay_async
+from tailtrace.loadgen.replay import ReplayConfig, ReplayResult, run_replay_async
 
 __all__ = ["burst_config", "poisson_offsets_ms", "run_streams", "shape_trace", "show_progress"]
 
@@ -30,7 +30,7 @@ def shape_trace(path: Path, input_tokens: int, output_tokens: int, offsets_ms=(0
 def poisson_offsets_ms(trace: Path, rate: float, duration_s: float, seed: int = 0) -> list[float]:
     """Arrival offsets (ms from the start) of loadgen's synthetic Poisson load at `rate` req/s for
     `duration_s` s (`loadgen.traces.synthetic_trace`, seeded). Raises `UserError` for bad values."""
-    from loadgen.traces import load_trace, synthetic_trace
+    from tailtrace.loadgen.traces import load_trace, synthetic_trace
 
     reqs = synthetic_trace(load_trace(trace, jitter="none"), arrival="poisson", rate=rate, duration_s=duration_s,
                            seed=seed)

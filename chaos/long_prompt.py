@@ -73,7 +73,7 @@ import secrets
 import statistics
 import time
 
-from chaos.contract import (
+from tailtrace.chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -84,11 +84,11 @@ from chaos.contract import (
     layer_of,
     median,
 )
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from embedded.stack import sql_api, wait_for_store
-from loadgen.replay import discover_target, new_run_id, normalize_target
-from plumbing.errors import UserError
-from semantics import catalog
+from tailtrace.chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from tailtrace.embedded.stack import sql_api, wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import catalog
 
 __all__ = ["BASELINE_S", "LEAD_ARRIVALS_MS", "LEAD_MS", "LONG_OUTPUT_TOKENS", "MIN_BASELINE", "check_prompt_tokens",
            "long_offset_ms", "nearest_baseline", "run", "with_lead_arrivals"]

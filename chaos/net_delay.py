@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-from chaos.contract import (
+from tailtrace.chaos.contract import (
     PHASE_COLUMNS,
     AttributionRow,
     ChaosOptions,
@@ -42,12 +42,12 @@ from chaos.contract import (
     layer_of,
     median,
 )
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from chaos.proxy import read_log, request_holds, start_proxy
-from embedded.stack import wait_for_store
-from loadgen.replay import discover_target, new_run_id, normalize_target
-from plumbing.errors import UserError
-from plumbing.procs import stop_process
+from tailtrace.chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from tailtrace.chaos.proxy import read_log, request_holds, start_proxy
+from tailtrace.embedded.stack import wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id, normalize_target
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import stop_process
 
 __all__ = ["DIRECTIONS", "run"]
 

@@ -17,7 +17,7 @@ chunk after it, in either direction, belongs to that request until the next one.
 wall-clock ns from one monotonic clock (`loadgen.clock.WallClock`), so hold = write - read is
 exact, jitter included. `request_holds(log)` sums a log up per request.
 
-Run: `python -m chaos.proxy --listen-port P --upstream http://127.0.0.1:8080 --delay-in-ms 50
+Run: `python -m tailtrace.chaos.proxy --listen-port P --upstream http://127.0.0.1:8080 --delay-in-ms 50
 --delay-out-ms 50 --log proxy.jsonl`. It prints one line `listening on HOST:PORT` when ready and
 stops on SIGINT or SIGTERM: it closes its listening socket and every connection, flushes the log
 and exits 0.
@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.clock import WallClock, sleep_until
+from tailtrace.loadgen.clock import WallClock, sleep_until
 
 __all__ = ["DelayProxy", "ProxyConfig", "RequestHold", "parse_traceparent", "read_log", "request_holds",
            "start_proxy"]
@@ -285,17 +285,17 @@ def request_holds(records: list[dict]) -> dict[str, RequestHold]:
 
 def start_proxy(upstream_url: str, delay_in_ms: float, delay_out_ms: float, log_path: Path,
                 out_log: Path | None = None, timeout_s: float = 30.0):
-    """Start `python -m chaos.proxy` in front of `upstream_url` (http://HOST:PORT) on a free
+    """Start `python -m tailtrace.chaos.proxy` in front of `upstream_url` (http://HOST:PORT) on a free
     loopback port, in its own process group; return (Popen, proxy base URL) once it listens.
     Stop it with `plumbing.procs.stop_process` (SIGTERM: it flushes its log). Raises
     `UserError` if it does not come up within `timeout_s`."""
     import socket
 
-    from plumbing.errors import UserError
-    from plumbing.procs import free_port, start_process, stop_process
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.plumbing.procs import free_port, start_process, stop_process
 
     port = free_port()
-    proc = start_process([sys.executable, "-m", "chaos.proxy", "--listen-port", str(port), "--upstream", upstream_url,
+    proc = start_process([sys.executable, "-m", "tailtrace.chaos.proxy", "--listen-port", str(port), "--upstream", upstream_url,
                           "--delay-in-ms", repr(float(delay_in_ms)), "--delay-out-ms", repr(float(delay_out_ms)),
                           "--log", str(log_path)], out_log)
     deadline = time.monotonic() + timeout_s
@@ -327,10 +327,10 @@ async def _serve(cfg: ProxyConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m chaos.proxy`: serve until SIGINT/SIGTERM; exit 0 (2 for bad flags)."""
+    """`python -m tailtrace.chaos.proxy`: serve until SIGINT/SIGTERM; exit 0 (2 for bad flags)."""
     from urllib.parse import urlsplit
 
-    p = argparse.ArgumentParser(prog="python -m chaos.proxy", description="TCP delay proxy (test apparatus)")
+    p = argparse.ArgumentParser(prog="python -m tailtrace.chaos.proxy", description="TCP delay proxy (test apparatus)")
     p.add_argument("--listen-host", default="127.0.0.1")
     p.add_argument("--listen-port", type=int, required=True)
     p.add_argument("--upstream", required=True, help="http://HOST:PORT the proxy forwards to")

@@ -69,14 +69,14 @@ from dataclasses import dataclass
 
 import httpx
 
-from chaos.contract import AttributionRow, ChaosOptions, ExperimentResult, Target
-from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-from embedded.stack import sql_api, tailtrace_command, wait_for_store
-from loadgen.replay import discover_target, new_run_id
-from plumbing.errors import UserError
-from plumbing.procs import free_port, start_process, stop_process, wait_http
-from semantics import catalog
-from semantics import semconv as sc
+from tailtrace.chaos.contract import AttributionRow, ChaosOptions, ExperimentResult, Target
+from tailtrace.chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+from tailtrace.embedded.stack import sql_api, tailtrace_command, wait_for_store
+from tailtrace.loadgen.replay import discover_target, new_run_id
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.semantics import catalog
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["ENGINE_COLUMNS", "EXPORT_WINDOW_S", "OUTPUT_TOKENS", "PROMPT_TOKENS", "RECOVERY_S", "run"]
 
@@ -123,7 +123,7 @@ def _engine_model(vllm_url: str) -> tuple[str, str, int | None]:
 
 def _start_replica(target: Target, vllm_url: str) -> _Replica:
     """Start replica B (A's model, a free port) and register its stop on `target.cleanup`."""
-    from embedded.serve import ServeConfig, start_vllm
+    from tailtrace.embedded.serve import ServeConfig, start_vllm
 
     model, served, mml = _engine_model(vllm_url)
     port = free_port()
@@ -282,7 +282,7 @@ def run(target: Target, options: ChaosOptions) -> ExperimentResult:
     k = killer.kill_unix_ns
 
     restart_ns = time.time_ns()
-    from embedded.serve import start_vllm
+    from tailtrace.embedded.serve import start_vllm
 
     rep.proc = start_vllm(rep.cfg, log_path=rep.log, timeout_s=600)
     ready_ns = time.time_ns()

@@ -4,7 +4,7 @@ here for callers of the runner)."""
 
 from __future__ import annotations
 
-from chaos.contract import (
+from tailtrace.chaos.contract import (
     EXPERIMENTS,
     PHASE_COLUMNS,
     AttributionRow,
@@ -13,7 +13,7 @@ from chaos.contract import (
     ExperimentResult,
     Target,
 )
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["EXPERIMENTS", "PHASE_COLUMNS", "AttributionRow", "ChaosOptions", "Experiment", "ExperimentResult",
            "Target", "experiment_named", "print_table", "remote_names", "result_json", "run_experiment"]

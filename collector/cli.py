@@ -5,12 +5,12 @@ Registration is cheap: DuckDB, pyarrow, uvicorn are imported inside each command
 
 from __future__ import annotations
 
-from collector.query.auth import bearer_headers
-from collector.query.reader import DEFAULT_API
-from plumbing.argtypes import PORT, PORT_OR_OFF, bounded_float, bounded_int
-from plumbing.errors import UserError
-from plumbing.urls import check_http_url
-from semantics import envs
+from tailtrace.collector.query.auth import bearer_headers
+from tailtrace.collector.query.reader import DEFAULT_API
+from tailtrace.plumbing.argtypes import PORT, PORT_OR_OFF, bounded_float, bounded_int
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.urls import check_http_url
+from tailtrace.semantics import envs
 
 __all__ = ["register"]
 
@@ -91,7 +91,7 @@ def register(sub) -> None:
 
 
 def _collect(args) -> int:
-    from collector.server import CollectorConfig, parse_duration_s, run_collector
+    from tailtrace.collector.server import CollectorConfig, parse_duration_s, run_collector
 
     retention = None
     if args.retention:
@@ -123,10 +123,10 @@ def _collect(args) -> int:
         raise UserError("--scrape-buckets needs --scrape URL (it keeps the _bucket series of scraped histograms)")
     if args.scrape:
         try:
-            import collector.scrape  # noqa: F401
+            import tailtrace.collector.scrape  # noqa: F401
         except ModuleNotFoundError as exc:
-            if (exc.name or "").startswith("collector.scrape"):
-                raise UserError("--scrape needs collector.scrape, which is not installed in this build") from None
+            if (exc.name or "").startswith("tailtrace.collector.scrape"):
+                raise UserError("--scrape needs tailtrace.collector.scrape, which is not installed in this build") from None
             raise
     cfg = CollectorConfig(
         db=args.db, host=args.host, otlp_port=args.otlp_port, api_port=args.api_port, grpc_port=args.grpc_port,
@@ -147,15 +147,15 @@ def _sql(args) -> int:
         raise UserError("--timeout (seconds, under a day) and --max-rows (at most 2**62) must be positive")
     store = None
     if args.store:
-        from collector.clickhouse.store_url import parse_store_url
+        from tailtrace.collector.clickhouse.store_url import parse_store_url
 
         store = parse_store_url(args.store)
         if store.kind == "duckdb":
             args.db, store = str(store.path), None
     if store is not None:
-        from collector.clickhouse.query import run_readonly
-        from collector.clickhouse.store_url import check_schema, connect_clickhouse
-        from collector.query.api import to_json_value
+        from tailtrace.collector.clickhouse.query import run_readonly
+        from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
+        from tailtrace.collector.query.api import to_json_value
 
         client = connect_clickhouse(store)
         try:
@@ -167,8 +167,8 @@ def _sql(args) -> int:
     elif args.db:
         import duckdb
 
-        from collector.store.duckdb_store import open_readonly
-        from collector.store.readonly import QueryRefused, QueryTimeout, run_guarded
+        from tailtrace.collector.store.duckdb_store import open_readonly
+        from tailtrace.collector.store.readonly import QueryRefused, QueryTimeout, run_guarded
 
         con = open_readonly(args.db)
         try:
@@ -179,12 +179,12 @@ def _sql(args) -> int:
             raise UserError(" ".join(str(exc).split())) from None
         finally:
             con.close()
-        from collector.query.api import to_json_value
+        from tailtrace.collector.query.api import to_json_value
 
         out = {"columns": res.columns, "types": res.types,
                "rows": [[to_json_value(v) for v in r] for r in res.rows], "truncated": res.truncated}
     else:
-        from collector.query.reader import SqlApiUnreachable, post_sql
+        from tailtrace.collector.query.reader import SqlApiUnreachable, post_sql
 
         url = check_http_url(args.api or envs.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
                              DEFAULT_API).rstrip("/")
@@ -240,8 +240,8 @@ def _print(out: dict, fmt: str) -> None:
 
 
 def _export(args) -> int:
-    from collector.export.parquet import export_from_api, export_from_db
-    from collector.store.schema import USER_TABLES
+    from tailtrace.collector.export.parquet import export_from_api, export_from_db
+    from tailtrace.collector.store.schema import USER_TABLES
 
     if not str(args.out).strip():
         raise UserError("--out is empty: give the directory to write the Parquet files into")

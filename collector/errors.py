@@ -259,7 +259,7 @@ def http_error(exc: BaseException) -> HttpError:
     if isinstance(exc, CollectorError):
         retry = exc.retry_after_s if exc.kind == RETRYABLE else None
         return HttpError(exc.status, str(exc), retry, getattr(exc, "allow", None))
-    from plumbing.http_body import BodyError
+    from tailtrace.plumbing.http_body import BodyError
 
     if isinstance(exc, BodyError):
         return HttpError(exc.status, str(exc))

@@ -11,8 +11,8 @@ collector stopped: a running collector holds its file, and serves `/metrics` its
 
 from __future__ import annotations
 
-from plumbing.argtypes import PORT, seconds
-from plumbing.errors import UserError
+from tailtrace.plumbing.argtypes import PORT, seconds
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["register", "serve"]
 
@@ -25,12 +25,12 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
     be bound."""
     from prometheus_client import start_http_server
 
-    from collector.export.prometheus import make_registry
-    from semantics.slo import parse_slo
+    from tailtrace.collector.export.prometheus import make_registry
+    from tailtrace.semantics.slo import parse_slo
 
     if slo is not None:
         parse_slo(slo)  # before the store is opened
-    from collector.query.reader import store_query
+    from tailtrace.collector.query.reader import store_query
 
     query, close = store_query(url, timeout_s=timeout_s, native=True)
     try:
@@ -50,7 +50,7 @@ def serve(url: str, host: str = "127.0.0.1", port: int = 9465, timeout_s: float 
 
 def register(sub) -> None:
     """Add `metrics` to the `tailtrace` sub-parsers."""
-    from semantics import envs
+    from tailtrace.semantics import envs
 
     p = sub.add_parser("metrics", help="serve the Prometheus /metrics of a store (ClickHouse, chdb or a DuckDB file)",
                        description=__doc__.split("\n\n", 1)[1])
@@ -73,7 +73,7 @@ def _metrics(args) -> int:
         raise UserError(f"--port {args.port} is not a port (0..65535)")
     if not args.query_timeout > 0:
         raise UserError("--query-timeout must be a positive number of seconds")
-    from plumbing.procs import stop_on_sigint, stop_on_sigterm
+    from tailtrace.plumbing.procs import stop_on_sigint, stop_on_sigterm
 
     url = args.store or args.db
     port, stop = serve(url, args.host, int(args.port), args.query_timeout, args.slo)

@@ -67,13 +67,13 @@ def run_collector(cfg: CollectorConfig) -> int:
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     import uvicorn
 
-    from collector.processor.limiter import AdmissionLimiter
-    from collector.query.api import make_api_app
-    from collector.receiver.otlp_grpc import OtlpGrpcReceiver
-    from collector.receiver.otlp_http import make_otlp_app
-    from collector.store.duckdb_store import DuckDBStore
-    from plumbing.errors import UserError
-    from plumbing.procs import check_port_free
+    from tailtrace.collector.processor.limiter import AdmissionLimiter
+    from tailtrace.collector.query.api import make_api_app
+    from tailtrace.collector.receiver.otlp_grpc import OtlpGrpcReceiver
+    from tailtrace.collector.receiver.otlp_http import make_otlp_app
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.plumbing.procs import check_port_free
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -96,8 +96,8 @@ def run_collector(cfg: CollectorConfig) -> int:
         if cfg.retention_s:
             store.run_retention_now()
         if cfg.scrape:
-            from collector.processor.enrich import scrape_sink
-            from collector.scrape import Scraper  # checked importable by the CLI
+            from tailtrace.collector.processor.enrich import scrape_sink
+            from tailtrace.collector.scrape import Scraper  # checked importable by the CLI
 
             scraper = Scraper(list(cfg.scrape), scrape_sink(store), cfg.scrape_interval_s, keep_buckets=cfg.scrape_buckets)
             scraper.start()

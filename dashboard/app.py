@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import ui
-from dashboard.data import DataError
+from tailtrace.dashboard import ui
+from tailtrace.dashboard.data import DataError
 
 st.set_page_config(page_title="tailtrace", page_icon=":material/timer:", layout="wide")
 

@@ -11,8 +11,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from semantics import catalog
-from semantics.catalog import format_ms
+from tailtrace.semantics import catalog
+from tailtrace.semantics.catalog import format_ms
 
 __all__ = [
     "PHASE_COLORS",

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from collector.query.reader import DEFAULT_API
-from plumbing.argtypes import PORT, seconds
-from plumbing.urls import check_http_url
-from semantics import envs
+from tailtrace.collector.query.reader import DEFAULT_API
+from tailtrace.plumbing.argtypes import PORT, seconds
+from tailtrace.plumbing.urls import check_http_url
+from tailtrace.semantics import envs
 
 __all__ = ["register", "streamlit_command"]
 
@@ -63,14 +63,14 @@ def _check_clickhouse_store(store) -> None:
     clickhouse) before the app opens it. A server: reached and its schema checked (then closed). A chdb
     directory: it exists (opened only by the app: chdb allows one process per directory, and the
     app's schema check shows there as one line). Raises UserError."""
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     if store.kind == "chdb":
         if not store.path.is_dir():
             raise UserError(f"--store {store.text}: no chdb store at {store.path}; create it with "
                             f"`tailtrace clickhouse init --url {store.text}`")
         return
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
 
     client = connect_clickhouse(store)
     try:
@@ -83,7 +83,7 @@ def _run(args: argparse.Namespace) -> int:
     import os
     import subprocess
 
-    from dashboard.data import (
+    from tailtrace.dashboard.data import (
         ENV_API,
         ENV_DB,
         ENV_QUERY_TIMEOUT,
@@ -92,9 +92,9 @@ def _run(args: argparse.Namespace) -> int:
         DataError,
         time_budgets,
     )
-    from dashboard.source import parse_timeout_s
-    from plumbing.errors import UserError
-    from plumbing.procs import check_port_free, stop_on_sigint, stop_on_sigterm
+    from tailtrace.dashboard.source import parse_timeout_s
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.plumbing.procs import check_port_free, stop_on_sigint, stop_on_sigterm
 
     host = args.host or envs.get("TAILTRACE_DASHBOARD_HOST") or "127.0.0.1"
     try:
@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     store = None
     if args.store is not None:
-        from collector.clickhouse.store_url import parse_store_url
+        from tailtrace.collector.clickhouse.store_url import parse_store_url
 
         store = parse_store_url(args.store)
         if store.kind == "duckdb":
@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
             head = fh.read(16)
         if len(head) < 12 or head[8:12] != b"DUCK":
             raise UserError(f"--db {db} is not a DuckDB database file")
-        from collector.store.duckdb_store import open_readonly
+        from tailtrace.collector.store.duckdb_store import open_readonly
 
         open_readonly(db).close()  # held by a running collector: the same one-line answer as `tailtrace sql`
         env[ENV_DB] = str(db.resolve())

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.queries.common import (  # noqa: F401 - gathered for the pages: data.<name>
     ALL_METRICS,
     ITL,
     METRIC_CHOICES,
@@ -46,7 +46,7 @@ from dashboard.queries.common import (  # noqa: F401 - gathered for the pages: d
     run_verdicts,
     store_info,
 )
-from dashboard.queries.distributions import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.queries.distributions import (  # noqa: F401 - gathered for the pages: data.<name>
     CDF_PROBS,
     batch_size_distribution,
     latency_by_input_length,
@@ -54,18 +54,18 @@ from dashboard.queries.distributions import (  # noqa: F401 - gathered for the p
     length_distribution,
     metric_source,
 )
-from dashboard.queries.engine import (
+from tailtrace.dashboard.queries.engine import (
     device_timeline,
     engine_crosscheck,  # noqa: F401 - gathered for the pages: data.<name>
     engine_timeline,
 )
-from dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.queries.explorer import (  # noqa: F401 - gathered for the pages: data.<name>
     EXPLORER_COLUMNS,
     request_detail,
     slowest_requests,
     span_tree,
 )
-from dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
     OBJECTIVE_METRICS,
     add_percentile_rows,
     data_loss,
@@ -81,22 +81,22 @@ from dashboard.queries.overview import (  # noqa: F401 - gathered for the pages:
     summary,
     throughput_timeline,
 )
-from dashboard.queries.queue_service import (
+from tailtrace.dashboard.queries.queue_service import (
     phase_columns,
     phases_timeline,
     tail_breakdown,
 )
-from dashboard.queries.replicas import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.queries.replicas import (  # noqa: F401 - gathered for the pages: data.<name>
     NO_REPLICA,
     replica_labels,
     replica_names,
     replica_table,
 )
-from dashboard.queries.sql import (
+from tailtrace.dashboard.queries.sql import (
     SQL_EXAMPLES,
     run_user_sql,
 )
-from dashboard.source import (  # noqa: F401 - gathered for the pages: data.<name>
+from tailtrace.dashboard.source import (  # noqa: F401 - gathered for the pages: data.<name>
     ARROW_STREAM,
     CLICKHOUSE_MISSING,
     DEFAULT_QUERY_TIMEOUT_S,

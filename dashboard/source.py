@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from collector.query.reader import ARROW_STREAM
-from semantics import envs
+from tailtrace.collector.query.reader import ARROW_STREAM
+from tailtrace.semantics import envs
 
 ENV_DB = "TAILTRACE_DASHBOARD_DB"
 ENV_API = "TAILTRACE_DASHBOARD_API"
@@ -159,8 +159,8 @@ class DuckDBSource(DataSource):
     kind = "db"
 
     def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None):
-        from collector.store.duckdb_store import open_readonly
-        from plumbing.errors import UserError
+        from tailtrace.collector.store.duckdb_store import open_readonly
+        from tailtrace.plumbing.errors import UserError
 
         self.path = Path(path)
         self.label = f"store file {self.path}"
@@ -187,9 +187,9 @@ class DuckDBSource(DataSource):
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         import duckdb
 
-        from collector.errors import QueryInvalid, QueryRefused
-        from collector.errors import QueryTimeout as GuardTimeout
-        from collector.store.readonly import run_guarded
+        from tailtrace.collector.errors import QueryInvalid, QueryRefused
+        from tailtrace.collector.errors import QueryTimeout as GuardTimeout
+        from tailtrace.collector.store.readonly import run_guarded
 
         t0 = time.perf_counter()
         try:
@@ -244,7 +244,7 @@ class ApiSource(DataSource):
         self._client = httpx.Client(timeout=timeout_s)
 
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
-        from collector.query.reader import SqlApiTimeout, SqlApiUnreachable, post_sql
+        from tailtrace.collector.query.reader import SqlApiTimeout, SqlApiUnreachable, post_sql
 
         # the collector interrupts the statement at min(its --query-timeout, timeout_s)
         try:
@@ -316,8 +316,8 @@ class ClickHouseSource(DataSource):
                   "WHERE database = currentDatabase() ORDER BY table_name, position")
 
     def __init__(self, url: str):
-        from collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
-        from plumbing.errors import UserError
+        from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse, parse_store_url
+        from tailtrace.plumbing.errors import UserError
 
         try:
             self.store = parse_store_url(url)
@@ -337,9 +337,9 @@ class ClickHouseSource(DataSource):
     def _run(self, sql: str, params: list, max_rows: int | None, timeout_s: float) -> QueryResult:
         import re
 
-        from collector.clickhouse.dialect import bind, to_clickhouse
-        from collector.clickhouse.query import run_readonly
-        from plumbing.errors import UserError
+        from tailtrace.collector.clickhouse.dialect import bind, to_clickhouse
+        from tailtrace.collector.clickhouse.query import run_readonly
+        from tailtrace.plumbing.errors import UserError
 
         try:
             text = bind(to_clickhouse(sql), params)
@@ -386,8 +386,8 @@ def open_source(kind: str, target: str) -> DataSource:
     if kind == "api":
         return ApiSource(target)
     if kind == "store":
-        from collector.clickhouse.store_url import parse_store_url
-        from plumbing.errors import UserError
+        from tailtrace.collector.clickhouse.store_url import parse_store_url
+        from tailtrace.plumbing.errors import UserError
 
         try:
             store = parse_store_url(target)

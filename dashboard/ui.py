@@ -24,8 +24,8 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import data
-from dashboard.data import (
+from tailtrace.dashboard import data
+from tailtrace.dashboard.data import (
     BudgetedSource,
     DataError,
     DataSource,
@@ -34,8 +34,8 @@ from dashboard.data import (
     QueryResult,
     QueryTimeout,
 )
-from dashboard.queries import why as why_q
-from semantics import catalog, envs
+from tailtrace.dashboard.queries import why as why_q
+from tailtrace.semantics import catalog, envs
 
 __all__ = [
     "LIVE_REFRESH_CHOICES",
@@ -146,7 +146,7 @@ def simulate_command(ctx: Context, spec: str | None) -> str:
     """The `tailtrace simulate` lines that predict the rate this run's mix holds at the objectives of
     `spec` (semantics/slo.py; None: the default), for the store the dashboard reads (`--db PATH`,
     `--store URL` or `--api URL`), as a shell line."""
-    from semantics.slo import DEFAULT_SLO
+    from tailtrace.semantics.slo import DEFAULT_SLO
 
     kind, where = _source_target() or ("db", "STORE")
     flag = {"db": "--db", "api": "--api", "store": "--store"}.get(kind, "--db")
@@ -409,7 +409,7 @@ def _recorded_objectives(runs) -> list | None:
     """The objectives (semantics.slo.Objective) of the SLO spec the selected run was judged by
     (recorded on its run span, semantics/slo.py); None when it has none (or one a later version
     wrote, which this one cannot read: the defaults, not a broken page)."""
-    from semantics.slo import parse_slo
+    from tailtrace.semantics.slo import parse_slo
 
     spec = runs.run.slo if runs is not None and runs.run is not None else None
     if not spec:
@@ -436,10 +436,10 @@ def _run_scope(src, windowed: bool):
     (`windowed`) every request in it but the capacity probes', as explain's scope; one run; or all
     runs. Its RunScope (diagnose/runs.py), None when the store's requests carry no run ids or the
     runs cannot be listed."""
-    from dashboard.queries.why import source_query
-    from diagnose.runs import list_runs, resolve_runs
-    from plumbing.errors import UserError
-    from semantics.slo import RUN_KIND_ARM, RUN_KIND_PROBE
+    from tailtrace.dashboard.queries.why import source_query
+    from tailtrace.diagnose.runs import list_runs, resolve_runs
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.semantics.slo import RUN_KIND_ARM, RUN_KIND_PROBE
 
     query = source_query(src)
     try:

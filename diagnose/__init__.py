@@ -1,6 +1,6 @@
 """The four-layer diagnosis of the tail (`tailtrace explain`, the dashboard's "Why is it slow?").
 
-    from diagnose import Scope, db_query, explain
+    from tailtrace.diagnose import Scope, db_query, explain
     query, close = db_query("tailtrace.duckdb")
     report = explain(query, Scope(since="-15m", metric="e2e"))
     report.to_dict()   # docs/explain.schema.json
@@ -8,9 +8,9 @@
 docs/explain.md says what each finding means, how the excess is apportioned, and the SQL behind it.
 """
 
-from diagnose.explain import explain
-from diagnose.report import Evidence, Finding, PhaseShare, Report, TailSet, TraceReport
-from diagnose.source import METRICS, Scope, api_query, db_query
+from tailtrace.diagnose.explain import explain
+from tailtrace.diagnose.report import Evidence, Finding, PhaseShare, Report, TailSet, TraceReport
+from tailtrace.diagnose.source import METRICS, Scope, api_query, db_query
 
 __all__ = ["METRICS", "Evidence", "Finding", "PhaseShare", "Report", "Scope", "TailSet", "TraceReport", "api_query",
            "db_query", "explain"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from semantics.knobs import KNOBS, Knob
+from tailtrace.semantics.knobs import KNOBS, Knob
 
 __all__ = ["DIRECTIONS", "KNOBS", "Action", "Knob", "action", "predicted_text", "render_action"]
 
@@ -73,7 +73,7 @@ def render_action(a: Action) -> str:
 def predicted_text(p: dict) -> str:
     """`predicted: TTFT P99 3.7 s → 1.1 s (0.9 s – 1.4 s), TPOT P99 70 ms → 137 ms (…): breaks tpot_p99`,
     or `not predicted (why)`, of an action's `predicted` (simulate/vet.py's shape)."""
-    from semantics.catalog import format_ms
+    from tailtrace.semantics.catalog import format_ms
 
     if p.get("state") != "predicted":
         return f"not predicted ({p.get('why')})"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from diagnose.report import Capacity, Evidence, TailSet
-from diagnose.source import Query, sql_time
-from semantics.catalog import SLO_DEFAULTS_MS
+from tailtrace.diagnose.report import Capacity, Evidence, TailSet
+from tailtrace.diagnose.source import Query, sql_time
+from tailtrace.semantics.catalog import SLO_DEFAULTS_MS
 
 __all__ = ["capacity"]
 
@@ -55,10 +55,10 @@ def _probe_line(query: Query, steady: Capacity) -> Capacity | None:
     scope's mix (the steady line's mean input and output tokens), the window's own figures after
     it; None when the store holds no probe, the scope has no lengths, or the probe's steps cannot
     give a rate (no full-batch step)."""
-    from collector.query.runs import list_runs
-    from loadgen.capacity import capacity_from_steps
-    from plumbing.errors import UserError
-    from semantics.slo import RUN_KIND_PROBE
+    from tailtrace.collector.query.runs import list_runs
+    from tailtrace.loadgen.capacity import capacity_from_steps
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.semantics.slo import RUN_KIND_PROBE
 
     mean_in, mean_out = steady.numbers.get("mean_input_tokens"), steady.numbers.get("mean_output_tokens")
     if not mean_out:
@@ -91,7 +91,7 @@ def _probe_line(query: Query, steady: Capacity) -> Capacity | None:
 
 
 def _sweep_line(sweep_id: str, rates: list, slo: float, sql: str, params: list) -> Capacity:
-    from loadgen.sweep import capacity as sweep_capacity
+    from tailtrace.loadgen.sweep import capacity as sweep_capacity
 
     rows = [{"rate": r, "summary": {"slo_met": (within or 0) >= _HOLDS}} for r, _, within, *_ in rates]
     slo_text = f"TTFT ≤ {slo / 1000:g} s"

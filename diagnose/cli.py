@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from collector.query.reader import DEFAULT_API, add_store_flags, open_store
+from tailtrace.collector.query.reader import DEFAULT_API, add_store_flags, open_store
 
 __all__ = ["REPORT_HOOKS", "register"]
 
@@ -58,10 +58,10 @@ def register(sub) -> None:
 def _run(args: argparse.Namespace) -> int:
     import sys
 
-    from diagnose.explain import explain
-    from diagnose.render import render_json, render_markdown, render_text
-    from diagnose.source import Scope, evidence_for_store
-    from plumbing.errors import UserError
+    from tailtrace.diagnose.explain import explain
+    from tailtrace.diagnose.render import render_json, render_markdown, render_text
+    from tailtrace.diagnose.source import Scope, evidence_for_store
+    from tailtrace.plumbing.errors import UserError
 
     for flag, value in (("--run-id", args.run_id), ("--trace-id", args.trace_id)):
         if value is not None and not value.strip():  # an empty one is not "every run" or "no request"

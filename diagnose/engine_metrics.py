@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diagnose.source import Query
-from semantics.catalog import SOURCE_SGLANG, SOURCE_TGI, SOURCE_TRTLLM, SOURCE_VLLM_NATIVE
+from tailtrace.diagnose.source import Query
+from tailtrace.semantics.catalog import SOURCE_SGLANG, SOURCE_TGI, SOURCE_TRTLLM, SOURCE_VLLM_NATIVE
 
 __all__ = ["COUNTERS", "GAUGES", "Check", "counter", "crosscheck", "gauge_last"]
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 
-from collector.query.deployment import read_deployment
-from diagnose import capacity as capacity_mod
-from diagnose.detectors import Context, run_detectors
-from diagnose.objectives import Verdict, evaluate
-from diagnose.report import DOMINANT_MIN_SHARE, Report
-from diagnose.runs import RunScope, resolve_runs
-from diagnose.source import Query, Scope, sql_time
-from diagnose.tail import phase_split, resolve_window, tail_set
-from plumbing.errors import UserError
-from semantics.catalog import ENGINE_STATS_OFF_WHY, FAILED_POPULATION, LAYER_NONE, LAYERS
-from semantics.slo import DEFAULT_SLO, parse_slo
+from tailtrace.collector.query.deployment import read_deployment
+from tailtrace.diagnose import capacity as capacity_mod
+from tailtrace.diagnose.detectors import Context, run_detectors
+from tailtrace.diagnose.objectives import Verdict, evaluate
+from tailtrace.diagnose.report import DOMINANT_MIN_SHARE, Report
+from tailtrace.diagnose.runs import RunScope, resolve_runs
+from tailtrace.diagnose.source import Query, Scope, sql_time
+from tailtrace.diagnose.tail import phase_split, resolve_window, tail_set
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import ENGINE_STATS_OFF_WHY, FAILED_POPULATION, LAYER_NONE, LAYERS
+from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
 
 __all__ = ["capacity_line", "explain"]
 
@@ -126,7 +126,7 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
     phases, ref, _, _ = phase_split(query, ts, engine_why)
     trace = None
     if scope.trace_id:
-        from diagnose.trace import explain_trace
+        from tailtrace.diagnose.trace import explain_trace
 
         if scope.metric == "e2e":
             ts_e2e, ref_e2e = ts, ref

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from diagnose.source import METRICS, Query
-from semantics.catalog import LATENCY_POPULATION, quantile_label
-from semantics.slo import Objective
+from tailtrace.diagnose.source import METRICS, Query
+from tailtrace.semantics.catalog import LATENCY_POPULATION, quantile_label
+from tailtrace.semantics.slo import Objective
 
 __all__ = ["Verdict", "evaluate"]
 
@@ -49,7 +49,7 @@ class Verdict:
 
     def text(self) -> str:
         """`TTFT P99 8.0 s against 2 s: missed (4.0x)`, or `... not measured (why)`."""
-        from semantics.catalog import format_ms
+        from tailtrace.semantics.catalog import format_ms
 
         head = f"{self.metric.upper()} {self.label}"
         if self.value_ms is None:

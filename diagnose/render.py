@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from diagnose.actions import Action, render_action
-from diagnose.report import Evidence, Report, TraceReport
-from semantics.catalog import format_ms, format_share
+from tailtrace.diagnose.actions import Action, render_action
+from tailtrace.diagnose.report import Evidence, Report, TraceReport
+from tailtrace.semantics.catalog import format_ms, format_share
 
 __all__ = ["render_json", "render_markdown", "render_text", "waterfall_lines"]
 

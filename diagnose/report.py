@@ -125,7 +125,7 @@ class TailSet:
     @property
     def label(self) -> str:
         """The tail's quantile as the field writes it: P99, P999, P90."""
-        from semantics.catalog import quantile_label
+        from tailtrace.semantics.catalog import quantile_label
 
         return quantile_label(self.quantile)
 

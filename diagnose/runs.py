@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
-from diagnose.source import Query
-from plumbing.errors import UserError
-from semantics.slo import RUN_KIND_PROBE
+from tailtrace.collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
+from tailtrace.diagnose.source import Query
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.slo import RUN_KIND_PROBE
 
 __all__ = ["Run", "RunScope", "list_runs", "resolve_runs"]
 

@@ -13,9 +13,9 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from collector.query.reader import Query, api_query, db_query, iso, store_query
-from plumbing.errors import UserError
-from semantics.catalog import REQUEST_METRIC_COLUMNS
+from tailtrace.collector.query.reader import Query, api_query, db_query, iso, store_query
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import REQUEST_METRIC_COLUMNS
 
 __all__ = ["METRICS", "Query", "Scope", "api_query", "db_query", "evidence_for_store", "iso", "parse_time", "sql_time",
            "store_query"]  # the readers: collector/query/reader.py
@@ -52,7 +52,7 @@ class Scope:
 
     def __post_init__(self):
         if self.slo is not None:
-            from semantics.slo import parse_slo
+            from tailtrace.semantics.slo import parse_slo
 
             parse_slo(self.slo)  # checked now
         if self.metric is not None and self.metric not in METRICS:
@@ -104,7 +104,7 @@ def evidence_for_store(report, url: str | None) -> None:
     that `tailtrace sql --store URL` re-runs it as shown: on ClickHouse (`chdb://`, `clickhouse://`)
     the SQL as the store ran it (translated by collector/clickhouse/dialect.py, its `?` bound as
     literals) and no params; a DuckDB store, a live collector (None) or a bad URL: unchanged."""
-    from collector.clickhouse.store_url import parse_store_url
+    from tailtrace.collector.clickhouse.store_url import parse_store_url
 
     if not url:
         return
@@ -113,7 +113,7 @@ def evidence_for_store(report, url: str | None) -> None:
             return
     except UserError:
         return
-    from collector.clickhouse.dialect import bind, to_clickhouse
+    from tailtrace.collector.clickhouse.dialect import bind, to_clickhouse
 
     groups = [f.evidence for f in report.findings]
     groups += [report.capacity.evidence] if report.capacity is not None else []

@@ -18,10 +18,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from diagnose.report import PhaseShare, TailSet
-from diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
-from plumbing.errors import UserError
-from semantics.catalog import (
+from tailtrace.diagnose.report import PhaseShare, TailSet
+from tailtrace.diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import (
     LATENCY_POPULATION,
     LAYER_NONE,
     NETWORK_IN,

@@ -3,11 +3,11 @@ shared the batch with, and its cause against the median's phase profile of the s
 
 from __future__ import annotations
 
-from diagnose.report import Evidence, TailSet, TraceReport
-from diagnose.source import Query, iso
-from diagnose.tail import metric_phases
-from plumbing.errors import UserError
-from semantics.catalog import (
+from tailtrace.diagnose.report import Evidence, TailSet, TraceReport
+from tailtrace.diagnose.source import Query, iso
+from tailtrace.diagnose.tail import metric_phases
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import (
     LAYER_COMPUTE,
     LAYER_SCHEDULING,
     LAYER_SHAPE,

@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from plumbing.errors import UserError
-from semantics import envs
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import envs
 
 __all__ = ["TINY", "build_tiny_model", "default_model_dir", "register"]
 

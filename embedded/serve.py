@@ -17,9 +17,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plumbing.argtypes import PORT
-from plumbing.errors import UserError
-from plumbing.procs import (
+from tailtrace.plumbing.argtypes import PORT
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import (
     check_port_free,
     start_process,
     stop_on_sigint,
@@ -27,7 +27,7 @@ from plumbing.procs import (
     stop_process,
     wait_http,
 )
-from semantics import envs
+from tailtrace.semantics import envs
 
 __all__ = ["ServeConfig", "pin_engine_core", "register", "start_sampler", "start_vllm", "vllm_command", "vllm_env",
            "worker_cores"]
@@ -67,7 +67,7 @@ def resolve_model(model: str) -> tuple[str, str | None]:
     Raises `UserError` otherwise.
     """
     if model == "tiny":
-        from embedded.model import ensure_tiny_model
+        from tailtrace.embedded.model import ensure_tiny_model
 
         return str(ensure_tiny_model().resolve()), "tiny"
     looks_like_path = os.sep in model or model.startswith(".") or Path(model).exists()
@@ -253,7 +253,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def start_sampler(endpoint: str | None):
     """Start the device sampler (NVML, else CPU) in this process, or return None if unavailable."""
     try:
-        from instrument.device.sampler import DeviceSampler
+        from tailtrace.instrument.device.sampler import DeviceSampler
     except ImportError:
         return None
     sampler = DeviceSampler(interval_s=0.1, endpoint=endpoint)

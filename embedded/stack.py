@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collector.query.reader import sql_api
-from plumbing.errors import UserError
-from plumbing.procs import check_port_free, start_process, stop_process, wait_http
+from tailtrace.collector.query.reader import sql_api
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import check_port_free, start_process, stop_process, wait_http
 
 __all__ = ["MIN_FREE_MEMORY_GIB", "Stack", "StackConfig", "preflight", "sql_api", "start_stack", "tailtrace_command",
            "wait_for_store"]
@@ -78,7 +78,7 @@ class Stack:
     def serve_config(self, vllm_args: list[str]):
         """The `embedded.serve.ServeConfig` of this stack's vLLM with these extra vLLM arguments
         (start_stack's, and `try`'s restarts with an arm's arguments)."""
-        from embedded.serve import ServeConfig
+        from tailtrace.embedded.serve import ServeConfig
 
         c = self.cfg
         return ServeConfig(model=c.model, host=c.host, port=c.vllm_port, otlp_endpoint=self.otlp_url,
@@ -114,7 +114,7 @@ def preflight(cfg: StackConfig, flags: dict[str, str] | None = None, min_free_gi
     "otlp", "grpc", "api") to the flag that moves its port, named in the message. Raises `UserError`."""
     import psutil
 
-    from embedded.serve import require_vllm
+    from tailtrace.embedded.serve import require_vllm
 
     require_vllm()
     avail = psutil.virtual_memory().available / 2**30
@@ -140,7 +140,7 @@ def start_stack(cfg: StackConfig, console=None) -> Stack:
     Replaces a previous store in `cfg.out_dir`. Call `preflight` first for friendly port errors.
     Raises `UserError` when a part does not start (its log is named); whatever had started is
     stopped before it propagates (also on KeyboardInterrupt)."""
-    from embedded.serve import start_sampler, start_vllm
+    from tailtrace.embedded.serve import start_sampler, start_vllm
 
     def say(msg: str) -> None:
         if console is not None:

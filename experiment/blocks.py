@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
-from experiment.health import PartDied, block_unfit, broken_requests, url_healthy
-from plumbing.errors import UserError
-from semantics.slo import DEFAULT_SLO, RUN_KIND_ARM
+from tailtrace.experiment.health import PartDied, block_unfit, broken_requests, url_healthy
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.slo import DEFAULT_SLO, RUN_KIND_ARM
 
 __all__ = ["BlockRunner"]
 
@@ -33,13 +33,13 @@ class BlockRunner:
 
     def start(self, first: str) -> None:
         """Bring up (embedded) or check (URLs) what serves each arm, and learn the model's name."""
-        from collector.query.reader import DEFAULT_API, sql_api
-        from loadgen.replay import discover_target, normalize_target
+        from tailtrace.collector.query.reader import DEFAULT_API, sql_api
+        from tailtrace.loadgen.replay import discover_target, normalize_target
 
         cfg = self.cfg
         if self.urls:
-            from instrument.otel import otlp_endpoint
-            from plumbing.urls import check_http_url
+            from tailtrace.instrument.otel import otlp_endpoint
+            from tailtrace.plumbing.urls import check_http_url
 
             self.targets = {"A": check_http_url(cfg.baseline_url, "--baseline"),
                             "B": check_http_url(cfg.candidate_url, "--candidate")}
@@ -49,7 +49,7 @@ class BlockRunner:
             if models["A"] != models["B"]:
                 self.notes.append(f"the arms serve different models: A {models['A']}, B {models['B']}")
             return
-        from experiment.engines import EmbeddedArms
+        from tailtrace.experiment.engines import EmbeddedArms
 
         self.env = EmbeddedArms(cfg, self.arms, self.console, self.stack, one_engine=cfg.one_engine,
                                 two_engines=cfg.two_engines)
@@ -90,7 +90,7 @@ class BlockRunner:
     def _replay(self, run_id: str, target: str, **kw):
         """One replay of the traffic; a failure to run it is checked against the parts first (a part
         that died is named), and never suggests a flag `try` does not have."""
-        from loadgen.replay import ReplayConfig, run_replay
+        from tailtrace.loadgen.replay import ReplayConfig, run_replay
 
         cfg = self.cfg
         try:
@@ -192,9 +192,9 @@ class BlockRunner:
         return cmp, stopped
 
     def _compare(self, kept: list[tuple[str, str]], plan):
-        from collector.query.reader import api_query
-        from embedded.stack import wait_for_store
-        from experiment.compare import compare
+        from tailtrace.collector.query.reader import api_query
+        from tailtrace.embedded.stack import wait_for_store
+        from tailtrace.experiment.compare import compare
 
         by_run = {b["run_id"]: b for b in self.blocks}
         for a_run, b_run in kept:
@@ -207,6 +207,6 @@ class BlockRunner:
 
 
 def _ms(v) -> str:
-    from semantics.catalog import format_ms
+    from tailtrace.semantics.catalog import format_ms
 
     return format_ms(v)

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plumbing.errors import UserError
-from semantics.knobs import KNOBS, TRY_FLAGS
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.knobs import KNOBS, TRY_FLAGS
 
 __all__ = ["Arm", "Change", "action_change", "check_gateway_args", "known_changes", "parse_change"]
 
@@ -70,8 +70,8 @@ def check_gateway_args(args: list[str], what: str = "--change") -> None:
     parser and `GatewayConfig.validate`). Raises UserError with the gateway's message."""
     import argparse
 
-    from instrument.gateway.cli import register
-    from instrument.gateway.config import GatewayConfig
+    from tailtrace.instrument.gateway.cli import register
+    from tailtrace.instrument.gateway.config import GatewayConfig
 
     class _Refuse(argparse.ArgumentParser):
         def error(self, message):

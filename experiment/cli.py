@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import (
+from tailtrace.plumbing.argtypes import (
     RATE,
     REQUESTS,
     SEED,
@@ -21,14 +21,14 @@ from plumbing.argtypes import (
     duration,
     seconds,
 )
-from semantics import envs
+from tailtrace.semantics import envs
 
 __all__ = ["register"]
 
 
 def register(sub) -> None:
     """Add `try` and `compare` to the `tailtrace` sub-parsers."""
-    from collector.query.reader import add_store_flags
+    from tailtrace.collector.query.reader import add_store_flags
 
     p = sub.add_parser("try", help="measure what a change buys: baseline and candidate on the same traffic, "
                                    "interleaved blocks, an interval by block",
@@ -114,7 +114,7 @@ def register(sub) -> None:
 def _emit(doc: dict, args) -> None:
     import sys
 
-    from experiment.render import render_json, render_text
+    from tailtrace.experiment.render import render_json, render_text
 
     if getattr(args, "json", None):
         from pathlib import Path
@@ -132,7 +132,7 @@ def _emit(doc: dict, args) -> None:
 def _runs(spec: str, present: list[str]) -> list[str]:
     import fnmatch
 
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     out = []
     for part in filter(None, (s.strip() for s in spec.split(","))):
@@ -149,9 +149,9 @@ def _runs(spec: str, present: list[str]) -> list[str]:
 
 
 def _compare(args) -> int:
-    from collector.query.reader import open_store
-    from collector.query.runs import list_runs
-    from experiment.compare import compare
+    from tailtrace.collector.query.reader import open_store
+    from tailtrace.collector.query.runs import list_runs
+    from tailtrace.experiment.compare import compare
 
     query, close = open_store(args)
     try:
@@ -159,7 +159,7 @@ def _compare(args) -> int:
         a_runs, b_runs = _runs(args.run_a, present), _runs(args.run_b, present)
         plan = None
         if args.looks_to and args.looks_to > min(6, len(a_runs)):
-            from experiment.sequential import Plan
+            from tailtrace.experiment.sequential import Plan
 
             plan = Plan(min(6, len(a_runs)), args.looks_to, args.confidence, args.margin)
         doc = compare(query, a_runs, b_runs, slo=args.slo, split=args.split, priority=args.priority,
@@ -173,9 +173,9 @@ def _compare(args) -> int:
 def _try(args) -> int:
     from pathlib import Path
 
-    from experiment.changes import Arm, action_change, parse_change
-    from experiment.trial import TrialConfig, run_trial
-    from plumbing.errors import UserError
+    from tailtrace.experiment.changes import Arm, action_change, parse_change
+    from tailtrace.experiment.trial import TrialConfig, run_trial
+    from tailtrace.plumbing.errors import UserError
 
     changes = [parse_change(c) for c in args.change]
     if args.action:
@@ -185,16 +185,16 @@ def _try(args) -> int:
     elif args.explain:
         raise UserError("--explain names the report --action reads: give --action ID too")
     if args.slo:
-        from semantics.slo import parse_slo
+        from tailtrace.semantics.slo import parse_slo
 
         parse_slo(args.slo)
     base = Arm().with_changes([parse_change(c, "--base") for c in args.base])
-    from experiment.changes import check_gateway_args
+    from tailtrace.experiment.changes import check_gateway_args
 
     check_gateway_args(base.gateway, "--base")
     check_gateway_args(base.with_changes(changes).gateway)
     if args.json:
-        from loadgen.cli import check_writable
+        from tailtrace.loadgen.cli import check_writable
 
         check_writable(args.json, "--json")  # before the experiment, not after it: a bad path must not lose the result
     cfg = TrialConfig(out_dir=Path(args.out), changes=changes, base=base, traffic=args.traffic, block_s=args.block_s,
@@ -209,7 +209,7 @@ def _try(args) -> int:
 
     from rich.console import Console
 
-    from plumbing.procs import stop_on_sigint
+    from tailtrace.plumbing.procs import stop_on_sigint
 
     def _on_term(signum, frame):  # SIGTERM behaves as Ctrl-C: everything try started is stopped
         signal.raise_signal(signal.SIGINT)
@@ -217,7 +217,7 @@ def _try(args) -> int:
     stop_on_sigint()  # a background job starts with SIGINT ignored; try must still stop on it
     signal.signal(signal.SIGTERM, _on_term)
     console = Console(stderr=args.format == "json")
-    from experiment.health import PartDied
+    from tailtrace.experiment.health import PartDied
 
     try:
         doc = run_trial(cfg, console)

@@ -23,12 +23,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from collector.query.reader import Query
-from experiment.sequential import Plan
-from experiment.stats import MARGIN, t_quantile
-from plumbing.errors import UserError
-from semantics.catalog import LATENCY_POPULATION, PHASES, REQUEST_METRIC_COLUMNS, UNATTRIBUTED, quantile_label
-from semantics.slo import DEFAULT_SLO, Objective, format_slo, goodput_sql, parse_slo
+from tailtrace.collector.query.reader import Query
+from tailtrace.experiment.sequential import Plan
+from tailtrace.experiment.stats import MARGIN, t_quantile
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import (
+    LATENCY_POPULATION,
+    PHASES,
+    REQUEST_METRIC_COLUMNS,
+    UNATTRIBUTED,
+    quantile_label,
+)
+from tailtrace.semantics.slo import DEFAULT_SLO, Objective, format_slo, goodput_sql, parse_slo
 
 __all__ = ["COLUMNS", "METRICS", "SCHEMA", "TAIL_ESTIMATOR", "Comparison", "compare", "tail_fraction"]
 
@@ -151,7 +157,7 @@ def _samples(metric: str, runs: list[str], blk: str, cls: str) -> tuple[str, lis
     """SQL of (run_id, blk, x) rows: one per sample of `metric` of `runs` (ITL: one per decode
     step of their requests), and its parameters. `blk` is an expression over `requests`."""
     if metric == "itl":
-        from semantics.catalog import ITL_POPULATION
+        from tailtrace.semantics.catalog import ITL_POPULATION
 
         return (f"SELECT r.run_id AS run_id, r.blk AS blk, d.itl_ms AS x FROM decode_steps d JOIN "
                 f"(SELECT trace_id, run_id, {blk} AS blk FROM requests WHERE run_id IN ({_marks(len(runs))}){cls}) r "
@@ -199,7 +205,7 @@ def compare(query: Query, a_runs: list[str], b_runs: list[str], *, slo: str | No
     band of "same" (0.10: B/A within 0.9 .. 1.1); `plan`: the looks of a sequential `try` (default
     one look at the pairs given: Student's t). Raises UserError for an unknown run id, a run in
     both arms, unequal block counts, a run with no request, an unknown class, level or margin."""
-    from experiment.stats import LEVELS
+    from tailtrace.experiment.stats import LEVELS
 
     if level not in LEVELS:
         raise UserError(f"--confidence {level}: one of {', '.join(map(str, LEVELS))}")

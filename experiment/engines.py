@@ -21,9 +21,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from experiment.changes import Arm
-from experiment.health import PartDied, engine_alive, log_tail, url_healthy
-from plumbing.errors import UserError
+from tailtrace.experiment.changes import Arm
+from tailtrace.experiment.health import PartDied, engine_alive, log_tail, url_healthy
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["EmbeddedArms", "fits_beside"]
 
@@ -100,8 +100,8 @@ class EmbeddedArms:
     def start(self, first: str) -> None:
         """Start what the arms need (nothing restarts later when both engines fit). Raises UserError
         when a part does not start or vLLM refuses an arm's arguments."""
-        from embedded.stack import StackConfig, preflight, start_stack
-        from plumbing.procs import free_port
+        from tailtrace.embedded.stack import StackConfig, preflight, start_stack
+        from tailtrace.plumbing.procs import free_port
 
         # one engine: the first arm's arguments (the candidate's: a refusal ends the run before any
         # block); two engines: the stack runs the baseline's
@@ -133,8 +133,8 @@ class EmbeddedArms:
     def _start_engine_b(self) -> None:
         """The candidate's vLLM on a port of its own, beside the baseline's, and a gateway in front
         of it; or one engine (with a note) when it does not fit and --one-engine was not given."""
-        from embedded.serve import start_vllm
-        from plumbing.procs import free_port
+        from tailtrace.embedded.serve import start_vllm
+        from tailtrace.plumbing.procs import free_port
 
         st = self.stack
         scfg = st.serve_config(self.arms["B"].vllm)
@@ -160,7 +160,7 @@ class EmbeddedArms:
         self.targets["B"] = self._gateway(list(self.arms["B"].gateway), "gateway-B", url)
 
     def _gateway(self, args: list[str], name: str, upstream: str) -> str:
-        from plumbing.procs import free_port, start_process, wait_http
+        from tailtrace.plumbing.procs import free_port, start_process, wait_http
 
         port = free_port()
         st = self.stack
@@ -180,8 +180,8 @@ class EmbeddedArms:
         return self.targets[arm_name]
 
     def _restart(self, args: list[str], tag: str) -> None:
-        from embedded.serve import start_vllm
-        from plumbing.procs import stop_process
+        from tailtrace.embedded.serve import start_vllm
+        from tailtrace.plumbing.procs import stop_process
 
         st = self.stack
         t0 = time.monotonic()
@@ -241,7 +241,7 @@ class EmbeddedArms:
 
     def stop(self) -> None:
         """Stop what this try started; a stack handed in keeps running with its baseline."""
-        from plumbing.procs import stop_process
+        from tailtrace.plumbing.procs import stop_process
 
         while self.extra:
             what, proc, _ = self.extra.pop()
@@ -255,6 +255,6 @@ class EmbeddedArms:
 
 
 def _kv_gib() -> str:
-    from embedded.serve import ServeConfig, vllm_env
+    from tailtrace.embedded.serve import ServeConfig, vllm_env
 
     return vllm_env(ServeConfig()).get("VLLM_CPU_KVCACHE_SPACE", "2")

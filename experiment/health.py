@@ -19,7 +19,7 @@ import math
 import os
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["BROKEN_KINDS", "PartDied", "block_unfit", "broken_requests", "engine_alive", "log_tail", "url_healthy"]
 

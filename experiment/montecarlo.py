@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from experiment.sequential import Plan, run_sequence
-from experiment.stats import hd_quantile, tail_mean
+from tailtrace.experiment.sequential import Plan, run_sequence
+from tailtrace.experiment.stats import hd_quantile, tail_mean
 
 __all__ = ["ESTIMATORS", "decisions", "queue_blocks", "resampled_blocks"]
 
@@ -68,7 +68,7 @@ def decisions(plan: Plan, estimator: str, q: float, experiments: int, seed: int,
     each block summarised by `estimator` at quantile `q`. `naive`: stop at the first look whose
     plain fixed-sample 5% test (t interval and sign-flip) calls a difference, the procedure that
     does not hold its rate. Returns the share of each verdict and the mean pairs run."""
-    from experiment.stats import paired_log_ratio
+    from tailtrace.experiment.stats import paired_log_ratio
 
     est = ESTIMATORS[estimator]
     rng = np.random.default_rng(seed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from semantics.catalog import format_ms, quantile_label
+from tailtrace.semantics.catalog import format_ms, quantile_label
 
 __all__ = ["comparison_lines", "render_json", "render_text", "verdict_text"]
 

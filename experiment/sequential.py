@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiment.stats import (
+from tailtrace.experiment.stats import (
     LEVELS,
     MARGIN,
     MIN_DECIDING_PAIRS,

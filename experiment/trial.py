@@ -32,9 +32,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiment.changes import Arm, Change
-from experiment.stats import MARGIN, MIN_DECIDING_PAIRS
-from plumbing.errors import UserError
+from tailtrace.experiment.changes import Arm, Change
+from tailtrace.experiment.stats import MARGIN, MIN_DECIDING_PAIRS
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["TrialConfig", "TrialResult", "block_order", "pair_seconds", "run_trial", "try_change"]
 
@@ -125,7 +125,7 @@ def pair_seconds(block_s: float, settle_s: float = 1.0) -> float:
 
 
 def _cut_traffic(cfg: TrialConfig) -> tuple[Path, int, list[str]]:
-    from loadgen.replay import ReplayConfig, export_plan
+    from tailtrace.loadgen.replay import ReplayConfig, export_plan
 
     rc = ReplayConfig(trace=cfg.traffic, duration_s=cfg.block_s, start_s=cfg.start_s, speed=cfg.speed,
                       rate=cfg.rate, max_requests=cfg.max_requests, seed=cfg.seed, store_api=cfg.store_api)
@@ -134,7 +134,7 @@ def _cut_traffic(cfg: TrialConfig) -> tuple[Path, int, list[str]]:
 
 
 def _plan(cfg: TrialConfig):
-    from experiment.sequential import Plan, pairs_for_budget
+    from tailtrace.experiment.sequential import Plan, pairs_for_budget
 
     if cfg.budget_s is None:
         return Plan(cfg.pairs, cfg.pairs, cfg.level, cfg.margin)
@@ -163,7 +163,7 @@ def _check_input(cfg: TrialConfig) -> bool:
     if urls and (cfg.base.vllm or cfg.base.gateway):
         raise UserError("with --baseline/--candidate the deployments are the user's: --base takes only client: settings")
     if urls:  # before the traffic is cut and the plan printed: a bad URL is one line, nothing written
-        from plumbing.urls import check_http_url
+        from tailtrace.plumbing.urls import check_http_url
 
         check_http_url(cfg.baseline_url, "--baseline")
         check_http_url(cfg.candidate_url, "--candidate")
@@ -175,7 +175,7 @@ def try_change(cfg: TrialConfig, console, stack=None) -> TrialResult:
     input, a refused start or an unreachable target; PartDied (a UserError) when a part died
     mid-run, after stopping everything it started; KeyboardInterrupt likewise. `stack`: a running
     embedded Stack to use (its vLLM and gateway are the baseline's)."""
-    from experiment.blocks import BlockRunner
+    from tailtrace.experiment.blocks import BlockRunner
 
     urls = _check_input(cfg)
     plan = _plan(cfg)

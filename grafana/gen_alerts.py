@@ -13,7 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-from collector.export import prometheus as exp
+from tailtrace.collector.export import prometheus as exp
 
 DATASOURCE_UID = "tailtrace-prometheus"
 DASHBOARD_UID = "tailtrace-tail-latency"
@@ -204,8 +204,8 @@ def with_slo(spec: str, alerts: tuple[AlertSpec, ...] = ALERTS) -> tuple[AlertSp
     surface: `ttft_p99=2s,tpot_p99=100ms`): each objective sets the threshold of the alert on its
     metric and quantile (`ttft_p99` -> the ttft P99 alert). Raises ValueError (one line) for a spec
     that does not parse or an objective no alert watches."""
-    from plumbing.errors import UserError
-    from semantics.slo import parse_slo, quantile_key
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.semantics.slo import parse_slo, quantile_key
 
     try:
         objectives = parse_slo(spec)

@@ -13,8 +13,8 @@ if str(ROOT) not in sys.path:
 from gen_alerts import ALERTS, DASHBOARD_TITLE, DASHBOARD_URL, AlertSpec, _latency_panel_specs, _seconds
 from gen_dashboard import build_dashboard, build_grafana_rules
 
-from collector.export import prometheus as exp
-from semantics import catalog
+from tailtrace.collector.export import prometheus as exp
+from tailtrace.semantics import catalog
 
 # ------------------------------------------------------------------ the same alerts in SQL on ClickHouse
 CLICKHOUSE_DATASOURCE_UID = "tailtrace-clickhouse"
@@ -46,8 +46,8 @@ def phase_source(phase: str) -> tuple[str, str, str, str]:
     phase `phase` (catalog.METRIC_PHASES): a request's column of `requests` by its completion_time in
     catalog.LATENCY_POPULATION, or ITL: `decode_steps.itl_ms` by its time, every step
     (catalog.ITL_POPULATION). Raises KeyError: an unknown phase."""
-    from collector.clickhouse.dialect import to_clickhouse
-    from semantics import catalog
+    from tailtrace.collector.clickhouse.dialect import to_clickhouse
+    from tailtrace.semantics import catalog
 
     spec = exp._PHASE_BY_NAME[phase]
     if spec.column is None:   # itl: one sample per decode step

@@ -28,7 +28,7 @@ from gen_alerts import (
     notification_template,
 )
 
-from collector.export import prometheus as exp
+from tailtrace.collector.export import prometheus as exp
 
 
 def _ds():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from semantics import semconv as sc
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["GATEWAY_KEYS", "VLLM_KEYS", "gateway_config", "vllm_config"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import time
 
-from instrument import semconv as sc
-from plumbing.otlp_values import fill_attributes
+from tailtrace.instrument import semconv as sc
+from tailtrace.plumbing.otlp_values import fill_attributes
 
 __all__ = ["DropReport"]
 
@@ -49,7 +49,7 @@ class DropReport:
         self._last = now
         try:
             if self._sender is None:
-                from instrument.otlp_http import OtlpHttpSender
+                from tailtrace.instrument.otlp_http import OtlpHttpSender
 
                 self._sender = OtlpHttpSender(self.url, self.timeout_s, signal="metrics")
             ok = bool(self._sender.send(self._body(resource, counts)))

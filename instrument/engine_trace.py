@@ -22,8 +22,8 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-from instrument import semconv as sc
-from semantics.catalog import ENGINE_STATS_OFF_WHY
+from tailtrace.instrument import semconv as sc
+from tailtrace.semantics.catalog import ENGINE_STATS_OFF_WHY
 
 __all__ = ["MonoClock", "RequestTimeline", "Segment", "SpanSink", "StepInfo", "TailPolicy"]
 

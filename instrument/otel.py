@@ -17,8 +17,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from semantics import envs
-from semantics.semconv import HOST_NAME
+from tailtrace.semantics import envs
+from tailtrace.semantics.semconv import HOST_NAME
 
 __all__ = ["DEFAULT_OTLP_ENDPOINT", "CountingBatchSpanProcessor", "make_tracer_provider", "otlp_endpoint"]
 
@@ -31,7 +31,7 @@ def otlp_endpoint(flag: str | None = None) -> str:
 
     Raises `plumbing.errors.UserError` (naming where the value came from) when it is not an
     http(s) URL with a host and a valid port."""
-    from plumbing.urls import check_http_url
+    from tailtrace.plumbing.urls import check_http_url
 
     sources = (("--otlp-endpoint", flag), ("TAILTRACE_OTLP_ENDPOINT", envs.get("TAILTRACE_OTLP_ENDPOINT")),
                ("OTEL_EXPORTER_OTLP_ENDPOINT", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")),
@@ -95,7 +95,7 @@ def make_tracer_provider(
 
         exporter = OTLPSpanExporter(endpoint=f"{url}/v1/traces", timeout=10)
     else:
-        from instrument.otlp_export import DirectOTLPSpanExporter
+        from tailtrace.instrument.otlp_export import DirectOTLPSpanExporter
 
         exporter = DirectOTLPSpanExporter(url, timeout_s=10)
     direct = exporter

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from plumbing.otlp_values import fill_attributes
+from tailtrace.plumbing.otlp_values import fill_attributes
 
 __all__ = ["DirectOTLPSpanExporter", "encode_spans", "fill_attributes"]
 
@@ -133,12 +133,12 @@ class DirectOTLPSpanExporter(SpanExporter):
     LOG_EVERY_S = 30.0
 
     def __init__(self, endpoint: str, timeout_s: float = 10.0):
-        from instrument.otlp_http import OtlpHttpSender
+        from tailtrace.instrument.otlp_http import OtlpHttpSender
 
         self._sender = OtlpHttpSender(endpoint.rstrip("/") + "/v1/traces", timeout_s, signal="traces")
         self.url = self._sender.url
         self.exported = self.failed = 0
-        from instrument.drops import DropReport
+        from tailtrace.instrument.drops import DropReport
 
         self._drops = DropReport(endpoint, "spans")
         self._unlogged = 0

@@ -1,4 +1,4 @@
 """tailtrace's semantic conventions, re-exported: they live in `semantics.semconv` (the catalog
 at the bottom of the house, which every part imports and which imports no part)."""
 
-from semantics.semconv import *
+from tailtrace.semantics.semconv import *

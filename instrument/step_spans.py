@@ -23,9 +23,9 @@ import logging
 import random
 import threading
 
-from instrument import semconv as sc
-from instrument.drops import DropReport
-from instrument.otlp_export import fill_attributes
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.drops import DropReport
+from tailtrace.instrument.otlp_export import fill_attributes
 
 __all__ = ["DecodeStepWriter"]
 
@@ -46,7 +46,7 @@ class DecodeStepWriter:
                  max_pending_spans: int = 65536, timeout_s: float = 10.0):
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-        from instrument.otlp_http import OtlpHttpSender
+        from tailtrace.instrument.otlp_http import OtlpHttpSender
 
         self.url = endpoint.rstrip("/") + "/v1/traces"
         self._sender = OtlpHttpSender(self.url, timeout_s, signal="traces", user_agent="tailtrace-vllm")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from semantics import envs
+from tailtrace.semantics import envs
 
 __all__ = ["ENGINE_STATS_ENV", "REJECTION_BY_ERROR", "engine_stats_plan", "install_admission_hooks"]
 

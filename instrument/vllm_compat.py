@@ -8,7 +8,7 @@ it decodes. Two checks read the same table (`EXPECTED`) and compare through the 
 
 - at load (`check_runtime`, called by `instrument/vllm_plugin.py` in every vLLM process): on the
   imported vLLM, with `inspect.signature`, the classes' fields and the enums' values;
-- statically (`check_source`, and the CLI `python -m instrument.vllm_compat --source DIR`): on a vLLM
+- statically (`check_source`, and the CLI `python -m tailtrace.instrument.vllm_compat --source DIR`): on a vLLM
   source tree (an unpacked wheel, or a site-packages), parsed with `ast`: nothing is imported, so a
   CUDA build can be checked on a machine without CUDA (vLLM 0.33 has no CPU build).
 
@@ -364,7 +364,7 @@ def check_source(path: Path) -> SourceReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m instrument.vllm_compat", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tailtrace.instrument.vllm_compat", description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", required=True, type=Path,
                     help="a vLLM source tree: an unpacked wheel (the directory holding vllm/) or a site-packages")
     args = ap.parse_args(argv)

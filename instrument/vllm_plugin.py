@@ -32,11 +32,11 @@ import os
 import time
 from typing import ClassVar
 
-from instrument import semconv as sc
-from instrument import vllm_compat
-from instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
-from instrument.step_clock import StepClock
-from semantics import envs
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument import vllm_compat
+from tailtrace.instrument.engine_trace import MonoClock, RequestTimeline, SpanSink, StepInfo, TailPolicy
+from tailtrace.instrument.step_clock import StepClock
+from tailtrace.semantics import envs
 
 __all__ = ["SUPPORTED_VLLM", "check_vllm_version", "register"]
 
@@ -131,8 +131,8 @@ def _count_refusal(version: str, reason: str, timeout_s: float = 2.0):
         from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
         from opentelemetry.proto.metrics.v1.metrics_pb2 import AGGREGATION_TEMPORALITY_CUMULATIVE
 
-        from instrument.otel import otlp_endpoint
-        from instrument.otlp_http import OtlpHttpSender
+        from tailtrace.instrument.otel import otlp_endpoint
+        from tailtrace.instrument.otlp_http import OtlpHttpSender
 
         sender = OtlpHttpSender(otlp_endpoint() + "/v1/metrics", timeout_s=timeout_s, signal="metrics")
     except Exception:  # noqa: BLE001 - no endpoint, no OTLP protos: nothing to count with
@@ -179,8 +179,8 @@ def _guard(fn):
 
 def _sink() -> SpanSink:
     if _State.sink is None:
-        from instrument.deployment import vllm_config
-        from instrument.otel import make_tracer_provider
+        from tailtrace.instrument.deployment import vllm_config
+        from tailtrace.instrument.otel import make_tracer_provider
 
         extra = None
         if _State.engine_config is not None:
@@ -198,8 +198,8 @@ def _sink() -> SpanSink:
         mode = envs.get("TAILTRACE_DECODE_SPANS")
         writer = None
         if mode != "off" and envs.get("TAILTRACE_DIRECT_STEP_SPANS") != "0":
-            from instrument.otel import otlp_endpoint
-            from instrument.step_spans import DecodeStepWriter
+            from tailtrace.instrument.otel import otlp_endpoint
+            from tailtrace.instrument.step_spans import DecodeStepWriter
 
             writer = DecodeStepWriter(otlp_endpoint(), dict(_State.provider.resource.attributes), "tailtrace.vllm")
         _State.sink = SpanSink(
@@ -510,7 +510,7 @@ def _hook_points() -> list:
 
 
 def _install_hooks(points: list) -> None:
-    from instrument.vllm_admission import install_admission_hooks
+    from tailtrace.instrument.vllm_admission import install_admission_hooks
 
     engine_args, output_processor, app_module, async_llm_module, _async_llm = points
     _install_config_hooks(engine_args)

@@ -8,9 +8,9 @@ __all__ = ["ReplayConfig", "ReplayResult", "run_replay", "run_replay_async", "ru
 
 def __getattr__(name):
     if name in ("ReplayConfig", "ReplayResult", "run_replay", "run_replay_async"):
-        from loadgen import replay
+        from tailtrace.loadgen import replay
         return getattr(replay, name)
     if name == "run_sweep":
-        from loadgen.sweep import run_sweep
+        from tailtrace.loadgen.sweep import run_sweep
         return run_sweep
     raise AttributeError(name)

@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["Capacity", "capacity_from_steps", "client_decode_rate", "probe_capacity", "probe_trace", "wave_size"]
 
@@ -131,7 +131,7 @@ def _send(trace: Path, target: str, model: str | None, otlp: str, run_id: str, t
           progress: bool = False):
     """Replay the probe's `trace` (all at once, real time) under `run_id`; its ReplayResult. Raises
     KeyboardInterrupt when Ctrl-C stopped it."""
-    from loadgen.replay import ReplayConfig, run_replay
+    from tailtrace.loadgen.replay import ReplayConfig, run_replay
 
     res = run_replay(ReplayConfig(trace=str(trace), target=target, model=model, speed=1.0, otlp_endpoint=otlp,
                                   run_id=run_id, slo=None, jitter="none", timeout_s=timeout_s, progress=progress))

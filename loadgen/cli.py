@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from plumbing.argtypes import (
+from tailtrace.plumbing.argtypes import (
     RATE,
     REQUESTS,
     SEED,
@@ -17,7 +17,7 @@ from plumbing.argtypes import (
     bounded_list,
     seconds,
 )
-from semantics import envs
+from tailtrace.semantics import envs
 
 __all__ = ["register"]
 
@@ -32,7 +32,7 @@ def check_writable(path: str, flag: str = "--out") -> None:
     on its way are created to try, then removed again (the writer creates them after the run)."""
     from pathlib import Path
 
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     p = Path(path)
     if not str(path).strip():
@@ -138,7 +138,7 @@ def register(sub) -> None:
 
 
 def _config(args, **over):
-    from loadgen.replay import DEFAULT_SLO, ReplayConfig
+    from tailtrace.loadgen.replay import DEFAULT_SLO, ReplayConfig
 
     progress = not args.no_progress  # a bar on a terminal, a plain line every 10 s otherwise
     return ReplayConfig(
@@ -155,23 +155,23 @@ def _config(args, **over):
 def _replay(args) -> int:
     from rich.console import Console
 
-    from loadgen.replay import run_replay
-    from loadgen.report import print_summary
+    from tailtrace.loadgen.replay import run_replay
+    from tailtrace.loadgen.report import print_summary
 
     if args.arrival and args.rate is None:
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
         raise UserError("--arrival needs --rate R")
     if args.arrival and args.duration is None and args.max_requests is None:
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
         raise UserError("--arrival needs --duration S or --max-requests N")
     if args.burstiness != 1.0 and args.arrival != "gamma":
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
         raise UserError("--burstiness shapes gamma arrivals only: add --arrival gamma --rate R")
     if args.api and not args.trace.startswith("store:"):
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
         raise UserError("--api reads a traced run: give TRACE as store: or store:#RUN_ID")
     if args.export_trace is not None:
-        from loadgen.replay import export_plan
+        from tailtrace.loadgen.replay import export_plan
 
         path, n, notes = export_plan(_config(args, speed=args.speed, rate=args.rate), args.export_trace)
         for note in notes:
@@ -192,13 +192,13 @@ def _replay(args) -> int:
 def _sweep(args) -> int:
     from rich.console import Console
 
-    from loadgen.report import print_summary, print_sweep
-    from loadgen.sweep import run_sweep
+    from tailtrace.loadgen.report import print_summary, print_sweep
+    from tailtrace.loadgen.sweep import run_sweep
 
     rates = sorted(set(args.rates))  # each in range, 1 to 64 of them (argparse: plumbing.argtypes)
     console = Console()
     if args.duration is None and args.max_requests is None:
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
         raise UserError("sweep needs --duration S (seconds per rate) or --max-requests N")
 
     def step(rate, res):

@@ -8,9 +8,9 @@ import json
 import logging
 import time
 
-from loadgen.stats import RequestRecord
-from semantics import semconv as sc
-from semantics.catalog import STATUS_CANCELLED
+from tailtrace.loadgen.stats import RequestRecord
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import STATUS_CANCELLED
 
 __all__ = ["Exchange", "reserved_ids"]
 

@@ -19,7 +19,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from loadgen.traces import MOONCAKE_BLOCK_TOKENS
+from tailtrace.loadgen.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["PromptBuilder", "RequestShape"]
 

@@ -19,7 +19,7 @@ be written before then (the client's "last byte written" is then at least H afte
 A plain `selectors` loop over non-blocking sockets (no asyncio): the first byte of a request is
 read with `recvmsg(1)` so the timestamp is that of the segment that holds it.
 
-Run: `python -m loadgen.receiver --port 8098`.
+Run: `python -m tailtrace.loadgen.receiver --port 8098`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import socket
 import struct
 import time
 
-from loadgen.stubserver import (
+from tailtrace.loadgen.stubserver import (
     BAD_BODY,
     MODELS,
     NOT_FOUND,
@@ -212,7 +212,7 @@ class Receiver:
 
 
 def main(argv=None) -> None:
-    """`python -m loadgen.receiver --port P [--host H]`: serve until interrupted."""
+    """`python -m tailtrace.loadgen.receiver --port P [--host H]`: serve until interrupted."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)

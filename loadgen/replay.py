@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from loadgen.stats import RequestRecord, Slo, Summary, parse_slo, summarize
-from plumbing.errors import UserError
-from semantics import semconv as sc
-from semantics.slo import DEFAULT_SLO, format_slo, run_kind_of
+from tailtrace.loadgen.stats import RequestRecord, Slo, Summary, parse_slo, summarize
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, run_kind_of
 
 __all__ = ["ReplayConfig", "ReplayResult", "discover_target", "run_replay", "run_replay_async"]
 
@@ -197,7 +197,7 @@ def new_run_id(prefix: str = "replay") -> str:
 
 def normalize_target(url: str) -> str:
     """Validate `--target` and return it without a trailing `/` or `/v1`. Raises UserError."""
-    from plumbing.urls import check_http_url
+    from tailtrace.plumbing.urls import check_http_url
 
     url = check_http_url(url, "--target", "http://127.0.0.1:8080").rstrip("/")
     url = url.removesuffix("/v1")
@@ -253,7 +253,7 @@ def _make_tracing(config: ReplayConfig, warn) -> tuple[object, bool, bool, objec
     """(tracer_provider, exported, owned, pace: the SchedulePace its exporter follows). Without a
     reachable collector the provider has no exporter: spans still get ids, so `traceparent` joins
     the server's spans to one trace."""
-    from loadgen.pacing import PacedSpanExporter, SchedulePace
+    from tailtrace.loadgen.pacing import PacedSpanExporter, SchedulePace
 
     pace = SchedulePace()
     if config.tracer_provider is not None:
@@ -261,7 +261,7 @@ def _make_tracing(config: ReplayConfig, warn) -> tuple[object, bool, bool, objec
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    from instrument.otel import make_tracer_provider, otlp_endpoint
+    from tailtrace.instrument.otel import make_tracer_provider, otlp_endpoint
 
     if config.spans:
         endpoint = otlp_endpoint(config.otlp_endpoint)
@@ -294,7 +294,7 @@ def export_plan(config: ReplayConfig, path: str | Path) -> tuple[Path, int, list
     (path, requests, notes). Raises UserError for bad input or an unwritable path."""
     import os
 
-    from loadgen.traces import TraceRequest, export_azure_csv, trace_source_file
+    from tailtrace.loadgen.traces import TraceRequest, export_azure_csv, trace_source_file
 
     source = trace_source_file(config.trace, config.store_api)
     try:
@@ -309,7 +309,7 @@ def export_plan(config: ReplayConfig, path: str | Path) -> tuple[Path, int, list
 
 
 def _plan(config: ReplayConfig) -> tuple[list[_Planned], list[str], float]:
-    from loadgen.traces import load_trace, select_window, synthetic_trace
+    from tailtrace.loadgen.traces import load_trace, select_window, synthetic_trace
 
     trace = load_trace(config.trace, jitter=config.jitter, seed=config.seed, api=config.store_api)
     notes = list(trace.notes)
@@ -380,7 +380,7 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
     slos = parse_slo(config.slo) if isinstance(config.slo, str) else list(config.slo or [])
     loop = asyncio.get_running_loop()
     model, mml = await loop.run_in_executor(None, discover_target, target, config.model)
-    from loadgen.prompts import PromptBuilder
+    from tailtrace.loadgen.prompts import PromptBuilder
 
     run_id = config.run_id or new_run_id()
     builder = PromptBuilder(model, seed=prompt_seed(config, run_id), token_range=config.token_range,
@@ -401,7 +401,7 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
         print(f"tailtrace: warning: {msg}", file=sys.stderr)
 
     provider, exported, owned, pace = _make_tracing(config, warn)
-    from loadgen.sender import Runner
+    from tailtrace.loadgen.sender import Runner
 
     runner = Runner(config, target, run_id, model, builder, plan, shapes, provider, pace)
     # The span exporter's thread (protobuf encoding) holds the GIL for up to the switch interval
@@ -409,7 +409,7 @@ async def run_replay_async(config: ReplayConfig) -> ReplayResult:
     # interval cut P99 lag at 300 req/s with spans from ~56 to ~19 ms (see docs/loadgen.md).
     old_switch = sys.getswitchinterval()
     sys.setswitchinterval(min(old_switch, 0.0005))
-    from loadgen.clock import LatencySlice, TimerSlack
+    from tailtrace.loadgen.clock import LatencySlice, TimerSlack
 
     interrupted = True  # until the runner says otherwise (an exception out of it ends the run early too)
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from loadgen.stats import METRICS, Summary
+from tailtrace.loadgen.stats import METRICS, Summary
 
 __all__ = ["print_summary", "print_sweep"]
 

@@ -11,13 +11,13 @@ import logging
 import math
 import time
 
-from loadgen.stats import RequestRecord
-from semantics.catalog import STATUS_CANCELLED
+from tailtrace.loadgen.stats import RequestRecord
+from tailtrace.semantics.catalog import STATUS_CANCELLED
 
 __all__ = ["Runner"]
 
-from loadgen.exchange import Exchange, reserved_ids
-from loadgen.progress import Progress
+from tailtrace.loadgen.exchange import Exchange, reserved_ids
+from tailtrace.loadgen.progress import Progress
 
 log = logging.getLogger("tailtrace.loadgen")
 
@@ -53,7 +53,7 @@ def _gated_payload_class():
         return _GatedPayload
     from aiohttp.payload import BytesPayload
 
-    from loadgen.txstamp import TxStamps
+    from tailtrace.loadgen.txstamp import TxStamps
 
     perf_ns, time_ns = time.perf_counter_ns, time.time_ns
 
@@ -191,7 +191,7 @@ class Runner(Exchange):
     GUARD_S, URGENT_S, HARD_SPIN_S = 0.0005, 0.002, 0.0001
 
     def __init__(self, config, target, run_id, model, builder, plan, shapes, provider, pace):
-        from loadgen.clock import WallClock
+        from tailtrace.loadgen.clock import WallClock
 
         self.config, self.url, self.run_id, self.model = config, target + config.path, run_id, model
         self.models_url = target + "/v1/models"
@@ -243,7 +243,7 @@ class Runner(Exchange):
         task) writes it. Returns True when interrupted."""
         import aiohttp
 
-        from loadgen.clock import MonotonicTimerFd, sleep_until
+        from tailtrace.loadgen.clock import MonotonicTimerFd, sleep_until
 
         cfg = self.config
         timeout = aiohttp.ClientTimeout(total=cfg.timeout_s, sock_connect=10)

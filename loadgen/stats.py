@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from semantics import catalog
-from semantics.slo import Objective as Slo  # the one objective type (semantics/slo.py)
-from semantics.slo import meets_objectives, parse_slo, quantile_key
+from tailtrace.semantics import catalog
+from tailtrace.semantics.slo import Objective as Slo  # the one objective type (semantics/slo.py)
+from tailtrace.semantics.slo import meets_objectives, parse_slo, quantile_key
 
 __all__ = [
     "METRICS",

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 
-from collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
-from loadgen.trace_model import PRIORITIES, Trace, TraceRequest
-from plumbing.errors import UserError
-from semantics import semconv as sc
+from tailtrace.collector.query.runs import Run, latest_traffic_run, list_runs, runs_present
+from tailtrace.loadgen.trace_model import PRIORITIES, Trace, TraceRequest
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["load_store_trace", "parse_store_spec", "store_requests"]
 
@@ -110,7 +110,7 @@ def load_store_trace(spec: str, api: str | None = None) -> Trace:
     """The traffic of one run of a store as a `Trace` (fmt "store"; name `store:…#RUN_ID`), its
     requests sorted by arrival. Raises UserError (a bad spec or store, an unknown run, a run
     without token counts)."""
-    from collector.query.reader import api_query, store_query
+    from tailtrace.collector.query.reader import api_query, store_query
 
     store, api_url, run_id = parse_store_spec(spec, api)
     if store is not None:

@@ -7,7 +7,7 @@ shape vLLM sends with stream_options.include_usage. It echoes the `traceparent` 
 the `x-traceparent` response header and lists the last 10,000 it received at GET /stub/seen
 (for tests that check the trace context crosses the wire). Any other request gets a JSON 404.
 
-Run: `python -m loadgen.stubserver --port 8099 [--itl-ms 0]`.
+Run: `python -m tailtrace.loadgen.stubserver --port 8099 [--itl-ms 0]`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from loadgen.replay import ReplayConfig, new_run_id, run_replay
-from loadgen.stats import parse_slo
-from plumbing.errors import UserError
+from tailtrace.loadgen.replay import ReplayConfig, new_run_id, run_replay
+from tailtrace.loadgen.stats import parse_slo
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["capacity", "parse_rates", "run_sweep"]
 

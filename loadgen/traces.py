@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.trace_model import PRIORITIES, Trace, TraceRequest
-from plumbing.errors import UserError
+from tailtrace.loadgen.trace_model import PRIORITIES, Trace, TraceRequest
+from tailtrace.plumbing.errors import UserError
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",
@@ -59,8 +59,8 @@ def trace_source_file(spec: str | Path, api: str | None = None) -> Path | None:
     spec_s = str(spec)
     if not spec_s.startswith("store:"):
         return SHIPPED_TRACES.get(spec_s, Path(spec_s).expanduser())
-    from collector.clickhouse.store_url import parse_store_url
-    from loadgen.store_traffic import parse_store_spec
+    from tailtrace.collector.clickhouse.store_url import parse_store_url
+    from tailtrace.loadgen.store_traffic import parse_store_spec
 
     try:
         store, _, _ = parse_store_spec(spec_s, api)
@@ -92,7 +92,7 @@ def load_trace(spec: str | Path, *, jitter: str = "uniform", seed: int = 0, api:
     """
     spec_s = str(spec)
     if spec_s.startswith("store:"):
-        from loadgen.store_traffic import load_store_trace
+        from tailtrace.loadgen.store_traffic import load_store_trace
 
         return load_store_trace(spec_s, api=api)
     path = SHIPPED_TRACES.get(spec_s, Path(spec_s).expanduser())

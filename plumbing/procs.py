@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["check_port_free", "free_port", "start_process", "stop_on_sigint", "stop_on_sigterm",
            "stop_process", "wait_http"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["check_http_url"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from semantics import semconv as sc
+from tailtrace.semantics import semconv as sc
 
 __all__ = [
     "CLIENT_LEFT_STATUSES",

@@ -4,7 +4,7 @@
 Each `EnvVar` says its name, type, default and what it does; every read in tailtrace goes through
 `get` or `raw` here (tests/test_envs.py refuses a direct `os.environ` read of a `TAILTRACE_*` name
 elsewhere, and a name used anywhere that is not declared here). docs/operations.md's table of
-environment variables is `markdown()` (regenerate it with `python -m semantics.envs`; a test checks
+environment variables is `markdown()` (regenerate it with `python -m tailtrace.semantics.envs`; a test checks
 the page against it).
 
 Precedence (DESIGN.md "Ports and processes"): a command's flag, then its `TAILTRACE_*` variable,

@@ -18,8 +18,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from plumbing.errors import UserError
-from semantics.catalog import LATENCY_POPULATION, REQUEST_METRIC_COLUMNS, SLO_DEFAULTS_MS, quantile_label
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import (
+    LATENCY_POPULATION,
+    REQUEST_METRIC_COLUMNS,
+    SLO_DEFAULTS_MS,
+    quantile_label,
+)
 
 __all__ = [
     "DEFAULT_SLO",

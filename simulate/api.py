@@ -12,9 +12,9 @@ interval and the calibration state: an answer of an uncalibrated or unchecked mo
 
 from __future__ import annotations
 
-from simulate.calibrate import Calibration, calibrate
-from simulate.fit import fit_model as fit
-from simulate.intervals import DEFAULT_LEVEL, DEFAULT_REPLICATES
+from tailtrace.simulate.calibrate import Calibration, calibrate
+from tailtrace.simulate.fit import fit_model as fit
+from tailtrace.simulate.intervals import DEFAULT_LEVEL, DEFAULT_REPLICATES
 
 __all__ = ["Calibration", "calibrate", "fit", "predict"]
 
@@ -28,13 +28,13 @@ def predict(model, traffic, changes: list[str] | None = None, *, objectives=None
     "not-checked"). `objectives`: semantics.slo objectives (default ttft_p99=2s,tpot_p99=100ms).
     Raises UserError for a change the simulator does not model or vLLM refuses. With
     `keep_results`, the point runs' SimResults are returned under "_results" (A, B)."""
-    from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
-    from simulate.cluster import simulate
-    from simulate.intervals import predict as intervals
-    from simulate.intervals import sensitivity
-    from simulate.limits import check_vllm_config
-    from simulate.report import comparison_doc, summarize
-    from simulate.settings import apply_sets, deployment_of
+    from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+    from tailtrace.simulate.cluster import simulate
+    from tailtrace.simulate.intervals import predict as intervals
+    from tailtrace.simulate.intervals import sensitivity
+    from tailtrace.simulate.limits import check_vllm_config
+    from tailtrace.simulate.report import comparison_doc, summarize
+    from tailtrace.simulate.settings import apply_sets, deployment_of
 
     objectives = objectives if objectives is not None else parse_slo(DEFAULT_SLO)
     changes = list(changes or [])

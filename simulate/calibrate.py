@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["FIGURES", "MIN_REQUESTS", "MIN_STEPS", "Calibration", "calibrate", "calibration_lines", "check_tolerance",
            "figures_of"]
@@ -90,7 +90,7 @@ def calibration_lines(d: dict) -> list[str]:
 
 
 def _fmt(key: str, v) -> str:
-    from semantics.catalog import format_ms
+    from tailtrace.semantics.catalog import format_ms
 
     if v is None:
         return "n/a"
@@ -153,8 +153,8 @@ epoch_us(arrival_time), epoch_us(completion_time) FROM requests WHERE {where} AN
 
 
 def _simulated(model, traffic, seeds) -> dict:
-    from simulate.cluster import simulate
-    from simulate.settings import deployment_of
+    from tailtrace.simulate.cluster import simulate
+    from tailtrace.simulate.settings import deployment_of
 
     engine, gateway = deployment_of(model)
     per = []
@@ -176,10 +176,10 @@ def calibrate(model, run: str, *, api: str | None = None, tolerance: float = DEF
     store's latest traffic run) as the module docstring says. Returns a Calibration; never raises
     for a run it cannot judge (that is "not-checked", with why). Raises UserError only for a
     tolerance outside (0, 1]."""
-    from collector.query.reader import api_query, store_query
-    from loadgen.store_traffic import parse_store_spec
-    from simulate.limits import fit_to_model_len
-    from simulate.settings import load_traffic
+    from tailtrace.collector.query.reader import api_query, store_query
+    from tailtrace.loadgen.store_traffic import parse_store_spec
+    from tailtrace.simulate.limits import fit_to_model_len
+    from tailtrace.simulate.settings import load_traffic
 
     tolerance = check_tolerance(tolerance)
     if not str(run).startswith("store:"):

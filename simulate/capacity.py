@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from semantics.catalog import format_ms, quantile_label
-from semantics.slo import Objective
-from simulate.cluster import GatewaySpec, Traffic, simulate
-from simulate.engine import EngineConfig
-from simulate.report import summarize
-from simulate.settings import tile
+from tailtrace.semantics.catalog import format_ms, quantile_label
+from tailtrace.semantics.slo import Objective
+from tailtrace.simulate.cluster import GatewaySpec, Traffic, simulate
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.report import summarize
+from tailtrace.simulate.settings import tile
 
 __all__ = ["capacity", "mix_of"]
 

@@ -8,14 +8,14 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import REQUESTS, SEED, bounded_float, bounded_int, bounded_list
+from tailtrace.plumbing.argtypes import REQUESTS, SEED, bounded_float, bounded_int, bounded_list
 
 __all__ = ["register"]
 
 
 def register(sub) -> None:
     """Add `simulate` (fit, run, capacity) to the `tailtrace` sub-parsers."""
-    from collector.query.reader import add_store_flags
+    from tailtrace.collector.query.reader import add_store_flags
 
     top = sub.add_parser("simulate", help="predict a change from a model fitted to the deployment's own steps",
                          description="Fit a step-time model to a store's engine steps (fit), simulate vLLM's "
@@ -79,7 +79,7 @@ def _emit(doc: dict, lines: list[str], args) -> None:
     if args.json:
         from pathlib import Path
 
-        from plumbing.errors import UserError
+        from tailtrace.plumbing.errors import UserError
 
         try:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -90,11 +90,11 @@ def _emit(doc: dict, lines: list[str], args) -> None:
 
 
 def _fit(args) -> int:
-    from collector.query.reader import open_store
-    from loadgen.cli import check_writable
-    from plumbing.errors import UserError
-    from simulate.fit import fit_model
-    from simulate.render import fit_lines
+    from tailtrace.collector.query.reader import open_store
+    from tailtrace.loadgen.cli import check_writable
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.simulate.fit import fit_model
+    from tailtrace.simulate.render import fit_lines
 
     check_writable(args.out, "--out")
     query, close = open_store(args)
@@ -111,15 +111,15 @@ def _fit(args) -> int:
 
 
 def _prepare(args):
-    from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
-    from simulate.calibrate import check_tolerance
-    from simulate.limits import check_vllm_config, fit_to_model_len
-    from simulate.model import load_model
-    from simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
+    from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+    from tailtrace.simulate.calibrate import check_tolerance
+    from tailtrace.simulate.limits import check_vllm_config, fit_to_model_len
+    from tailtrace.simulate.model import load_model
+    from tailtrace.simulate.settings import apply_sets, check_traffic, deployment_of, load_traffic
 
     args.tolerance = check_tolerance(args.tolerance)
     if args.json:
-        from loadgen.cli import check_writable
+        from tailtrace.loadgen.cli import check_writable
 
         check_writable(args.json, "--json")
     objectives = parse_slo(args.slo or DEFAULT_SLO)
@@ -139,7 +139,7 @@ def _prepare(args):
 def _calibration(args, model):
     """The check on the measured run: the traffic's when it is one (store:…), else the run the
     model was fitted on when it names one (simulate/calibrate.py)."""
-    from simulate.calibrate import Calibration, calibrate
+    from tailtrace.simulate.calibrate import Calibration, calibrate
 
     if str(args.traffic).startswith("store:"):
         return calibrate(model, args.traffic, api=args.api, tolerance=args.tolerance, over_long=args.over_long)
@@ -152,13 +152,13 @@ def _calibration(args, model):
 
 
 def _run(args) -> int:
-    from simulate.api import predict
-    from simulate.report import render_lines
+    from tailtrace.simulate.api import predict
+    from tailtrace.simulate.report import render_lines
 
     model, objectives, _slo, _, _, _changes, traffic, name = _prepare(args)
     if args.store_out:
-        from loadgen.cli import check_writable
-        from simulate.store import check_store_out
+        from tailtrace.loadgen.cli import check_writable
+        from tailtrace.simulate.store import check_store_out
 
         check_store_out(args.store_out)
         check_writable(args.store_out, "--store-out")
@@ -170,7 +170,7 @@ def _run(args) -> int:
     doc["over_long"] = args.over_long_report
     lines = render_lines(doc)
     if args.store_out:
-        from simulate.store import write_store
+        from tailtrace.simulate.store import write_store
 
         runs = write_store(args.store_out, [("A", ra)] + ([("B", rb)] if rb is not None else []), slo=doc["slo"],
                            model=model, traffic=name)
@@ -182,10 +182,10 @@ def _run(args) -> int:
 
 
 def _capacity(args) -> int:
-    from plumbing.errors import UserError
-    from simulate.capacity import capacity, mix_of
-    from simulate.render import capacity_lines
-    from simulate.report import METRICS
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.simulate.capacity import capacity, mix_of
+    from tailtrace.simulate.render import capacity_lines
+    from tailtrace.simulate.report import METRICS
 
     model, objectives, slo, _, (eb, gb), changes, traffic, name = _prepare(args)
     unsimulated = [o.label for o in objectives if o.metric not in METRICS]
@@ -195,7 +195,7 @@ def _capacity(args) -> int:
     cal = _calibration(args, model)
     rows = capacity(traffic, model, eb, gb, objectives, args.replicas, min_requests=args.min_requests, seed=args.seed)
     if args.replicates:  # capacity as a range: the same bisection under each refit of the law (simulate/intervals.py)
-        from simulate.intervals import SEED_BASE, replicate_model
+        from tailtrace.simulate.intervals import SEED_BASE, replicate_model
 
         reps = [capacity(traffic, replicate_model(model, r), eb, gb, objectives, args.replicas,
                          min_requests=args.min_requests, seed=SEED_BASE + r) for r in range(args.replicates)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulate.engine import Engine, EngineConfig, Req
+from tailtrace.simulate.engine import Engine, EngineConfig, Req
 
 __all__ = ["GatewaySpec", "SimResult", "Traffic", "simulate"]
 

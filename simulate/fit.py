@@ -22,12 +22,12 @@ import random
 
 import numpy as np
 
-from collector.query.deployment import read_deployment
-from collector.query.reader import Query, iso
-from collector.query.runs import list_runs, runs_present
-from plumbing.errors import UserError
-from simulate.law import TARGETS, fit_law, nnls_exact
-from simulate.model import IDENTITY_KEYS, StepModel
+from tailtrace.collector.query.deployment import read_deployment
+from tailtrace.collector.query.reader import Query, iso
+from tailtrace.collector.query.runs import list_runs, runs_present
+from tailtrace.plumbing.errors import UserError
+from tailtrace.simulate.law import TARGETS, fit_law, nnls_exact
+from tailtrace.simulate.model import IDENTITY_KEYS, StepModel
 
 __all__ = ["TARGETS", "fit_model", "nnls_exact", "read_steps"]
 

@@ -22,8 +22,8 @@ import math
 
 import numpy as np
 
-from semantics.catalog import format_ms
-from simulate.cluster import simulate
+from tailtrace.semantics.catalog import format_ms
+from tailtrace.simulate.cluster import simulate
 
 __all__ = ["DEFAULT_LEVEL", "DEFAULT_REPLICATES", "interval", "predict", "replicate_model", "sensitivity"]
 

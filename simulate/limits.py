@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["OVER_LONG_MODES", "check_vllm_config", "fit_to_model_len", "over_long_line"]
 
@@ -53,7 +53,7 @@ def fit_to_model_len(traffic, max_model_len: int | None, mode: str = "cut"):
     max_model_len), "cut", "refused", "text"}; with max_model_len None nothing is changed and "text"
     says over-long requests were not checked. Refused requests are marked in the returned traffic's
     `refused` (bool array). Raises ValueError on another mode."""
-    from simulate.cluster import Traffic
+    from tailtrace.simulate.cluster import Traffic
 
     if mode not in OVER_LONG_MODES:
         raise ValueError(f"mode must be one of {OVER_LONG_MODES}, not {mode!r}")

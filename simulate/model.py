@@ -24,7 +24,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["IDENTITY_KEYS", "SCHEMA", "TERMS", "StepModel", "load_model"]
 

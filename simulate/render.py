@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from semantics.catalog import format_ms
-from simulate.calibrate import calibration_lines
-from simulate.report import answer_mark
+from tailtrace.semantics.catalog import format_ms
+from tailtrace.simulate.calibrate import calibration_lines
+from tailtrace.simulate.report import answer_mark
 
 __all__ = ["capacity_lines", "fit_lines"]
 

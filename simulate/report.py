@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from semantics.catalog import REQUEST_METRIC_COLUMNS, format_ms, quantile_label
-from semantics.slo import Objective, goodput_sql
-from simulate.calibrate import calibration_lines
+from tailtrace.semantics.catalog import REQUEST_METRIC_COLUMNS, format_ms, quantile_label
+from tailtrace.semantics.slo import Objective, goodput_sql
+from tailtrace.simulate.calibrate import calibration_lines
 
 __all__ = ["SCHEMA", "answer_mark", "comparison_doc", "render_lines", "summarize"]
 

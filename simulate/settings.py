@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from plumbing.errors import UserError
-from simulate.cluster import GatewaySpec, Traffic
-from simulate.engine import EngineConfig
+from tailtrace.plumbing.errors import UserError
+from tailtrace.simulate.cluster import GatewaySpec, Traffic
+from tailtrace.simulate.engine import EngineConfig
 
 __all__ = ["ENGINE_KNOBS", "GATEWAY_KNOBS", "apply_sets", "deployment_of", "load_traffic", "tile"]
 
@@ -90,7 +90,7 @@ def apply_sets(engine: EngineConfig, gateway: GatewaySpec | None, sets: list[str
 def load_traffic(spec: str, api: str | None = None) -> tuple[Traffic, str]:
     """The traffic of a trace file or `store:…` (loadgen.traces.load_trace) as arrays, and its name.
     Raises UserError as load_trace does (a store run without output lengths is refused there)."""
-    from loadgen.traces import load_trace
+    from tailtrace.loadgen.traces import load_trace
 
     trace = load_trace(spec, api=api)
     reqs = sorted(trace.requests, key=lambda r: r.offset_s)
@@ -123,9 +123,9 @@ def check_traffic(model, spec: str, api: str | None = None) -> None:
     no engine, is not checked."""
     if not str(spec).startswith("store:"):
         return
-    from collector.query.deployment import read_deployment
-    from collector.query.reader import api_query, store_query
-    from loadgen.store_traffic import parse_store_spec
+    from tailtrace.collector.query.deployment import read_deployment
+    from tailtrace.collector.query.reader import api_query, store_query
+    from tailtrace.loadgen.store_traffic import parse_store_spec
 
     store, api_url, _ = parse_store_spec(str(spec), api)
     query, close = store_query(store) if store else (api_query(api_url), lambda: None)

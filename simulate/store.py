@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from plumbing.errors import UserError
-from plumbing.otlp_values import set_any_value
-from semantics import semconv as sc
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.otlp_values import set_any_value
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["check_store_out", "write_store"]
 
@@ -106,7 +106,7 @@ def check_store_out(path: str | Path) -> None:
         raise UserError(f"--store-out {path} is a directory: give a .duckdb file")
     if not p.exists():
         return
-    from collector.store.store_path import check_store_file
+    from tailtrace.collector.store.store_path import check_store_file
 
     check_store_file(p, "--store-out")  # a JSON/CSV/Parquet file would open in memory: nothing written
     try:
@@ -120,8 +120,8 @@ def write_store(path: str | Path, arms: list[tuple[str, object]], *, slo: str, m
     as a run `sim-<stamp>-<label>` of kind simulation, placed so that its last request completes
     now. Returns the run ids. Raises UserError when the store cannot be opened (held by a running
     collector, not a store)."""
-    from collector.processor.enrich import traces_to_batch
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.processor.enrich import traces_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(2)
     model_name = (model.identity or {}).get("model") or "simulated"

@@ -36,13 +36,13 @@ import time
 
 import numpy as np
 
-from plumbing.errors import UserError
-from semantics.catalog import quantile_label
-from semantics.knobs import KNOBS
-from simulate.cluster import simulate
-from simulate.limits import check_vllm_config
-from simulate.report import METRICS
-from simulate.settings import ENGINE_KNOBS, GATEWAY_KNOBS, apply_sets, deployment_of
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.catalog import quantile_label
+from tailtrace.semantics.knobs import KNOBS
+from tailtrace.simulate.cluster import simulate
+from tailtrace.simulate.limits import check_vllm_config
+from tailtrace.simulate.report import METRICS
+from tailtrace.simulate.settings import ENGINE_KNOBS, GATEWAY_KNOBS, apply_sets, deployment_of
 
 __all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "confirmable", "grid", "objective_rows", "search"]
 
@@ -296,8 +296,8 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
     `replicas` counts to try, fewest first; `calibration` simulate.calibrate.Calibration: the search
     stops (doc["stopped"], nothing simulated) unless it is "ok"; `hints` {knob: value} the
     diagnosis proposes. Raises UserError: a knob not modelled, an objective not simulated (ITL)."""
-    from semantics.slo import format_slo
-    from simulate.api import predict
+    from tailtrace.semantics.slo import format_slo
+    from tailtrace.simulate.api import predict
 
     names = check_knobs(list(knobs) if knobs is not None else [*DEFAULT_KNOBS, *(hints or {})])
     hints = {k: v for k, v in (hints or {}).items() if k in MODELLED}
@@ -370,7 +370,7 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
     fewest = min(meeting, key=ks.key) if meeting else None
     one = None
     if not any(e["meets"] and e["replicas"] == 1 for e in entries):
-        from simulate.capacity import capacity
+        from tailtrace.simulate.capacity import capacity
 
         b1 = best_at.get(1) or recorded
         eng, gw, _ = apply_sets(ks.ea, ks.ga, b1["changes"])

@@ -5,7 +5,7 @@ docs/explain.schema.json)."""
 
 from __future__ import annotations
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["NO_STEPS_WHY", "check_engine_steps", "hints_of", "model_and_traffic", "model_for", "tune_run"]
 
@@ -17,7 +17,7 @@ NO_STEPS_WHY = ("the simulator's step-time model is fitted to vLLM's per-step st
 def tune_run(query, run_id: str | None):
     """The run to tune (collector.query.runs.Run): `run_id`, else the latest traffic run. Raises
     UserError naming the runs present when there is no such run or none at all."""
-    from collector.query.runs import latest_traffic_run, list_runs, runs_present
+    from tailtrace.collector.query.runs import latest_traffic_run, list_runs, runs_present
 
     runs = list_runs(query)
     if run_id is not None:
@@ -46,10 +46,10 @@ def model_for(query, store: str, run, model_path: str | None):
     """(StepModel, how): read from `model_path` (`tailtrace simulate fit`'s), else fitted on `run`'s
     window of the store (simulate/fit.py). Raises UserError as load_model / fit_model do."""
     if model_path:
-        from simulate.model import load_model
+        from tailtrace.simulate.model import load_model
 
         return load_model(model_path), f"read from {model_path}"
-    from simulate.fit import fit_model
+    from tailtrace.simulate.fit import fit_model
 
     model = fit_model(query, store=store, run_id=run.run_id)
     return model, f"fitted on run {run.run_id}'s {model.source.get('busy_steps', 0):,} busy engine steps"
@@ -59,7 +59,7 @@ def hints_of(report: dict | None) -> dict:
     """{knob: proposed} of the actions of explain's report (its findings and `also`'s, in rank
     order; the first proposal of a knob wins) whose knob the simulator models (simulate/tune.py
     MODELLED). Values as the simulator's `knob=value` takes them (booleans on/off)."""
-    from simulate.tune import MODELLED
+    from tailtrace.simulate.tune import MODELLED
 
     out: dict = {}
     if not isinstance(report, dict):
@@ -82,9 +82,9 @@ def model_and_traffic(query_open, spec: str, store_name: str, run_id: str | None
     the calibration, which opens it itself); `spec(run_id) -> store:STORE#RUN`. Raises UserError: no
     such run, no engine steps ("cannot tune: …"), a model that cannot be fitted or read, or one
     fitted on another deployment than the store's."""
-    from simulate.calibrate import calibrate
-    from simulate.limits import fit_to_model_len
-    from simulate.settings import check_traffic, load_traffic
+    from tailtrace.simulate.calibrate import calibrate
+    from tailtrace.simulate.limits import fit_to_model_len
+    from tailtrace.simulate.settings import check_traffic, load_traffic
 
     query, close = query_open()
     try:

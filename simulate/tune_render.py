@@ -3,8 +3,8 @@ the predicted-beside-measured table of `--confirm`."""
 
 from __future__ import annotations
 
-from semantics.catalog import format_ms, quantile_label
-from simulate.calibrate import calibration_lines
+from tailtrace.semantics.catalog import format_ms, quantile_label
+from tailtrace.simulate.calibrate import calibration_lines
 
 __all__ = ["brief_lines", "confirm_lines", "objective_name", "tune_lines"]
 

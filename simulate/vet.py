@@ -12,7 +12,7 @@ finding (`order_key`). Without a calibrated model every action reads "not predic
 
 from __future__ import annotations
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["confirm_rows", "not_predicted", "order_key", "predict_on_trial_traffic", "vet_actions"]
 
@@ -33,9 +33,9 @@ def _value(v) -> str:
 
 def _one(action: dict, verdicts: list[dict], model, traffic, calibration, objectives, seed: int,
          replicates: int) -> dict:
-    from semantics.catalog import quantile_label
-    from simulate.api import predict
-    from simulate.tune import MODELLED
+    from tailtrace.semantics.catalog import quantile_label
+    from tailtrace.simulate.api import predict
+    from tailtrace.simulate.tune import MODELLED
 
     knob, proposed = action.get("knob"), action.get("proposed")
     if knob not in MODELLED:
@@ -96,7 +96,7 @@ def vet_actions(actions: list[dict], verdicts: list[dict], model, traffic, calib
         why = f"the simulator's model is {state} on the run" + (f": {calibration.why}" if calibration and calibration.why
                                                                  else "")
         return {a["id"]: not_predicted(why) for a in actions}
-    from simulate.report import METRICS
+    from tailtrace.simulate.report import METRICS
 
     objectives = [o for o in objectives if o.metric in METRICS]
     done: dict[tuple, dict] = {}
@@ -125,7 +125,7 @@ def confirm_rows(tune_doc: dict, trial: dict, target: str = "best") -> list[dict
     inside (the predicted ratio within the measured interval; None when either is unknown),
     verdict (try's), met_predicted, met_measured, why}. The ratio is what is checked: both arms ran
     on the same traffic, so what the simulator must get right is what the change does."""
-    from semantics.catalog import quantile_label
+    from tailtrace.semantics.catalog import quantile_label
 
     entry = tune_doc.get(target) or {}
     prediction = entry.get("prediction_on_blocks") or (entry.get("prediction") if target != "best"
@@ -165,10 +165,10 @@ def predict_on_trial_traffic(model, traffic_file: str, changes: list[str], slo: 
     `traffic.csv`: a cut of the run, not the whole run the search judged), as simulate/api.py
     `predict` gives it: {"b_over_a": [{metric, quantile, ratio, interval}], "traffic", "replicates"}.
     The check of a prediction is against what was measured, so it is made on the same requests."""
-    from semantics.slo import parse_slo
-    from simulate.api import predict
-    from simulate.limits import fit_to_model_len
-    from simulate.settings import load_traffic
+    from tailtrace.semantics.slo import parse_slo
+    from tailtrace.simulate.api import predict
+    from tailtrace.simulate.limits import fit_to_model_len
+    from tailtrace.simulate.settings import load_traffic
 
     traffic, name = load_traffic(str(traffic_file))
     traffic, _ = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"))

@@ -9,28 +9,28 @@ import argparse
 import importlib
 import sys
 
-from plumbing.argtypes import RangeHelpFormatter
-from plumbing.errors import UserError
 from tailtrace import __version__
+from tailtrace.plumbing.argtypes import RangeHelpFormatter
+from tailtrace.plumbing.errors import UserError
 
 # module path -> the part that owns the sub-commands it registers. Each module defines
 # `register(subparsers)`, adding parsers whose `func(args) -> int` runs the command.
 # Registration must stay cheap: heavy imports happen inside `func`.
 _COMMAND_MODULES = (
-    "embedded.model",      # model tiny
-    "embedded.serve",      # serve
-    "collector.cli",        # collect, sql, export
-    "collector.clickhouse.cli",  # clickhouse init
-    "collector.metrics_cli",  # metrics (the Prometheus exporter on a store URL)
-    "instrument.gateway.cli",  # gateway
-    "instrument.device.cli",   # sample
-    "loadgen.cli",          # replay, sweep
-    "dashboard.cli",        # dashboard
+    "tailtrace.embedded.model",      # model tiny
+    "tailtrace.embedded.serve",      # serve
+    "tailtrace.collector.cli",        # collect, sql, export
+    "tailtrace.collector.clickhouse.cli",  # clickhouse init
+    "tailtrace.collector.metrics_cli",  # metrics (the Prometheus exporter on a store URL)
+    "tailtrace.instrument.gateway.cli",  # gateway
+    "tailtrace.instrument.device.cli",   # sample
+    "tailtrace.loadgen.cli",          # replay, sweep
+    "tailtrace.dashboard.cli",        # dashboard
     "tailtrace.demo",       # demo
-    "chaos.cli",            # chaos
-    "diagnose.cli",         # explain
-    "experiment.cli",       # try, compare
-    "simulate.cli",         # simulate fit | run | capacity
+    "tailtrace.chaos.cli",            # chaos
+    "tailtrace.diagnose.cli",         # explain
+    "tailtrace.experiment.cli",       # try, compare
+    "tailtrace.simulate.cli",         # simulate fit | run | capacity
     "tailtrace.tune_cmd",   # tune (simulate's search, experiment's try)
     "tailtrace.vet_explain",  # explain's actions vetted by simulation (after diagnose.cli)
 )

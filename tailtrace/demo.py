@@ -26,15 +26,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from embedded.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
-from embedded.stack import StackConfig, preflight, start_stack, tailtrace_command
-from embedded.stack import sql_api as _sql  # _report's queries (tests point it at a store)
-from embedded.stack import wait_for_store as _wait_for_store
-from plumbing.argtypes import PORT, PORT_OR_OFF, SPEED, TRACE_OFFSET_S, bounded_float, seconds
-from plumbing.errors import UserError
-from plumbing.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
-from semantics import envs
-from semantics.catalog import QUANTILE_LABELS, format_ms
+from tailtrace.embedded.stack import MIN_FREE_MEMORY_GIB as _STACK_MIN_FREE_GIB
+from tailtrace.embedded.stack import StackConfig, preflight, start_stack, tailtrace_command
+from tailtrace.embedded.stack import sql_api as _sql  # _report's queries (tests point it at a store)
+from tailtrace.embedded.stack import wait_for_store as _wait_for_store
+from tailtrace.plumbing.argtypes import PORT, PORT_OR_OFF, SPEED, TRACE_OFFSET_S, bounded_float, seconds
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import check_port_free, start_process, stop_on_sigint, stop_process, wait_http
+from tailtrace.semantics import envs
+from tailtrace.semantics.catalog import QUANTILE_LABELS, format_ms
 
 __all__ = ["DemoConfig", "register", "run_demo"]
 
@@ -140,11 +140,11 @@ def _simulated_capacity(api: str, run_id: str, slo: str | None, console) -> dict
     """Beside the probe's measured figure: the rate of this run's mix one replica holds at the SLO,
     by `tailtrace simulate capacity` with a model fitted to this run's own steps (docs/simulate.md).
     Prints one line; returns {"rate_rps", "why", "fit"} or None when no model could be fitted."""
-    from collector.query.reader import api_query
-    from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.capacity import capacity
-    from simulate.fit import fit_model
-    from simulate.settings import deployment_of, load_traffic
+    from tailtrace.collector.query.reader import api_query
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.simulate.capacity import capacity
+    from tailtrace.simulate.fit import fit_model
+    from tailtrace.simulate.settings import deployment_of, load_traffic
 
     try:
         model = fit_model(api_query(api), store=api, run_id=run_id)
@@ -163,7 +163,7 @@ def _simulated_capacity(api: str, run_id: str, slo: str | None, console) -> dict
 
 def _trace_means(cfg: DemoConfig) -> tuple[float, float]:
     """Mean prompt and output tokens of the trace from `--start` on (its mix)."""
-    from loadgen.traces import load_trace
+    from tailtrace.loadgen.traces import load_trace
 
     reqs = [r for r in load_trace(cfg.trace, jitter="none").requests if r.offset_s >= cfg.start_s]
     if not reqs:
@@ -178,7 +178,7 @@ def _speed_for_rate(cfg: DemoConfig, rate: float) -> float:
     window keeps the trace's own bursts; its mean, not the whole trace's, is what is offered (the
     first minutes of the Azure trace are quieter than its mean: scaled by the whole trace's, 20 s
     offered 0.74 req/s for 3.08 asked)."""
-    from loadgen.traces import load_trace
+    from tailtrace.loadgen.traces import load_trace
 
     offs = sorted(r.offset_s for r in load_trace(cfg.trace, jitter="none").requests if r.offset_s >= cfg.start_s)
     want = max(2, round(rate * cfg.duration_s))
@@ -192,8 +192,8 @@ def _speed_for_rate(cfg: DemoConfig, rate: float) -> float:
 def _probe(cfg: DemoConfig, stack, out: Path, console):
     """Measure this deployment's capacity of the trace's mix (loadgen/capacity.py). Raises
     UserError when it finds none (every probe request failed, no engine steps)."""
-    from loadgen.capacity import probe_capacity
-    from loadgen.replay import discover_target, new_run_id
+    from tailtrace.loadgen.capacity import probe_capacity
+    from tailtrace.loadgen.replay import discover_target, new_run_id
 
     mean_in, mean_out = _trace_means(cfg)
     model, max_len = discover_target(stack.gateway_url, None)
@@ -215,7 +215,7 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console, speed: 
     Raises UserError if the replay fails."""
     import json
 
-    from loadgen.replay import new_run_id
+    from tailtrace.loadgen.replay import new_run_id
 
     run_id = new_run_id("demo")
     path = out / f"{run_id}.json"
@@ -247,7 +247,7 @@ def _replay(cfg: DemoConfig, target: str, otlp: str, out: Path, console, speed: 
 def _report(api: str, run_id: str, since_us: int | None = None) -> dict:
     """The tail report of `run_id`; its batch sizes over the engine steps from `since_us` (unix
     us) on, when given (the capacity probe's steps came before)."""
-    from collector.query import summary
+    from tailtrace.collector.query import summary
 
     def q(sql, params=None):
         return _sql(api, sql, params)
@@ -317,7 +317,7 @@ def _print_report(console, report: dict, cfg: DemoConfig, result) -> None:
 def _diagnosis(console, api: str, run_id: str, slo: str | None):
     """The diagnosis of the replay's run, objectives first (diagnose.explain over the live collector,
     the code of `tailtrace explain`), or None: a store it cannot read is one line, not a failure."""
-    from diagnose import Scope, api_query, explain
+    from tailtrace.diagnose import Scope, api_query, explain
 
     try:
         return explain(api_query(api), Scope(run_id=run_id, metric=None, slo=slo))
@@ -328,7 +328,7 @@ def _diagnosis(console, api: str, run_id: str, slo: str | None):
 
 def render_brief(report, console, **kw) -> None:
     """diagnose.render.render_brief (imported when used: the demo starts without DuckDB)."""
-    from diagnose.render import render_brief as brief
+    from tailtrace.diagnose.render import render_brief as brief
 
     brief(report, console, **kw)
 
@@ -349,7 +349,7 @@ def _serve_dashboard(cfg: DemoConfig, db: Path, console) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     import math
 
-    from semantics.slo import format_slo, parse_slo
+    from tailtrace.semantics.slo import format_slo, parse_slo
 
     if not args.duration > 0 or (args.speed is not None and not args.speed > 0):
         raise UserError("--duration and --speed must be positive")

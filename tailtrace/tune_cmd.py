@@ -8,14 +8,14 @@ simulate/tune_inputs.py's, the diagnosis diagnose's, the confirmation experiment
 
 from __future__ import annotations
 
-from plumbing.argtypes import SEED, bounded_int, bounded_list, duration, seconds
+from tailtrace.plumbing.argtypes import SEED, bounded_int, bounded_list, duration, seconds
 
 __all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 
 
 def register(sub) -> None:
     """Add `tune` to the `tailtrace` sub-parsers (cheap: nothing heavy imported)."""
-    from collector.query.reader import add_store_flags
+    from tailtrace.collector.query.reader import add_store_flags
 
     p = sub.add_parser("tune", help="search the deployment's knobs by simulation for a configuration that meets "
                                     "every objective; --confirm measures the winner",
@@ -68,19 +68,19 @@ def _tune(args) -> int:
     import json
     import sys
 
-    from collector.query.reader import open_store
-    from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.calibrate import check_tolerance
-    from simulate.tune import check_knobs, search
-    from simulate.tune_inputs import model_and_traffic
-    from simulate.tune_render import tune_lines
+    from tailtrace.collector.query.reader import open_store
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.simulate.calibrate import check_tolerance
+    from tailtrace.simulate.tune import check_knobs, search
+    from tailtrace.simulate.tune_inputs import model_and_traffic
+    from tailtrace.simulate.tune_render import tune_lines
 
     tol = check_tolerance(args.tolerance)
     knobs = check_knobs(args.knobs) if args.knobs is not None else None
     if args.slo:
         parse_slo(args.slo)
     if args.json:
-        from loadgen.cli import check_writable
+        from tailtrace.loadgen.cli import check_writable
 
         check_writable(args.json, "--json")
     api = args.api if not (args.db or args.store) else None
@@ -118,10 +118,10 @@ def _tune(args) -> int:
 def _diagnosis(query, run_id: str, slo: str | None) -> tuple[dict, str | None]:
     """The knobs explain's actions propose for the run ({knob: value}), and a note when it could not
     run."""
-    from diagnose.explain import explain
-    from diagnose.source import Scope
-    from plumbing.errors import UserError
-    from simulate.tune_inputs import hints_of
+    from tailtrace.diagnose.explain import explain
+    from tailtrace.diagnose.source import Scope
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.simulate.tune_inputs import hints_of
 
     try:
         report = explain(query, Scope(run_id=run_id, metric=None, slo=slo))
@@ -133,7 +133,7 @@ def _diagnosis(query, run_id: str, slo: str | None) -> tuple[dict, str | None]:
 
 def _confirm_cmd(args, doc: dict) -> str | None:
     """The command that measures the winner (None when there is nothing try can set)."""
-    from simulate.tune import confirmable
+    from tailtrace.simulate.tune import confirmable
 
     if not confirmable(doc):
         return None
@@ -151,7 +151,7 @@ def demo_tune(api: str, run_id: str, slo: str | None, db, diagnosis, console) ->
     store `db`. Returns the search document (None when it could not run)."""
     from rich.markup import escape
 
-    from collector.query.reader import api_query
+    from tailtrace.collector.query.reader import api_query
 
     confirm = f".venv/bin/tailtrace tune --db {db} --run-id {run_id} --confirm --budget 1200"
     lines, doc = tune_brief(lambda: (api_query(api), lambda: None), lambda rid: f"store:#{rid}", api, run_id, slo,
@@ -169,11 +169,11 @@ def tune_brief(query_open, spec_of, store_name: str, run_id: str, slo: str | Non
     explain's JSON; `model_path` a model to read instead of fitting one), the winner's predicted
     objectives and flags, and `confirm_cmd`. Returns (lines,
     the search document or None when it could not run: one line says why)."""
-    from plumbing.errors import UserError
-    from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.tune import confirmable, search
-    from simulate.tune_inputs import hints_of, model_and_traffic
-    from simulate.tune_render import brief_lines
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.simulate.tune import confirmable, search
+    from tailtrace.simulate.tune_inputs import hints_of, model_and_traffic
+    from tailtrace.simulate.tune_render import brief_lines
 
     try:
         got = model_and_traffic(query_open, spec_of, store_name, run_id, model_path, api=api)

@@ -17,10 +17,10 @@ def confirm_winner(args, doc: dict, spec: str, model=None, calibration=None) -> 
 
     from rich.console import Console
 
-    from experiment.changes import Arm, parse_change
-    from experiment.trial import TrialConfig, try_change
-    from simulate.tune_render import confirm_lines
-    from simulate.vet import confirm_rows
+    from tailtrace.experiment.changes import Arm, parse_change
+    from tailtrace.experiment.trial import TrialConfig, try_change
+    from tailtrace.simulate.tune_render import confirm_lines
+    from tailtrace.simulate.vet import confirm_rows
 
     flags, target, lines = doc.get("flags") or [], "best", []
     if not flags:
@@ -41,7 +41,7 @@ def confirm_winner(args, doc: dict, spec: str, model=None, calibration=None) -> 
     result = try_change(cfg, Console(stderr=True))
     trial = result.to_dict()
     if model is not None:  # the prediction on the very traffic try replayed (its blocks' cut of the run)
-        from simulate.vet import predict_on_trial_traffic
+        from tailtrace.simulate.vet import predict_on_trial_traffic
 
         entry = doc["measurable"] if target == "measurable" else doc["best"]
         entry["prediction_on_blocks"] = predict_on_trial_traffic(model, trial["traffic"]["file"], entry["changes"],

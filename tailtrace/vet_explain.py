@@ -18,7 +18,7 @@ def register(sub) -> None:
                         "from a model fitted on the run and checked on it)")
     p.add_argument("--model", metavar="FILE.json", help="simulate the actions with this model (tailtrace simulate fit) "
                                                         "instead of one fitted on the run")
-    from diagnose.cli import REPORT_HOOKS
+    from tailtrace.diagnose.cli import REPORT_HOOKS
 
     if _vet not in REPORT_HOOKS:
         REPORT_HOOKS.append(_vet)
@@ -32,11 +32,11 @@ def _vet(report, args) -> None:
     """Set each action's `predicted` and put the actions that break a met objective last in their finding."""
     if getattr(args, "no_predict", False) or not _actions(report):
         return
-    from collector.query.reader import open_store
-    from plumbing.errors import UserError
-    from semantics.slo import DEFAULT_SLO, parse_slo
-    from simulate.tune_inputs import model_and_traffic
-    from simulate.vet import not_predicted, order_key, vet_actions
+    from tailtrace.collector.query.reader import open_store
+    from tailtrace.plumbing.errors import UserError
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.simulate.tune_inputs import model_and_traffic
+    from tailtrace.simulate.vet import not_predicted, order_key, vet_actions
     from tailtrace.tune_cmd import store_spec
 
     actions = _actions(report)

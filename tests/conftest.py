@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import pytest
 
-from plumbing.procs import stop_process
+from tailtrace.plumbing.procs import stop_process
 from tests.helpers import (
     demo_command,
     kill_marked,
@@ -126,7 +126,7 @@ class VllmServer:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The tiny model, built once per session (offline, deterministic)."""
-    from embedded.model import build_tiny_model
+    from tailtrace.embedded.model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -135,7 +135,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def session_collector(tmp_path_factory):
     """The real collector (`tailtrace collect`) on free ports, one per session. A collector that
     fails to import fails the tests that use it (never a skip)."""
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     handle = start_collector(tmp_path_factory.mktemp("store") / "session.duckdb")
     try:

@@ -119,7 +119,7 @@ def _table(at, column: str):
 def _choose(at, key: str, metric: str) -> None:
     """Pick `metric` in the page's selectbox `key` and rerun; KeyError when the page does not offer it
     (before setting it: an impossible value would break every later run of the app)."""
-    from dashboard import data
+    from tailtrace.dashboard import data
 
     box = at.selectbox(key=key)
     if data.ALL_METRICS[metric] not in box.options:
@@ -131,7 +131,7 @@ def _check_overview(at, t, errors: list[str]) -> None:
     """Cards: requests, ok requests, output tokens (help); P99 of TTFT/TPOT/E2E with P50, P999 and n in
     the help. Table: P50/P99/P999 and n (3 decimals). Throughput chart: requests and output tokens
     (rate per bucket x bucket width)."""
-    from dashboard import data
+    from tailtrace.dashboard import data
     from tests.dashboard.apptest_util import metrics
 
     shown = metrics(at)
@@ -159,7 +159,7 @@ def _check_overview(at, t, errors: list[str]) -> None:
 
 def _check_queue_service(at, t, errors: list[str]) -> None:
     """P99 of E2E, TTFT and TPOT (the "Tail of" choice); the tail above the E2E P99: its size and E2Es."""
-    from dashboard import data
+    from tailtrace.dashboard import data
     from tests.dashboard.apptest_util import metrics
 
     for m, (_, col) in _NAMES.items():

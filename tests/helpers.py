@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from plumbing.procs import free_port, stop_process
-from semantics import envs
+from tailtrace.plumbing.procs import free_port, stop_process
+from tailtrace.semantics import envs
 
 # vLLM eager (no torch.compile warm-up: TAILTRACE_VLLM_ARGS=EAGER) where a test only starts and
 # stops it: ready in 50 s instead of 103 s on the 2-core AVX2 box, vLLM 0.32, but decoding ~17%
@@ -31,7 +31,7 @@ def native_tracing(otlp_url: str, service_name: str = "vllm") -> tuple[list[str]
 def start_test_vllm(model_dir: Path, otlp_endpoint: str, log: Path, extra_args=(), decode_spans: str = "full",
                     kv_cache_gib: int = 1, instrument: bool = True, env: dict | None = None):
     """Start the real vLLM CPU server for a test; returns (proc, base_url)."""
-    from embedded.serve import ServeConfig, start_vllm
+    from tailtrace.embedded.serve import ServeConfig, start_vllm
 
     port = free_port()
     cfg = ServeConfig(model=str(model_dir), port=port, otlp_endpoint=otlp_endpoint, decode_spans=decode_spans,
@@ -138,7 +138,7 @@ def decode_everywhere_store(path: Path, n: int = 200, tail: int = 4) -> Path:
     largest phase of every request; over the median's profile, the engine queue holds the tail."""
     import duckdb
 
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     DuckDBStore(path).start().stop()
     rows = []

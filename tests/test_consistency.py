@@ -27,12 +27,12 @@ import types
 
 import pytest
 
-from collector.processor.enrich import traces_to_batch
-from collector.store import duckdb_store
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, TraceBuilder
-from semantics import semconv as sc
-from semantics.catalog import quantile_label
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store import duckdb_store
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import quantile_label
 from tests.consistency_pages import PAGE_CHECKS, _close, _expect
 
 NOW_S = 1_800_000_000.0
@@ -136,7 +136,7 @@ def _in_window(truth: list[dict]) -> list[dict]:
 
 def _disagreements(path, truth, summary, data, exp, monkeypatch) -> list[str]:
     """Every surface against the truth; returns what disagrees (empty when all agree)."""
-    import collector.query
+    import tailtrace.collector.query as collector_query
     from tailtrace import demo
 
     errors: list[str] = []
@@ -150,7 +150,7 @@ def _disagreements(path, truth, summary, data, exp, monkeypatch) -> list[str]:
     # the demo report, on the store (its SQL helper pointed at the store instead of an API)
     store = DuckDBStore(path).start()
     try:
-        monkeypatch.setattr(collector.query, "summary", summary)
+        monkeypatch.setattr(collector_query, "summary", summary)
         monkeypatch.setattr(demo, "_sql", lambda api, sql, params=None: [list(r) for r in store.read_query(sql, params)])
         report = demo._report("unused", RUN)
         by_col = {p["column"]: p for p in report["phases"]}
@@ -216,7 +216,7 @@ def _page_disagreements(path, truth, monkeypatch) -> list[str]:
     its rounding): the request and ok counts, tokens, and TTFT/TPOT/E2E (outer; percentiles over ok
     requests) where the page shows them (PAGE_CHECKS). Returns what disagrees; a figure the page does
     not show where it should counts as a disagreement."""
-    from dashboard import data, ui
+    from tailtrace.dashboard import data, ui
     from tests.dashboard.apptest_util import PAGES, goto, open_app
 
     assert set(PAGE_CHECKS) == set(PAGES)
@@ -260,13 +260,13 @@ MUTATIONS = [
      "coalesce(e, g_crit, c + cq) AS outer_e2e_ms"),
     ("ok judged by the engine", "store", "coalesce(c_status, g_status, r_status) = 'ok' AS ok",
      "coalesce(r_status, c_status, g_status) = 'ok' AS ok"),
-    ("report tail >= P99", "collector.query.summary", 'cond = f"{_OUTER} > ?"', 'cond = f"{_OUTER} >= ?"'),
-    ("dashboard tail >= P99", "dashboard.queries.queue_service", "f'{metric} > ?'", "f'{metric} >= ?'"),
-    ("report latency over failed requests too", "collector.query.summary", "_where(run_id, latency=True)",
+    ("report tail >= P99", "tailtrace.collector.query.summary", 'cond = f"{_OUTER} > ?"', 'cond = f"{_OUTER} >= ?"'),
+    ("dashboard tail >= P99", "tailtrace.dashboard.queries.queue_service", "f'{metric} > ?'", "f'{metric} >= ?'"),
+    ("report latency over failed requests too", "tailtrace.collector.query.summary", "_where(run_id, latency=True)",
      "_where(run_id)"),
-    ("/metrics windows by arrival", "collector.export.prometheus", "epoch_ms(completion_time) AS end_ms",
+    ("/metrics windows by arrival", "tailtrace.collector.export.prometheus", "epoch_ms(completion_time) AS end_ms",
      "epoch_ms(arrival_time) AS end_ms"),
-    ("dashboard windows by arrival", "dashboard.queries.common", 'self._time_terms(f"{a}completion_time")',
+    ("dashboard windows by arrival", "tailtrace.dashboard.queries.common", 'self._time_terms(f"{a}completion_time")',
      'self._time_terms(f"{a}arrival_time")'),
 ]
 
@@ -302,18 +302,18 @@ def built(tmp_path_factory):
 
 
 def _modules():
-    from collector.export import prometheus
-    from collector.query import summary
-    from dashboard import data
+    from tailtrace.collector.export import prometheus
+    from tailtrace.collector.query import summary
+    from tailtrace.dashboard import data
 
-    return {"collector.query.summary": summary, "dashboard.data": data, "collector.export.prometheus": prometheus}
+    return {"tailtrace.collector.query.summary": summary, "tailtrace.dashboard.data": data, "tailtrace.collector.export.prometheus": prometheus}
 
 
 def test_every_surface_agrees_with_the_truth(built, monkeypatch):
     path, truth = built
     mods = _modules()
-    errors = _disagreements(path, truth, mods["collector.query.summary"], mods["dashboard.data"],
-                            mods["collector.export.prometheus"], monkeypatch)
+    errors = _disagreements(path, truth, mods["tailtrace.collector.query.summary"], mods["tailtrace.dashboard.data"],
+                            mods["tailtrace.collector.export.prometheus"], monkeypatch)
     assert errors == []
 
 
@@ -334,12 +334,12 @@ def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch
         truth = _build(path)
     elif where.startswith("dashboard."):  # the pages' `data` with the mutant's functions in it
         mutant = _mutant(where, old, new)
-        mods["dashboard.data"] = types.SimpleNamespace(**{
-            **vars(mods["dashboard.data"]), **{k: v for k, v in vars(mutant).items() if not k.startswith("__")}})
+        mods["tailtrace.dashboard.data"] = types.SimpleNamespace(**{
+            **vars(mods["tailtrace.dashboard.data"]), **{k: v for k, v in vars(mutant).items() if not k.startswith("__")}})
     else:
         mods[where] = _mutant(where, old, new)
-    errors = _disagreements(path, truth, mods["collector.query.summary"], mods["dashboard.data"],
-                            mods["collector.export.prometheus"], monkeypatch)
+    errors = _disagreements(path, truth, mods["tailtrace.collector.query.summary"], mods["tailtrace.dashboard.data"],
+                            mods["tailtrace.collector.export.prometheus"], monkeypatch)
     assert errors, f"the mutation '{what}' went unnoticed"
     if what in PAGE_MUTATIONS:
         if where.startswith("dashboard."):

@@ -20,7 +20,7 @@ import uuid
 import psutil
 import pytest
 
-from plumbing.procs import free_port, wait_http
+from tailtrace.plumbing.procs import free_port, wait_http
 from tests.helpers import EAGER, kill_marked, marked_env, marked_processes
 
 _IGNORING_SIGINT = ["sh", "-c", 'trap "" INT; exec "$0" "$@"']
@@ -177,10 +177,10 @@ def _the_effective_configuration_is_recorded(url: str, api: str) -> None:
 
     import httpx
 
-    from collector.query.deployment import read_deployment
-    from diagnose.detectors.scheduling import _preemption_actions
-    from diagnose.detectors.steps import _interference_actions
-    from diagnose.source import api_query
+    from tailtrace.collector.query.deployment import read_deployment
+    from tailtrace.diagnose.detectors.scheduling import _preemption_actions
+    from tailtrace.diagnose.detectors.steps import _interference_actions
+    from tailtrace.diagnose.source import api_query
     from tests.helpers import poll_sql
 
     trace_id = uuid.uuid4().hex

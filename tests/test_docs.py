@@ -133,7 +133,7 @@ def test_the_command_scan_is_not_blind(capsys):
 
 
 def test_dashboard_empty_store_help_parses(capsys):
-    from dashboard.data import HOW_TO_GET_DATA
+    from tailtrace.dashboard.data import HOW_TO_GET_DATA
 
     full, _ = _command_lines(HOW_TO_GET_DATA)
     assert len(full) >= 5

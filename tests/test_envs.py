@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from semantics import envs
+from tailtrace.semantics import envs
 
 ROOT = Path(__file__).resolve().parents[1]
 # Names that look like variables but are not: a Python constant (the ClickHouse objects tailtrace
@@ -108,7 +108,7 @@ def test_the_scan_finds_a_direct_read(tmp_path):
 def test_gateway_settings_are_the_gateway_family():
     """Each gateway setting's variable is a member of the TAILTRACE_GATEWAY_ family or a shared
     variable of the list (TAILTRACE_OTLP_ENDPOINT); its flag, type and default live in SETTINGS only."""
-    from instrument.gateway.config import SETTINGS
+    from tailtrace.instrument.gateway.config import SETTINGS
 
     for s in SETTINGS:
         assert envs.family_of(s.env) == "TAILTRACE_GATEWAY_" or s.env in envs.ENV_VARS, s.env
@@ -144,4 +144,4 @@ def test_operations_md_is_the_list():
     text = (ROOT / "docs" / "operations.md").read_text()
     m = re.search(r"<!-- envs:begin -->\n(.*?)<!-- envs:end -->", text, re.DOTALL)
     assert m, "docs/operations.md lost its envs block"
-    assert m.group(1) == envs.markdown(), "regenerate docs/operations.md's table: python -m semantics.envs"
+    assert m.group(1) == envs.markdown(), "regenerate docs/operations.md's table: python -m tailtrace.semantics.envs"

@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from embedded.model import TINY, build_tiny_model
 from tailtrace.cli import main
+from tailtrace.embedded.model import TINY, build_tiny_model
 
 
 def _digest(d: Path) -> dict:
@@ -75,7 +75,7 @@ def test_serve_without_vllm_says_how_to_install(capsys, monkeypatch):
 
 
 def test_vllm_args_from_the_environment_come_before_the_commands_own(monkeypatch, tmp_path):
-    from embedded.serve import ServeConfig, vllm_command
+    from tailtrace.embedded.serve import ServeConfig, vllm_command
 
     monkeypatch.setenv("TAILTRACE_VLLM_ARGS", "--enforce-eager --max-num-seqs 64 --served-model-name 'a b'")
     cmd = vllm_command(ServeConfig(model="m", port=8123, extra_args=["--max-num-seqs", "8"]), "/m", "tiny")
@@ -113,7 +113,7 @@ def test_engine_core_runs_beside_its_worker(vllm_server):
 
 @pytest.mark.integration
 def test_pin_engine_core_leaves_a_tree_without_vllm_alone():
-    from embedded.serve import pin_engine_core
+    from tailtrace.embedded.serve import pin_engine_core
 
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
     try:

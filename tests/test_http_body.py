@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.requests import Request
 
-from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
+from tailtrace.plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 
 def _request(messages, content_length=None, delay_s=0.0):

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from instrument.otlp_export import DirectOTLPSpanExporter, encode_spans
-from instrument.otlp_http import OtlpHttpSender
+from tailtrace.instrument.otlp_export import DirectOTLPSpanExporter, encode_spans
+from tailtrace.instrument.otlp_http import OtlpHttpSender
 
 
 class _Keep(SpanExporter):
@@ -190,7 +190,7 @@ def test_sender_trusts_the_ca_of_otel_exporter_otlp_certificate(tmp_path, monkey
 
 
 def test_exporter_counts_and_logs_a_collector_that_is_down(caplog):
-    from plumbing.procs import free_port
+    from tailtrace.plumbing.procs import free_port
 
     exporter = DirectOTLPSpanExporter(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
     spans = _varied_spans()[:3]
@@ -204,8 +204,8 @@ def test_exporter_counts_and_logs_a_collector_that_is_down(caplog):
 
 @pytest.mark.integration
 def test_tracer_provider_spans_land_in_the_real_collector(tmp_path):
-    from collector.testing import start_collector
-    from instrument.otel import make_tracer_provider
+    from tailtrace.collector.testing import start_collector
+    from tailtrace.instrument.otel import make_tracer_provider
 
     h = start_collector(tmp_path / "t.duckdb")
     try:

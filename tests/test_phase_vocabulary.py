@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-import semantics
-from semantics import catalog
+from tailtrace import semantics
+from tailtrace.semantics import catalog
 from tests.helpers import decode_everywhere_store
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = ('Phase("extra", "extra_ms", "Extra phase", LAYER_COMPUTE, ttft=True, engine=True, metric="extra", '
          'metric_help="a phase the test adds"),\n')
 # the surfaces whose phase lists come from the catalog (module, what to look at)
-SURFACES = ("diagnose.tail", "diagnose.trace", "dashboard.queries.common", "dashboard.charts",
-            "collector.query.summary", "collector.export.prometheus", "collector.store.latency_histogram")
+SURFACES = ("tailtrace.diagnose.tail", "tailtrace.diagnose.trace", "tailtrace.dashboard.queries.common", "tailtrace.dashboard.charts",
+            "tailtrace.collector.query.summary", "tailtrace.collector.export.prometheus", "tailtrace.collector.store.latency_histogram")
 
 
 def _fresh(name: str, monkeypatch) -> types.ModuleType:
@@ -51,9 +51,9 @@ def mutated(monkeypatch):
     src = Path(catalog.__file__).read_text()
     anchor = '    Phase(sc.PHASE_DECODE, "decode_ms"'
     assert src.count(anchor) == 1
-    mod = types.ModuleType("semantics.catalog")
+    mod = types.ModuleType("tailtrace.semantics.catalog")
     mod.__file__ = catalog.__file__
-    monkeypatch.setitem(sys.modules, "semantics.catalog", mod)
+    monkeypatch.setitem(sys.modules, "tailtrace.semantics.catalog", mod)
     monkeypatch.setattr(semantics, "catalog", mod)
     exec(compile(src.replace(anchor, "    " + EXTRA + anchor), catalog.__file__, "exec"), mod.__dict__)  # noqa: S102
     out = {"catalog": mod}
@@ -68,29 +68,29 @@ def test_a_phase_added_to_the_catalog_appears_on_every_surface(mutated):
     m = mutated
     assert "extra_ms" in [p.column for p in m["catalog"].PHASES]
     # explain: the E2E split, TTFT's prefix (the phase lies before the first token), "not measured (why)"
-    assert "extra_ms" in [p.column for p in m["diagnose.tail"].metric_phases("e2e")]
-    assert "extra_ms" in [p.column for p in m["diagnose.tail"].metric_phases("ttft")]
-    assert m["diagnose.tail"].not_measured_why("extra_ms", "stats off") == "stats off"  # an engine phase
+    assert "extra_ms" in [p.column for p in m["tailtrace.diagnose.tail"].metric_phases("e2e")]
+    assert "extra_ms" in [p.column for p in m["tailtrace.diagnose.tail"].metric_phases("ttft")]
+    assert m["tailtrace.diagnose.tail"].not_measured_why("extra_ms", "stats off") == "stats off"  # an engine phase
     # explain --trace-id: the waterfall and the row it reads
-    assert "extra_ms" in [c for c, _, _ in m["diagnose.trace"].WATERFALL]
-    assert "extra_ms" in m["diagnose.trace"]._COLS
+    assert "extra_ms" in [c for c, _, _ in m["tailtrace.diagnose.trace"].WATERFALL]
+    assert "extra_ms" in m["tailtrace.diagnose.trace"]._COLS
     # the dashboard's pages (Queue vs service, the explorer) and their colours
-    assert "extra_ms" in [c for c, _, _ in m["dashboard.queries.common"].PHASES]
-    assert "extra_ms" in m["dashboard.charts"].PHASE_COLORS
+    assert "extra_ms" in [c for c, _, _ in m["tailtrace.dashboard.queries.common"].PHASES]
+    assert "extra_ms" in m["tailtrace.dashboard.charts"].PHASE_COLORS
     # the demo's report: its phase table and the phases that may hold a request
-    assert "extra_ms" in [c for _, c in m["collector.query.summary"].PHASES]
-    assert "extra_ms" in m["collector.query.summary"]._HOLDING_PHASES
+    assert "extra_ms" in [c for _, c in m["tailtrace.collector.query.summary"].PHASES]
+    assert "extra_ms" in m["tailtrace.collector.query.summary"]._HOLDING_PHASES
     # Prometheus (/metrics and the histogram rollup it reads) and ClickHouse (Grafana's SQL panels)
-    assert "extra" in [p.name for p in m["collector.export.prometheus"].PHASES]
-    assert "extra_ms" in [p.column for p in m["collector.store.latency_histogram"]._REQUEST_PHASES]
+    assert "extra" in [p.name for p in m["tailtrace.collector.export.prometheus"].PHASES]
+    assert "extra_ms" in [p.column for p in m["tailtrace.collector.store.latency_histogram"]._REQUEST_PHASES]
     panel = m["gen_clickhouse"].clickhouse_panel_sql()[11][1]
     assert any("extra_ms" in sql for sql in panel.values()), panel
 
 
 def test_the_real_surfaces_carry_every_catalog_phase():
     """Without the mutation: the trace waterfall had no client_queue_ms (the issue)."""
-    from dashboard import charts
-    from diagnose.trace import WATERFALL
+    from tailtrace.dashboard import charts
+    from tailtrace.diagnose.trace import WATERFALL
 
     for p in catalog.PHASES:
         assert p.column in [c for c, _, _ in WATERFALL] or p.column == "network_ms"
@@ -109,11 +109,11 @@ def decode_everywhere(tmp_path):
 
 
 def test_every_surface_names_the_phase_the_rule_names(decode_everywhere):
-    from collector.query import summary
-    from dashboard.queries.common import Filters
-    from dashboard.queries.queue_service import phase_columns, tail_breakdown
-    from dashboard.source import DuckDBSource
-    from diagnose import Scope, db_query, explain
+    from tailtrace.collector.query import summary
+    from tailtrace.dashboard.queries.common import Filters
+    from tailtrace.dashboard.queries.queue_service import phase_columns, tail_breakdown
+    from tailtrace.dashboard.source import DuckDBSource
+    from tailtrace.diagnose import Scope, db_query, explain
 
     query, close = db_query(decode_everywhere)
     try:

@@ -1,4 +1,4 @@
-"""plumbing.procs: the ports handed to tests and the demo, and what a server that died says."""
+"""tailtrace.plumbing.procs: the ports handed to tests and the demo, and what a server that died says."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from plumbing.errors import UserError
-from plumbing.procs import _ephemeral_low, free_port, start_process, stop_process, wait_http
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import _ephemeral_low, free_port, start_process, stop_process, wait_http
 
 
 def test_free_ports_lie_below_the_ephemeral_range_and_bind():

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from instrument import semconv
+from tailtrace.instrument import semconv
 
 
 def test_every_semconv_name_is_documented():

@@ -10,11 +10,11 @@ import duckdb
 import numpy as np
 import pytest
 
-from experiment.changes import parse_change
-from simulate.cluster import simulate
-from simulate.engine import EngineConfig
-from simulate.store import write_store
 from tailtrace.cli import main
+from tailtrace.experiment.changes import parse_change
+from tailtrace.simulate.cluster import simulate
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.store import write_store
 from tests.simulate.test_calibrate import LAW, _measured_store, _model, _traffic
 
 
@@ -106,7 +106,7 @@ def test_confirm_with_nothing_try_can_set_says_why_and_starts_nothing():
 
 
 def test_the_demo_report_ends_with_the_tuned_configuration_and_the_command_that_confirms_it(queued):
-    from collector.query.reader import db_query
+    from tailtrace.collector.query.reader import db_query
     from tailtrace.tune_cmd import tune_brief
 
     db = queued["db"]

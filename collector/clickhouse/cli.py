@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from plumbing.argtypes import bounded_int
+from tailtrace.plumbing.argtypes import bounded_int
 
 __all__ = ["register"]
 
@@ -45,8 +45,8 @@ def _ttl_of_store(client, store, asked: int | None) -> int:
     """The TTL (h) init applies: `asked` (72 when None) on a store without otel_traces; on one with it,
     the TTL its otel_traces was created with (what repaired or new tables get too). UserError when
     `asked` differs from it: init does not change an existing store's TTL."""
-    from collector.clickhouse.exporter_schema import TRACES_TABLE, ttl_hours_of
-    from plumbing.errors import UserError
+    from tailtrace.collector.clickhouse.exporter_schema import TRACES_TABLE, ttl_hours_of
+    from tailtrace.plumbing.errors import UserError
 
     rows = client.query("SELECT create_table_query FROM system.tables WHERE database = {db:String} AND name = {t:String}",
                         parameters={"db": store.database, "t": TRACES_TABLE}).result_rows
@@ -62,8 +62,8 @@ def _ttl_of_store(client, store, asked: int | None) -> int:
 
 def _clickhouse_target(url: str):
     """The parsed --url of a ClickHouse command; UserError for a DuckDB URL."""
-    from collector.clickhouse.store_url import parse_store_url
-    from plumbing.errors import UserError
+    from tailtrace.collector.clickhouse.store_url import parse_store_url
+    from tailtrace.plumbing.errors import UserError
 
     store = parse_store_url(url, "--url")
     if store.kind == "duckdb":
@@ -75,15 +75,15 @@ def _clickhouse_target(url: str):
 def _load(args) -> int:
     from pathlib import Path
 
-    from collector.clickhouse.load import load_duckdb, open_source
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from tailtrace.collector.clickhouse.load import load_duckdb, open_source
+    from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
 
     store = _clickhouse_target(args.url)
     source = Path(args.source)
     open_source(source).close()          # a bad source is one line before the target is touched
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     client = connect_clickhouse(store)
     try:
@@ -100,14 +100,14 @@ def _load(args) -> int:
 
 
 def _init(args) -> int:
-    from collector.clickhouse.objects import (
+    from tailtrace.collector.clickhouse.objects import (
         init_statements,
         refresh_requests,
         stale_kept_requests,
         stale_trace_state,
     )
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse
-    from plumbing.errors import UserError
+    from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from tailtrace.plumbing.errors import UserError
 
     store = _clickhouse_target(args.url)
     if args.ttl_hours is not None and args.ttl_hours < 0:
@@ -121,8 +121,8 @@ def _init(args) -> int:
         ttl_hours = _ttl_of_store(client, store, args.ttl_hours)
 
         fresh = not int(client.command("EXISTS TABLE decode_steps"))
-        from collector.clickhouse.objects import backfill_statements
-        from collector.clickhouse.rollups import BACKFILLED
+        from tailtrace.collector.clickhouse.objects import backfill_statements
+        from tailtrace.collector.clickhouse.rollups import BACKFILLED
 
         new_rollups = [t for t in BACKFILLED if not int(client.command(f"EXISTS TABLE {t}"))]
         fresh_traces = not int(client.command("EXISTS TABLE _trace_state"))

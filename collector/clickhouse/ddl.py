@@ -3,7 +3,7 @@ IN lists and the views' settings (one module below both, so neither imports the 
 
 from __future__ import annotations
 
-from collector.clickhouse.dialect import CH_TYPES
+from tailtrace.collector.clickhouse.dialect import CH_TYPES
 
 __all__ = ["SETTINGS", "ch_type", "cols", "in_list"]
 

@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
 
 __all__ = ["METRIC_COLUMNS", "as_string", "as_string_plain", "encode_metrics", "encode_traces"]
 

@@ -18,7 +18,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = [
     "EXPORTER_COMMIT",

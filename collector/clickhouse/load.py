@@ -45,10 +45,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, as_string_plain
-from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, TRACES_TABLE
-from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL, TEMPORALITY_NAMES
-from collector.store.tables import (
+from tailtrace.collector.clickhouse.exporter_encoding import METRIC_COLUMNS, as_string_plain
+from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, TRACES_TABLE
+from tailtrace.collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL, TEMPORALITY_NAMES
+from tailtrace.collector.store.tables import (
     DECODE_STEPS,
     ENGINE_STEPS,
     REQUEST_SPANS,
@@ -56,8 +56,8 @@ from collector.store.tables import (
     STEP_HISTOGRAM,
     STEP_ROLLUP,
 )
-from plumbing.errors import UserError
-from semantics import semconv as sc
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["PART_ROWS", "load_duckdb", "open_source"]
 
@@ -95,7 +95,7 @@ def open_source(path: Path):
     """A read-only connection on the tailtrace DuckDB store at `path`, with the store's reader guards
     (duckdb_store.open_readonly: no file-system access from SQL, locked configuration); UserError when
     the file is missing, not DuckDB, held by a collector, or not a tailtrace store."""
-    from collector.store.duckdb_store import open_readonly
+    from tailtrace.collector.store.duckdb_store import open_readonly
 
     con = open_readonly(path)
     have = {(t, c) for t, c in con.execute("SELECT table_name, column_name FROM information_schema.columns").fetchall()}
@@ -210,7 +210,7 @@ def _traces_table(plain: dict, resources: _Maps, attrs: _Maps, events: _Events):
 
 def _span_tables(con, batch_rows: int):
     """The spans of `con` as exporter rows, in Arrow tables of at most `batch_rows` rows."""
-    from collector.store.readonly import stream_batches
+    from tailtrace.collector.store.readonly import stream_batches
 
     for batch in stream_batches(con, _SPANS_SQL, batch_rows):
         resources, attrs, events = _Maps(), _Maps(), _Events()
@@ -229,7 +229,7 @@ def _step_tables(con, batch_rows: int):
     their `time`), in Arrow tables of at most `batch_rows` rows."""
     import pyarrow as pa
 
-    from collector.store.readonly import stream_batches
+    from tailtrace.collector.store.readonly import stream_batches
 
     for batch in stream_batches(con, _STEPS_SQL, batch_rows):
         rows = list(zip(*(c.to_pylist() for c in batch.columns)))
@@ -271,7 +271,7 @@ def _metric_tables(con, batch_rows: int):
     by metric_points (false)."""
     import pyarrow as pa
 
-    from collector.store.readonly import stream_batches
+    from tailtrace.collector.store.readonly import stream_batches
 
     def table(name: str, rows: list[tuple]):
         """rows: (resource kv, attributes kv, name, t_ns, value[, temporality])."""
@@ -314,7 +314,7 @@ def _metric_tables(con, batch_rows: int):
 
 def _table_batches(con, spec, batch_rows: int):
     """Every row of table `spec` of `con`, DuckDB's Arrow batches as they are."""
-    from collector.store.readonly import stream_batches
+    from tailtrace.collector.store.readonly import stream_batches
 
     yield from stream_batches(con, f"SELECT {', '.join(spec.names)} FROM {spec.name}", batch_rows)
 
@@ -375,7 +375,7 @@ def load_duckdb(client, source: Path, *, check_loaded: bool = True, part_rows: i
                 raise UserError(f"--from {source}: the target already holds {table} of its traces ({there} rows of the "
                                 f"first {len(first)} traces); it was loaded before: load into a fresh database that "
                                 "`tailtrace clickhouse init --url URL` set up")
-        from collector.clickhouse.objects import (
+        from tailtrace.collector.clickhouse.objects import (
             arrived_again_since,
             merge_kept_requests,
             refresh_requests,

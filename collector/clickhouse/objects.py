@@ -58,26 +58,31 @@ twice. Every column keeps the DuckDB store's name, unit and meaning (docs/schema
 
 from __future__ import annotations
 
-from collector.clickhouse import rollups
-from collector.clickhouse.ddl import SETTINGS as _SETTINGS
-from collector.clickhouse.ddl import ch_type
-from collector.clickhouse.ddl import cols as _cols
-from collector.clickhouse.ddl import in_list as _in
-from collector.clickhouse.dialect import aggregate_state, select_items, to_clickhouse
-from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE, render_table, ttl_clause
-from collector.clickhouse.rollups import ROLLUP_OBJECTS
-from collector.processor.enrich import DEVICE_COLUMNS
-from collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
-from collector.store import clock
-from collector.store.schema import (
+from tailtrace.collector.clickhouse import rollups
+from tailtrace.collector.clickhouse.ddl import SETTINGS as _SETTINGS
+from tailtrace.collector.clickhouse.ddl import ch_type
+from tailtrace.collector.clickhouse.ddl import cols as _cols
+from tailtrace.collector.clickhouse.ddl import in_list as _in
+from tailtrace.collector.clickhouse.dialect import aggregate_state, select_items, to_clickhouse
+from tailtrace.collector.clickhouse.exporter_schema import (
+    METRIC_TABLES,
+    TRACES_TABLE,
+    render_table,
+    ttl_clause,
+)
+from tailtrace.collector.clickhouse.rollups import ROLLUP_OBJECTS
+from tailtrace.collector.processor.enrich import DEVICE_COLUMNS
+from tailtrace.collector.processor.otlp_arrow import FACT_PHASES, ROOT_PHASES
+from tailtrace.collector.store import clock
+from tailtrace.collector.store.schema import (
     DECODE_STEP_SQL,
     PER_TRACE_AGGREGATES,
     REPLICA_SPAN_COLUMNS,
     request_replicas_view,
     requests_sql,
 )
-from collector.store.step_rollup import step_rollup_select
-from collector.store.tables import (
+from tailtrace.collector.store.step_rollup import step_rollup_select
+from tailtrace.collector.store.tables import (
     CLOCK_OFFSETS,
     DECODE_ARRAYS,
     DECODE_STEPS,
@@ -88,7 +93,7 @@ from collector.store.tables import (
     SPANS,
     STEP_ROLLUP,
 )
-from semantics import semconv as sc
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["ARRIVALS_TTL_HOURS", "EXPECTED_TRACE_COLUMNS", "REFRESH_MARGIN_S", "REFRESH_S", "TAILTRACE_OBJECTS",
            "arrived_again_since", "ch_type", "init_statements", "merge_kept_requests", "refresh_requests",

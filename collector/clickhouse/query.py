@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["DIALECT_SETTINGS", "GUARD_SETTINGS", "guard_settings", "open_query", "run_readonly", "server_settings"]
 
@@ -156,8 +156,8 @@ def open_query(store, *, timeout_s: float = 60.0, max_rows: int = 10**9):
     `run_readonly`'s guards (times as naive UTC datetimes). Not for concurrent calls: one client
     (chdb: one per directory). Raises UserError: the store unreachable or without the schema (at
     open), a failed statement (at each query)."""
-    from collector.clickhouse.dialect import bind, to_clickhouse
-    from collector.clickhouse.store_url import check_schema, connect_clickhouse
+    from tailtrace.collector.clickhouse.dialect import bind, to_clickhouse
+    from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
 
     client = connect_clickhouse(store)
     try:

@@ -34,7 +34,7 @@ label values are the exporter's strings (AsString), where DuckDB keeps their OTL
 
 from __future__ import annotations
 
-from collector.clickhouse.ddl import SETTINGS, ch_type, cols, in_list
+from tailtrace.collector.clickhouse.ddl import SETTINGS, ch_type, cols, in_list
 
 __all__ = ["BACKFILLED", "ROLLUP_OBJECTS", "backfill_statements", "rollup_statements"]
 
@@ -46,7 +46,7 @@ ROLLUP_OBJECTS = ("step_histogram", "step_histogram_mv", "_latency_histogram_itl
 def _named(spec, select: str, not_null: tuple[str, ...] = ()) -> str:
     """`select` (DuckDB's dialect, columns named as in `spec`) in ClickHouse's, each column cast to
     its spec type."""
-    from collector.clickhouse.dialect import to_clickhouse
+    from tailtrace.collector.clickhouse.dialect import to_clickhouse
 
     return f"SELECT {cols(spec, {c: c for c in spec.names}, not_null)} FROM ({to_clickhouse(select)})"
 
@@ -69,8 +69,13 @@ def _engine_steps_rows(engine_steps_view: str) -> str:
 def _sources(decode_steps: str, engine_steps_view: str) -> dict[str, str]:
     """{rollup table: SELECT of its rows from one insert}, in ClickHouse's dialect (one per materialized view),
     from `decode_steps` (objects.py's decode_steps SELECT with the service) and `engine_steps_view`."""
-    from collector.store import latency_histogram, step_histogram, totals
-    from collector.store.tables import ENGINE_HISTOGRAM, ENGINE_TOTALS, LATENCY_HISTOGRAM, STEP_HISTOGRAM
+    from tailtrace.collector.store import latency_histogram, step_histogram, totals
+    from tailtrace.collector.store.tables import (
+        ENGINE_HISTOGRAM,
+        ENGINE_TOTALS,
+        LATENCY_HISTOGRAM,
+        STEP_HISTOGRAM,
+    )
 
     steps = f"({decode_steps})"
     (_, etot), (_, ebatch), (_, estep) = totals.engine_selects(_engine_steps_rows(engine_steps_view))
@@ -88,10 +93,10 @@ def _sources(decode_steps: str, engine_steps_view: str) -> dict[str, str]:
 def _metric_points_view() -> str:
     """metric_points over the exporter's gauge and sum tables (enrich.metrics_to_batch's rows); `source`
     'otlp', or the resource attribute semconv.METRIC_POINTS_SOURCE (the rows `clickhouse load` moved)."""
-    from collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
-    from collector.processor.otlp_arrow import MAX_TIME_NS, MIN_TIME_NS
-    from collector.store.tables import METRIC_POINTS
-    from semantics import semconv as sc
+    from tailtrace.collector.processor.enrich import DEVICE_COLUMNS, TEMPORALITY_LABEL
+    from tailtrace.collector.processor.otlp_arrow import MAX_TIME_NS, MIN_TIME_NS
+    from tailtrace.collector.store.tables import METRIC_POINTS
+    from tailtrace.semantics import semconv as sc
 
     svc = "if(mapContains(ResourceAttributes, 'service.name'), map('service_name', ResourceAttributes['service.name']), map())"
     # the point's attributes win over service_name; the temporality label over an attribute of that name
@@ -112,10 +117,15 @@ def _metric_points_view() -> str:
 def rollup_statements(ttl_hours: int, decode_steps: str, engine_steps_view: str) -> list[str]:
     """The statements creating the rollups and metric_points (after objects.py's decode_steps and
     requests), in order; see the module docstring. `decode_steps`, `engine_steps_view`: see _sources."""
-    from collector.clickhouse.dialect import to_clickhouse
-    from collector.clickhouse.exporter_schema import ttl_clause
-    from collector.store import latency_histogram, totals
-    from collector.store.tables import ENGINE_HISTOGRAM, ENGINE_TOTALS, LATENCY_HISTOGRAM, STEP_HISTOGRAM
+    from tailtrace.collector.clickhouse.dialect import to_clickhouse
+    from tailtrace.collector.clickhouse.exporter_schema import ttl_clause
+    from tailtrace.collector.store import latency_histogram, totals
+    from tailtrace.collector.store.tables import (
+        ENGINE_HISTOGRAM,
+        ENGINE_TOTALS,
+        LATENCY_HISTOGRAM,
+        STEP_HISTOGRAM,
+    )
 
     src = _sources(decode_steps, engine_steps_view)
     lh = ", ".join(LATENCY_HISTOGRAM.names)

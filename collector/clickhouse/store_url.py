@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["DEFAULT_DATABASE", "StoreUrl", "check_schema", "connect_clickhouse", "parse_store_url"]
 
@@ -190,7 +190,7 @@ def check_schema(client, store: StoreUrl) -> None:
     """Raise `UserError` when `store`'s database lacks the exporter's `otel_traces` (with the columns
     and types of the pinned exporter version) or one of tailtrace's objects, naming what is missing
     and the command that creates it."""
-    from collector.clickhouse.objects import EXPECTED_TRACE_COLUMNS, TAILTRACE_OBJECTS
+    from tailtrace.collector.clickhouse.objects import EXPECTED_TRACE_COLUMNS, TAILTRACE_OBJECTS
 
     init = f"tailtrace clickhouse init --url {store.text}"
     db = store.database

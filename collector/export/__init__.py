@@ -1,1 +1,1 @@
-"""collector.export"""
+"""tailtrace.collector.export"""

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from collector.store.schema import TIME_COLUMNS
-from plumbing.errors import UserError
+from tailtrace.collector.store.schema import TIME_COLUMNS
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["export_from_api", "export_from_db"]
 
@@ -28,7 +28,7 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
     Raises UserError when the file is missing or held (then use export_from_api)."""
     import duckdb
 
-    from collector.store.duckdb_store import open_readonly
+    from tailtrace.collector.store.duckdb_store import open_readonly
 
     try:
         con = open_readonly(db)
@@ -52,7 +52,7 @@ def export_from_db(db: str, out: str, tables) -> dict[str, int]:
             if n == 0:
                 continue
             cur.close()
-            from collector.store.readonly import stream_batches
+            from tailtrace.collector.store.readonly import stream_batches
 
             _write(stream_batches(con, f"SELECT *, strftime({col}, '%Y-%m-%dT%H') AS hour FROM {t}", 100_000), outp, t)
     finally:

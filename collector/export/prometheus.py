@@ -65,8 +65,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
-from collector.store import latency_histogram, totals
-from semantics import catalog
+from tailtrace.collector.store import latency_histogram, totals
+from tailtrace.semantics import catalog
 
 __all__ = [
     "BATCH_SIZE_BUCKETS",
@@ -144,7 +144,7 @@ def make_registry(
     from prometheus_client import CollectorRegistry
 
     registry = CollectorRegistry(auto_describe=False)
-    from semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
 
     registry.register(StoreMetricsCollector(query, now=now, idle_after_s=idle_after_s, stale_after_s=stale_after_s,
                                             objectives=parse_slo(slo or DEFAULT_SLO)))

@@ -1,1 +1,1 @@
-"""collector.processor"""
+"""tailtrace.collector.processor"""

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 
-from collector.store.tables import TableSpec
+from tailtrace.collector.store.tables import TableSpec
 
 __all__ = ["arr_values", "table_from_dicts", "table_from_rows"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from collector.processor.histograms import BadPoint, explicit_rows, exponential_rows
-from collector.processor.otlp_arrow import (
+from tailtrace.collector.processor.histograms import BadPoint, explicit_rows, exponential_rows
+from tailtrace.collector.processor.otlp_arrow import (
     MAX_TIME_NS,
     MIN_TIME_NS,
     Batch,
@@ -34,8 +34,8 @@ from collector.processor.otlp_arrow import (
     table_from_dicts,
     table_from_rows,
 )
-from collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS
-from semantics import semconv as sc
+from tailtrace.collector.store.tables import DEVICE_SAMPLES, METRIC_POINTS
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["DEVICE_COLUMNS", "TEMPORALITY_LABEL", "metrics_to_batch", "traces_to_batch"]
 
@@ -173,7 +173,7 @@ def scrape_sink(store):
     to `metric_points` or `device_samples` without waiting. Row keys are the table's columns; `time` may
     be a datetime (UTC if naive), ns since the epoch (int > 1e14) or seconds (float); `labels` may be a
     dict. The sink raises `ValueError` for another table."""
-    from collector.processor.otlp_arrow import Batch
+    from tailtrace.collector.processor.otlp_arrow import Batch
 
     def sink(table: str, rows: list[dict]) -> None:
         spec = {"metric_points": METRIC_POINTS, "device_samples": DEVICE_SAMPLES}.get(table)

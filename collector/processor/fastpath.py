@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import threading
 
-from collector.processor.otlp_arrow import (
+from tailtrace.collector.processor.otlp_arrow import (
     ARRAY_SLOTS,
     TraceBatchBuilder,
     attribute_slots,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 
-from collector.errors import MemoryHigh, Overloaded, Refusal
+from tailtrace.collector.errors import MemoryHigh, Overloaded, Refusal
 
 __all__ = ["AdmissionLimiter", "Refusal"]
 

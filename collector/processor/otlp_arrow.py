@@ -39,11 +39,11 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from collector.processor.arrow_tables import arr_values, table_from_dicts, table_from_rows
-from collector.processor.engines import Mapped, NativeSpan, classify
-from collector.store.tables import DECODE_ARRAYS, ENGINE_STEPS, NATIVE_STEPS, REQUEST_SPANS, SPANS
-from semantics import engines as en
-from semantics import semconv as sc
+from tailtrace.collector.processor.arrow_tables import arr_values, table_from_dicts, table_from_rows
+from tailtrace.collector.processor.engines import Mapped, NativeSpan, classify
+from tailtrace.collector.store.tables import DECODE_ARRAYS, ENGINE_STEPS, NATIVE_STEPS, REQUEST_SPANS, SPANS
+from tailtrace.semantics import engines as en
+from tailtrace.semantics import semconv as sc
 
 __all__ = [
     "ARRAY_SLOTS",

@@ -1,1 +1,1 @@
-"""collector.query"""
+"""tailtrace.collector.query"""

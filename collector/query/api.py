@@ -29,12 +29,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from collector.errors import BadRequest, BodyTimedOut, NotFound, PayloadTooLarge, Unauthorized, http_error
-from collector.query.auth import api_token
-from collector.store.isolated import DEFAULT_MAX_QUERIES, DEFAULT_QUERY_MEMORY_MB, IsolatedQueries
-from collector.store.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
-from collector.store.schema import USER_TABLES
-from plumbing.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
+from tailtrace.collector.errors import (
+    BadRequest,
+    BodyTimedOut,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    http_error,
+)
+from tailtrace.collector.query.auth import api_token
+from tailtrace.collector.store.isolated import DEFAULT_MAX_QUERIES, DEFAULT_QUERY_MEMORY_MB, IsolatedQueries
+from tailtrace.collector.store.readonly import DEFAULT_MAX_ROWS, DEFAULT_TIMEOUT_S, run_guarded
+from tailtrace.collector.store.schema import USER_TABLES
+from tailtrace.plumbing.http_body import BodyError, BodyTimeout, BodyTooLarge, read_body
 
 __all__ = ["ARROW_STREAM", "make_api_app", "to_json_value"]
 
@@ -107,11 +114,11 @@ def make_api_app(store, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_rows: int =
     queries = IsolatedQueries(store, memory_mb=query_memory_mb, max_queries=max_queries)
     registry = None
     try:
-        from collector.export.prometheus import make_registry  # written by another part
+        from tailtrace.collector.export.prometheus import make_registry  # written by another part
 
         registry = make_registry(store.read_query)
     except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("collector.export"):
+        if not (exc.name or "").startswith("tailtrace.collector.export"):
             raise
 
     def check_token(request: Request) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from semantics import envs
+from tailtrace.semantics import envs
 
 __all__ = ["TOKEN_ENV", "api_token", "bearer_headers"]
 

@@ -18,9 +18,9 @@ import json
 import math
 from dataclasses import dataclass
 
-from collector.query.reader import Query
-from plumbing.errors import UserError
-from semantics import semconv as sc
+from tailtrace.collector.query.reader import Query
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["GATEWAY_FIELDS", "VLLM_FIELDS", "Deployment", "read_deployment", "validate_config"]
 
@@ -133,7 +133,7 @@ class Deployment:
         value; the knob's `unset` meaning ("no limit") where the configuration was recorded and the
         knob left at its default of no value; None when the store does not record it or recorded a
         value that failed its check (`invalid`)."""
-        from semantics.knobs import KNOBS
+        from tailtrace.semantics.knobs import KNOBS
 
         k = KNOBS[knob]
         d = self.vllm if k.where == "vllm" else self.gateway if k.where == "gateway" else None

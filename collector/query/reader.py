@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 
-from plumbing.errors import UserError
-from semantics import envs
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import envs
 
 __all__ = ["ARROW_STREAM", "DEFAULT_API", "Query", "SqlApiTimeout", "SqlApiUnreachable", "add_store_flags",
            "api_query", "db_query", "iso", "open_store", "post_sql", "sql_api", "store_query"]
@@ -43,7 +43,7 @@ def post_sql(api: str, sql: str, params: Sequence | None = None, *, timeout_s: f
     `SqlApiTimeout` past `timeout_s` seconds, `SqlApiUnreachable` when no answer came."""
     import httpx
 
-    from collector.query.auth import bearer_headers
+    from tailtrace.collector.query.auth import bearer_headers
 
     body = {"sql": sql, "params": list(params or [])}
     if statement_timeout_s is not None:
@@ -92,10 +92,10 @@ def db_query(path, *, timeout_s: float = 60.0, native: bool = False) -> tuple[Qu
     (missing file, held by a running collector, a failed statement)."""
     import duckdb
 
-    from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
-    from collector.query.api import to_json_value
-    from collector.store.duckdb_store import open_readonly
-    from collector.store.readonly import run_guarded
+    from tailtrace.collector.errors import QueryInvalid, QueryRefused, QueryTimeout
+    from tailtrace.collector.query.api import to_json_value
+    from tailtrace.collector.store.duckdb_store import open_readonly
+    from tailtrace.collector.store.readonly import run_guarded
 
     con = open_readonly(path)
 
@@ -114,7 +114,7 @@ def db_query(path, *, timeout_s: float = 60.0, native: bool = False) -> tuple[Qu
 def api_query(url: str, *, timeout_s: float = 60.0) -> Query:
     """query over a live collector's `/api/sql` at base URL `url` (`sql_api`).
     Raises UserError when the URL is not http(s) or the API cannot be reached or refuses."""
-    from plumbing.urls import check_http_url
+    from tailtrace.plumbing.urls import check_http_url
 
     base = check_http_url(url, "--api", "http://127.0.0.1:9464").rstrip("/")
 
@@ -134,13 +134,13 @@ def store_query(url: str, *, timeout_s: float = 60.0, native: bool = False) -> t
     (the line names `tailtrace clickhouse init`), a failed statement)."""
     import threading
 
-    from collector.clickhouse.store_url import parse_store_url
+    from tailtrace.collector.clickhouse.store_url import parse_store_url
 
     store = parse_store_url(url)
     if store.kind == "duckdb":
         return db_query(store.path, timeout_s=timeout_s, native=native)
-    from collector.clickhouse.query import open_query
-    from collector.query.api import to_json_value
+    from tailtrace.collector.clickhouse.query import open_query
+    from tailtrace.collector.query.api import to_json_value
 
     run, close = open_query(store, timeout_s=timeout_s)
     lock = threading.Lock()  # one client (chdb: one per directory), shared by a server's threads

@@ -9,10 +9,10 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from collector.query.reader import Query, iso
-from plumbing.errors import UserError
-from semantics import semconv as sc
-from semantics.slo import RUN_KIND_SIMULATION, TRAFFIC_KINDS, run_kind_of
+from tailtrace.collector.query.reader import Query, iso
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.slo import RUN_KIND_SIMULATION, TRAFFIC_KINDS, run_kind_of
 
 __all__ = ["Run", "latest_traffic_run", "list_runs", "runs_present"]
 

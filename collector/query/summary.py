@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from semantics.catalog import (
+from tailtrace.semantics.catalog import (
     LATENCY_POPULATION,
     QUANTILES,
     UNATTRIBUTED,
@@ -21,7 +21,7 @@ from semantics.catalog import (
     reference_profile,
     reference_profile_sql,
 )
-from semantics.catalog import PHASES as CATALOG_PHASES
+from tailtrace.semantics.catalog import PHASES as CATALOG_PHASES
 
 __all__ = [
     "LAYER_OF_PHASE",

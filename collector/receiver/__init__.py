@@ -1,1 +1,1 @@
-"""collector.receiver"""
+"""tailtrace.collector.receiver"""

@@ -17,10 +17,10 @@ import json
 import logging
 from dataclasses import dataclass
 
-from collector.errors import BadRequest, InternalError
-from collector.processor.enrich import metrics_to_batch, traces_to_batch
-from collector.processor.fastpath import fast_traces_to_batch
-from semantics import envs
+from tailtrace.collector.errors import BadRequest, InternalError
+from tailtrace.collector.processor.enrich import metrics_to_batch, traces_to_batch
+from tailtrace.collector.processor.fastpath import fast_traces_to_batch
+from tailtrace.semantics import envs
 
 __all__ = ["SIGNALS", "Signal", "decode_request", "export_request", "new_stats"]
 

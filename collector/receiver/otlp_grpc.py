@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import grpc
 
-from collector.errors import RetryableError, http_error
-from collector.processor.limiter import AdmissionLimiter
-from collector.receiver.otlp_export import SIGNALS, export_request, new_stats
+from tailtrace.collector.errors import RetryableError, http_error
+from tailtrace.collector.processor.limiter import AdmissionLimiter
+from tailtrace.collector.receiver.otlp_export import SIGNALS, export_request, new_stats
 
 __all__ = ["OtlpGrpcReceiver", "status_trailers"]
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from collector.errors import (
+from tailtrace.collector.errors import (
     BadRequest,
     BodyTimedOut,
     MethodNotAllowed,
@@ -31,9 +31,9 @@ from collector.errors import (
     UnsupportedMediaType,
     http_error,
 )
-from collector.processor.limiter import AdmissionLimiter
-from collector.receiver.otlp_export import export_request, new_stats
-from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
+from tailtrace.collector.processor.limiter import AdmissionLimiter
+from tailtrace.collector.receiver.otlp_export import export_request, new_stats
+from tailtrace.plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "make_otlp_app"]
 

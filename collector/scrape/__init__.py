@@ -9,15 +9,15 @@ __all__ = ["ScrapeTarget", "Scraper", "load_targets", "parse_exposition", "parse
 
 def __getattr__(name):
     if name == "Scraper":
-        from collector.scrape.scraper import Scraper
+        from tailtrace.collector.scrape.scraper import Scraper
 
         return Scraper
     if name in ("ScrapeTarget", "parse_target", "load_targets"):
-        from collector.scrape import targets
+        from tailtrace.collector.scrape import targets
 
         return getattr(targets, name)
     if name == "parse_exposition":
-        from collector.scrape.parse import parse_exposition
+        from tailtrace.collector.scrape.parse import parse_exposition
 
         return parse_exposition
     raise AttributeError(name)

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from semantics.engines import PROM_NAMESPACES
-from semantics.throttle import throttle_reasons_label
+from tailtrace.semantics.engines import PROM_NAMESPACES
+from tailtrace.semantics.throttle import throttle_reasons_label
 
 __all__ = [
     "DEFAULT_EXCLUDE",

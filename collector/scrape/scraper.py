@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
-from collector.scrape.parse import DEFAULT_EXCLUDE, ParsedExposition, parse_exposition, utc_naive
-from collector.scrape.targets import ScrapeTarget, parse_target
-from plumbing.errors import UserError
+from tailtrace.collector.scrape.parse import DEFAULT_EXCLUDE, ParsedExposition, parse_exposition, utc_naive
+from tailtrace.collector.scrape.targets import ScrapeTarget, parse_target
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["ScrapeError", "Scraper", "TargetStatus"]
 

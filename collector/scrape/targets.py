@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from plumbing.errors import UserError
-from plumbing.urls import check_http_url
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.urls import check_http_url
 
 __all__ = ["KINDS", "ScrapeConfig", "ScrapeTarget", "load_targets", "parse_target"]
 

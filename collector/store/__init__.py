@@ -1,1 +1,1 @@
-"""collector.store"""
+"""tailtrace.collector.store"""

@@ -24,10 +24,10 @@ mix at six OTLP requests per commit; over a second's worth of rows it costs unde
 
 from __future__ import annotations
 
-from collector.store import latency_histogram, step_rollup, totals
-from collector.store.schema import DECODE_STEP_SQL
-from collector.store.step_histogram import ENGINE_META_JOIN, step_histogram_select
-from collector.store.tables import (
+from tailtrace.collector.store import latency_histogram, step_rollup, totals
+from tailtrace.collector.store.schema import DECODE_STEP_SQL
+from tailtrace.collector.store.step_histogram import ENGINE_META_JOIN, step_histogram_select
+from tailtrace.collector.store.tables import (
     DECODE_ARRAYS,
     NATIVE_STEPS,
     PENDING_ENGINE_STEPS,

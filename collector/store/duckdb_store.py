@@ -31,14 +31,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from collector.errors import StoreUnavailable  # retryable (503); re-exported
-from collector.store import derive, latency_histogram, step_rollup, totals
-from collector.store.fork_gate import ForkGate
-from collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
-from collector.store.step_histogram import COMPACT_STEP_HISTOGRAM, REBUILD_STEP_HISTOGRAM
-from collector.store.store_path import check_opened_is_file, check_store_file
-from collector.store.tables import STORED_TABLES
-from plumbing.errors import UserError
+from tailtrace.collector.errors import StoreUnavailable  # retryable (503); re-exported
+from tailtrace.collector.store import derive, latency_histogram, step_rollup, totals
+from tailtrace.collector.store.fork_gate import ForkGate
+from tailtrace.collector.store.schema import DDL, REFRESH_REQUESTS, TIME_COLUMNS
+from tailtrace.collector.store.step_histogram import COMPACT_STEP_HISTOGRAM, REBUILD_STEP_HISTOGRAM
+from tailtrace.collector.store.store_path import check_opened_is_file, check_store_file
+from tailtrace.collector.store.tables import STORED_TABLES
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["DuckDBStore", "StoreUnavailable", "open_readonly"]
 
@@ -331,7 +331,7 @@ class DuckDBStore:
         """Run one read-only SELECT on the store, after refreshing `requests`. For the Prometheus
         exporter and the dashboard. Raises `ValueError` for anything but one SELECT,
         `collector.store.readonly.QueryTimeout` past `timeout_s`, and duckdb.Error on SQL errors."""
-        from collector.store.readonly import run_guarded
+        from tailtrace.collector.store.readonly import run_guarded
 
         self.refresh(timeout_s)
         res = run_guarded(self.cursor, sql, params, timeout_s=timeout_s, max_rows=None, hold=self.gate.shared)

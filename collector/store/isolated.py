@@ -34,7 +34,7 @@ import threading
 import time
 import warnings
 
-from collector.errors import (
+from tailtrace.collector.errors import (
     Overloaded,
     QueryInvalid,
     QueryRefused,
@@ -42,7 +42,7 @@ from collector.errors import (
     QueryTooLarge,
     StoreUnavailable,
 )
-from collector.store.readonly import QueryResult, check_read_only_sql, execute_capped
+from tailtrace.collector.store.readonly import QueryResult, check_read_only_sql, execute_capped
 
 __all__ = ["DEFAULT_MAX_QUERIES", "DEFAULT_QUERY_MEMORY_MB", "IsolatedQueries"]
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-from collector.store.tables import DIRTY
-from semantics import catalog
+from tailtrace.collector.store.tables import DIRTY
+from tailtrace.semantics import catalog
 
 __all__ = ["COMPACT", "READ", "REBUILD", "REFRESH_DELTAS", "bucketed_sql", "request_phases_select", "steps_insert",
            "steps_select"]

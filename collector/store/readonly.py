@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 # declared in collector/errors.py with every error's HTTP status; re-exported here
-from collector.errors import QueryInvalid, QueryRefused, QueryTimeout
+from tailtrace.collector.errors import QueryInvalid, QueryRefused, QueryTimeout
 
 __all__ = ["DEFAULT_MAX_ROWS", "DEFAULT_TIMEOUT_S", "QueryInvalid", "QueryRefused", "QueryResult", "QueryTimeout", "check_read_only_sql",
            "execute_capped", "run_guarded"]

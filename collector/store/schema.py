@@ -6,11 +6,11 @@ Durations are DOUBLE milliseconds, times are TIMESTAMP (UTC, microseconds).
 
 from __future__ import annotations
 
-from collector.store import clock, latency_histogram, totals
-from collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
-from semantics import engines as en
-from semantics import semconv as sc
-from semantics.catalog import (
+from tailtrace.collector.store import clock, latency_histogram, totals
+from tailtrace.collector.store.tables import DECODE_STEPS, DIRTY, REQUESTS, STORED_TABLES
+from tailtrace.semantics import engines as en
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import (
     CLIENT_LEFT_STATUSES,
     DERIVED,
     SOURCE_PLUGIN,
@@ -406,7 +406,7 @@ REFRESH_REQUESTS = [
 
 
 # step_histogram's writer SQL lives beside its reader (collector/store/step_histogram.py); re-exported.
-from collector.store.step_histogram import (
+from tailtrace.collector.store.step_histogram import (
     COMPACT_STEP_HISTOGRAM,
     ENGINE_META_JOIN,
     REBUILD_STEP_HISTOGRAM,

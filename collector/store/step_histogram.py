@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from semantics import semconv as sc
+from tailtrace.semantics import semconv as sc
 
 __all__ = [
     "COMPACT_STEP_HISTOGRAM",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from semantics.catalog import ITL_POPULATION
+from tailtrace.semantics.catalog import ITL_POPULATION
 
 __all__ = ["COMPACT_STEP_ROLLUP", "PREFILL_BUCKET_SQL", "REBUILD_STEP_ROLLUP", "cells_sql", "step_rollup_insert",
            "step_rollup_select"]
@@ -52,7 +52,7 @@ def step_rollup_insert(steps: str, meta_join: str) -> str:
 
 
 def _rebuild() -> list[str]:
-    from collector.store.step_histogram import ENGINE_META_JOIN
+    from tailtrace.collector.store.step_histogram import ENGINE_META_JOIN
 
     return ["DELETE FROM step_rollup",
             step_rollup_insert("decode_steps", ENGINE_META_JOIN.format(facts="_request_spans"))]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plumbing.errors import UserError
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["DUCKDB_MAGIC", "check_opened_is_file", "check_store_file"]
 

@@ -19,8 +19,8 @@ writer merges them now and then (`COMPACT`).
 
 from __future__ import annotations
 
-from collector.store.latency_histogram import bucketed_sql
-from collector.store.tables import DIRTY
+from tailtrace.collector.store.latency_histogram import bucketed_sql
+from tailtrace.collector.store.tables import DIRTY
 
 __all__ = ["COMPACT", "ENGINE_INSERT", "READ_ENGINE", "READ_ENGINE_HISTOGRAM", "READ_REQUESTS",
            "REBUILD_ENGINE", "REFRESH_DELTAS", "engine_selects", "rebuild_requests", "requests_select"]

@@ -17,8 +17,8 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from plumbing.otlp_values import set_any_value  # re-exported for tests and benches
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.plumbing.otlp_values import set_any_value  # re-exported for tests and benches
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 __all__ = ["CollectorHandle", "set_any_value", "start_collector"]
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import random
 import time
 
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
-from collector.clickhouse.objects import init_statements, refresh_requests
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from collector.testing.otlp_payloads import MS, TraceBuilder
-from semantics import semconv as sc
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS
+from tailtrace.collector.clickhouse.objects import init_statements, refresh_requests
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["both_stores", "build_spans", "duckdb_store", "insert_spans", "new_chdb_store"]
 
@@ -175,8 +175,8 @@ def insert_spans(client, rows) -> None:
 def duckdb_store(path, req):
     """Write the OTLP ExportTraceServiceRequest `req` into a new DuckDB store at `path` through the real
     processor and writer (requests refreshed)."""
-    from collector.processor.enrich import traces_to_batch
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.processor.enrich import traces_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     store = DuckDBStore(path).start()
     try:

@@ -8,7 +8,7 @@ import os
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.testing import set_any_value as set_value
+from tailtrace.collector.testing import set_any_value as set_value
 
 T0 = 1_760_000_000 * 10**9  # 2025-10-09T08:53:20Z
 MS = 1_000_000

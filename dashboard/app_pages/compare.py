@@ -4,10 +4,10 @@ or any runs; the sidebar's run selector does not apply here (the page chooses it
 
 import streamlit as st
 
-from dashboard import charts, ui
-from dashboard.queries import compare, why
-from experiment.render import comparison_lines
-from semantics.slo import RUN_KIND_PROBE
+from tailtrace.dashboard import charts, ui
+from tailtrace.dashboard.queries import compare, why
+from tailtrace.experiment.render import comparison_lines
+from tailtrace.semantics.slo import RUN_KIND_PROBE
 
 ctx = ui.require()
 ui.header("Compare", "B against A",

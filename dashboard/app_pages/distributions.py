@@ -3,7 +3,7 @@ step; input and output lengths; latency against input length."""
 
 import streamlit as st
 
-from dashboard import charts, data, ui
+from tailtrace.dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Distributions", "engine scheduling · request shape",

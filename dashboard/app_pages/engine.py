@@ -4,7 +4,7 @@ reasons on the same time axis as latency."""
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, data, ui
+from tailtrace.dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Engine and device", "engine scheduling · compute and hardware",

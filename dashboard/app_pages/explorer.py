@@ -3,8 +3,8 @@ and its per-token ITL timeline coloured by batch size and co-scheduled prefill t
 
 import streamlit as st
 
-from dashboard import charts, data, ui
-from semantics.catalog import SOURCE_PLUGIN, SOURCES
+from tailtrace.dashboard import charts, data, ui
+from tailtrace.semantics.catalog import SOURCE_PLUGIN, SOURCES
 
 ctx = ui.require()
 ui.header("Request explorer", "all four, for one request",

@@ -4,9 +4,9 @@ and a latency heatmap ("since when?"); then throughput and the exact percentile 
 
 import streamlit as st
 
-from dashboard import charts, data, ui
-from dashboard.queries import why
-from diagnose.capacity import MIN_RATE_REQUESTS, MIN_RATE_SPAN_S
+from tailtrace.dashboard import charts, data, ui
+from tailtrace.dashboard.queries import why
+from tailtrace.diagnose.capacity import MIN_RATE_REQUESTS, MIN_RATE_SPAN_S
 
 ctx = ui.require()
 ui.header("Overview", "all four", "The objectives first, then since when: exact percentiles (quantile_cont over "

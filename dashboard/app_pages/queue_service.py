@@ -3,8 +3,8 @@ the time."""
 
 import streamlit as st
 
-from dashboard import charts, data, ui
-from semantics import catalog
+from tailtrace.dashboard import charts, data, ui
+from tailtrace.semantics import catalog
 
 ctx = ui.require()
 ui.header("Queue vs service", "gateway and infrastructure · engine scheduling · compute",

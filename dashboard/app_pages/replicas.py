@@ -3,7 +3,7 @@ TTFT and TPOT, queue time), the slowest first, so that the one out of line stand
 
 import streamlit as st
 
-from dashboard import charts, data, ui
+from tailtrace.dashboard import charts, data, ui
 
 ctx = ui.require()
 ui.header("Replicas", "gateway and infrastructure · engine scheduling",

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dashboard import data, ui
+from tailtrace.dashboard import data, ui
 
 st.title("SQL")
 ctx = ui.context()

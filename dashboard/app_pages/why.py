@@ -4,9 +4,9 @@ that gave it, each linking to its example requests and the time window it speaks
 
 import streamlit as st
 
-from dashboard import charts, ui
-from dashboard.queries import why
-from semantics.catalog import format_share
+from tailtrace.dashboard import charts, ui
+from tailtrace.dashboard.queries import why
+from tailtrace.semantics.catalog import format_share
 
 ctx = ui.require()
 ui.header("Why is it slow?", "all four, ranked",

@@ -11,12 +11,12 @@ from typing import Any
 
 import pandas as pd
 
-from collector.store.tables import REQUESTS
+from tailtrace.collector.store.tables import REQUESTS
 
 # the columns an older store lacks (added after schema v1)
 ADDED_REQUEST_COLUMNS = tuple(c.name for c in REQUESTS.added_columns())
-from dashboard.source import DataError, DataSource
-from semantics import catalog
+from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.semantics import catalog
 
 QUANTILES = catalog.QUANTILES
 QUANTILE_LABELS = catalog.QUANTILE_LABELS
@@ -166,7 +166,7 @@ class GoodputBounds:
 
     def condition(self) -> tuple[str, list[Any]]:
         """(SQL boolean expression over `requests`, params) true for good requests."""
-        from semantics.slo import Objective, goodput_sql
+        from tailtrace.semantics.slo import Objective, goodput_sql
 
         bounds = (("ttft", self.ttft_ms), ("tpot", self.tpot_ms), ("e2e", self.e2e_ms))
         # the quantile does not enter a per-request bound (goodput_sql reads metric and limit only)
@@ -285,7 +285,7 @@ def run_verdicts(src: DataSource, runs: Sequence[Any]) -> dict[str, str]:
     'missed: TTFT P99 7,910 ms > 2,000 ms, …' (worst ratio first) or 'not measured'; judged by the
     spec recorded with the run, else semantics.slo.DEFAULT_SLO, over its ok requests (exact
     quantiles, one grouped query). An ITL objective is left out (its steps are not per run here)."""
-    from semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
 
     ids = [r.run_id for r in runs if r.run_id is not None]
     if not ids:

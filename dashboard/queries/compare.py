@@ -8,7 +8,7 @@ import re
 
 import pandas as pd
 
-from dashboard.source import DataError, DataSource
+from tailtrace.dashboard.source import DataError, DataSource
 
 __all__ = ["comparison", "experiments", "metrics_frame", "shift_frame"]
 
@@ -35,10 +35,10 @@ def comparison(src: DataSource, a_runs: list[str], b_runs: list[str], slo: str |
     the reason shown by the caller when the runs cannot be compared (UserError's message raised as
     DataError). `margin`: the band of "same"; `looks_to`: the pairs a sequential `try --budget` could
     have run (its looks from 6 to that, as `compare --looks-to`), None for one look."""
-    from dashboard.queries.why import source_query
-    from experiment.compare import compare
-    from experiment.sequential import Plan
-    from plumbing.errors import UserError
+    from tailtrace.dashboard.queries.why import source_query
+    from tailtrace.experiment.compare import compare
+    from tailtrace.experiment.sequential import Plan
+    from tailtrace.plumbing.errors import UserError
 
     plan = None
     if looks_to and looks_to > min(6, len(a_runs)):
@@ -52,7 +52,7 @@ def comparison(src: DataSource, a_runs: list[str], b_runs: list[str], slo: str |
 
 def metrics_frame(doc: dict) -> pd.DataFrame:
     """One row per metric and quantile: A, B, B−A (ms), the interval of B/A (as % change), verdict."""
-    from experiment.render import verdict_text
+    from tailtrace.experiment.render import verdict_text
 
     rows = []
     for m in doc["metrics"]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from dashboard.queries.common import (
+from tailtrace.dashboard.queries.common import (
     ITL,
     QUANTILE_LABELS,
     QUANTILES,
@@ -16,9 +16,9 @@ from dashboard.queries.common import (
     _f,
     _qlist,
 )
-from dashboard.queries.overview import step_counts, step_summary
-from dashboard.source import DataError, DataSource
-from semantics import catalog
+from tailtrace.dashboard.queries.overview import step_counts, step_summary
+from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.semantics import catalog
 
 # ------------------------------------------------------------------------------------------ distributions
 CDF_PROBS = tuple(sorted({round(i / 100, 2) for i in range(101)} | {0.995, 0.999, 0.9995, 0.9999}))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dashboard.queries.common import Filters, _bucket_expr
-from dashboard.source import DataSource
+from tailtrace.dashboard.queries.common import Filters, _bucket_expr
+from tailtrace.dashboard.source import DataSource
 
 
 # ------------------------------------------------------------------------------------------ engines' own metrics
@@ -14,8 +14,8 @@ def engine_crosscheck(src: DataSource, f: Filters) -> pd.DataFrame:
     beside tailtrace's counts from the same engine's spans over the selection's window
     (diagnose.engine_metrics.crosscheck): source (requests.source), what, engine, tailtrace, agree.
     Empty when no engine's counters were scraped."""
-    from dashboard.queries.why import source_query
-    from diagnose.engine_metrics import crosscheck
+    from tailtrace.dashboard.queries.why import source_query
+    from tailtrace.diagnose.engine_metrics import crosscheck
 
     query = source_query(src)
     since = (f.start.isoformat() if f.start else "2000-01-01T00:00:00")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
-from collector.store import step_histogram  # the reader beside its writer (no DuckDB, no writer)
-from dashboard.queries.common import (
+from tailtrace.collector.store import step_histogram  # the reader beside its writer (no DuckDB, no writer)
+from tailtrace.dashboard.queries.common import (
     ALL_METRICS,
     ITL,
     QUANTILE_LABELS,
@@ -23,9 +23,9 @@ from dashboard.queries.common import (
     _ts,
     available,
 )
-from dashboard.source import DataError, DataSource
-from semantics import catalog
-from semantics import semconv as sc
+from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.semantics import catalog
+from tailtrace.semantics import semconv as sc
 
 
 # ------------------------------------------------------------------------------------------ overview

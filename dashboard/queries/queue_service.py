@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from dashboard.queries.common import PHASES, Filters, _and, _bucket_expr, _f
-from dashboard.source import DataSource
-from semantics import catalog
+from tailtrace.dashboard.queries.common import PHASES, Filters, _and, _bucket_expr, _f
+from tailtrace.dashboard.source import DataSource
+from tailtrace.semantics import catalog
 
 
 # ------------------------------------------------------------------------------------------ queue vs service

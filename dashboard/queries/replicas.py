@@ -8,9 +8,9 @@ import statistics
 
 import pandas as pd
 
-from dashboard.queries.common import REQUEST_METRICS, Filters, _f, _qlist
-from dashboard.source import DataSource
-from semantics import catalog
+from tailtrace.dashboard.queries.common import REQUEST_METRICS, Filters, _f, _qlist
+from tailtrace.dashboard.source import DataSource
+from tailtrace.semantics import catalog
 
 __all__ = ["NO_REPLICA", "REPLICA_METRICS", "REPLICA_QUANTILES", "replica_labels", "replica_names", "replica_table"]
 

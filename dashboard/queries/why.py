@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from dashboard.source import DataError, DataSource
+from tailtrace.dashboard.source import DataError, DataSource
 
 from .common import Filters
 
@@ -45,7 +45,7 @@ def metric_from_link(params: Mapping[str, str]) -> str | None:
 def source_query(src: DataSource):
     """`query(sql, params) -> rows of JSON values` over a dashboard source, as diagnose reads a
     store (the values `/api/sql` would answer)."""
-    from collector.query.api import to_json_value
+    from tailtrace.collector.query.api import to_json_value
 
     def query(sql: str, params: Sequence[Any] | None = None) -> list:
         df = src.query(sql, list(params or []), max_rows=None).df
@@ -81,7 +81,7 @@ def objectives_of(recorded: list, bounds) -> list:
     any metric and quantile: `ttft_p999=5s` stays), with the sidebar's `bounds`
     (dashboard.data.GoodputBounds, ms) in place of the P99 objective of TTFT, TPOT and E2E: a bound
     set replaces (or adds) that metric's P99 objective, a bound of None drops it."""
-    from semantics.slo import Objective
+    from tailtrace.semantics.slo import Objective
 
     sidebar = {"ttft": bounds.ttft_ms, "tpot": bounds.tpot_ms, "e2e": bounds.e2e_ms}
     kept = [o for o in recorded if not (o.metric in sidebar and o.q == 0.99)]
@@ -92,7 +92,7 @@ def slo_spec(slo) -> str | None:
     """The page's objectives as an SLO spec (semantics/slo.py), None when there are none: `slo` a list
     of semantics.slo.Objective (`objectives_of`), or the sidebar's bounds alone
     (dashboard.data.GoodputBounds: P99 objectives)."""
-    from semantics.slo import format_slo
+    from tailtrace.semantics.slo import format_slo
 
     objs = list(slo) if isinstance(slo, (list, tuple)) else objectives_of([], slo)
     return format_slo(objs) if objs else None
@@ -105,9 +105,9 @@ def diagnose(src: DataSource, f: Filters, metric: str, slo=None):
     explain judges them, or a dashboard.data.GoodputBounds: its P99 objectives). The other sidebar filters (model,
     service, priority) are not applied: the diagnosis reads the whole window. Raises DataError with
     the diagnosis' own message (an empty window, a store without engine spans is a note, not an error)."""
-    from diagnose.explain import explain
-    from diagnose.source import Scope
-    from plumbing.errors import UserError
+    from tailtrace.diagnose.explain import explain
+    from tailtrace.diagnose.source import Scope
+    from tailtrace.plumbing.errors import UserError
 
     try:
         return explain(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end),
@@ -122,9 +122,9 @@ def capacity(src: DataSource, f: Filters):
     """The capacity line (diagnose.report.Capacity: kind, text, numbers) of the filters' run scope
     and time range, as `diagnose` reads them, without the diagnosis (diagnose.explain.capacity_line).
     Raises DataError with the diagnosis' own message."""
-    from diagnose.explain import capacity_line
-    from diagnose.source import Scope
-    from plumbing.errors import UserError
+    from tailtrace.diagnose.explain import capacity_line
+    from tailtrace.diagnose.source import Scope
+    from tailtrace.plumbing.errors import UserError
 
     try:
         return capacity_line(source_query(src), Scope(since=_iso(f.start), until=_iso(f.end), run_id=f.run_id,
@@ -135,7 +135,7 @@ def capacity(src: DataSource, f: Filters):
 
 def action_line(a) -> str:
     """An action as explain's text shows it: `try: --max-num-batched-tokens 2048 → 512 (TPOT ↓, TTFT ↑)`."""
-    from diagnose.actions import render_action
+    from tailtrace.diagnose.actions import render_action
 
     return render_action(a)
 

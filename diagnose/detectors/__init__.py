@@ -11,8 +11,8 @@ actions it proposes (diagnose/actions.py).
 
 from __future__ import annotations
 
-from diagnose.detectors.context import MITIGATIONS, Context
-from diagnose.detectors.gateway import (
+from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.gateway import (
     detect_client_queue,
     detect_errors,
     detect_gateway_queue,
@@ -20,15 +20,15 @@ from diagnose.detectors.gateway import (
     detect_rejections,
     detect_upstream_imbalance,
 )
-from diagnose.detectors.scheduling import (
+from tailtrace.diagnose.detectors.scheduling import (
     BURST_WINDOWS_S,
     detect_engine_queue,
     detect_hol_long_prompt,
     detect_preemption,
 )
-from diagnose.detectors.shape import detect_request_shape
-from diagnose.detectors.steps import PRUNE_GAP_S, _prune_ranges, detect_decode_steps  # noqa: F401 (tests)
-from diagnose.report import Finding
+from tailtrace.diagnose.detectors.shape import detect_request_shape
+from tailtrace.diagnose.detectors.steps import PRUNE_GAP_S, _prune_ranges, detect_decode_steps  # noqa: F401 (tests)
+from tailtrace.diagnose.report import Finding
 
 __all__ = ["BURST_WINDOWS_S", "DETECTORS", "MITIGATIONS", "PRUNE_GAP_S", "Context", "run_detectors"]
 
@@ -39,7 +39,7 @@ DETECTORS = (detect_client_queue, detect_gateway_queue, detect_network, detect_u
 
 def run_detectors(ctx: Context) -> list[Finding]:
     """Every detector's findings, unranked (DETECTORS read at call time: bench/explain.py wraps them)."""
-    import diagnose.detectors as here
+    import tailtrace.diagnose.detectors as here
 
     out: list[Finding] = []
     for d in here.DETECTORS:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from collector.query.deployment import Deployment
-from diagnose.actions import Action
-from diagnose.report import Evidence, Finding, PhaseShare, TailSet
-from diagnose.source import Query, iso
-from semantics.catalog import Layer
+from tailtrace.collector.query.deployment import Deployment
+from tailtrace.diagnose.actions import Action
+from tailtrace.diagnose.report import Evidence, Finding, PhaseShare, TailSet
+from tailtrace.diagnose.source import Query, iso
+from tailtrace.semantics.catalog import Layer
 
 __all__ = ["MITIGATIONS", "Context", "as_float", "clean", "confidence", "holds", "num", "phase_evidence", "prefill_tok_per_s",
            "replicas", "target_ms"]
@@ -162,6 +162,6 @@ def prefill_tok_per_s(ctx: Context) -> float | None:
 
 def target_ms(ctx: Context, metric: str) -> float:
     """The objective's bound on `metric` (ms): the scope's SLO spec, else the catalog's default."""
-    from semantics.catalog import SLO_DEFAULTS_MS
+    from tailtrace.semantics.catalog import SLO_DEFAULTS_MS
 
     return float(ctx.targets.get(metric) or SLO_DEFAULTS_MS.get(metric) or 0.0)

@@ -3,19 +3,25 @@ and retries; each detector beside its actions."""
 
 from __future__ import annotations
 
-from diagnose.actions import action
-from diagnose.detectors.context import MITIGATIONS, Context
-from diagnose.detectors.context import as_float as _f
-from diagnose.detectors.context import clean as _clean
-from diagnose.detectors.context import confidence as _confidence
-from diagnose.detectors.context import holds as _holds
-from diagnose.detectors.context import num as _num
-from diagnose.detectors.context import phase_evidence as _phase_evidence
-from diagnose.detectors.context import replicas as _replicas
-from diagnose.report import Evidence, Finding
-from diagnose.source import iso
-from semantics import semconv as sc
-from semantics.catalog import CLIENT_LEFT_STATUSES, FAILED_POPULATION, LAYER_GATEWAY, STATUS_REJECTED, sql_in
+from tailtrace.diagnose.actions import action
+from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.context import as_float as _f
+from tailtrace.diagnose.detectors.context import clean as _clean
+from tailtrace.diagnose.detectors.context import confidence as _confidence
+from tailtrace.diagnose.detectors.context import holds as _holds
+from tailtrace.diagnose.detectors.context import num as _num
+from tailtrace.diagnose.detectors.context import phase_evidence as _phase_evidence
+from tailtrace.diagnose.detectors.context import replicas as _replicas
+from tailtrace.diagnose.report import Evidence, Finding
+from tailtrace.diagnose.source import iso
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import (
+    CLIENT_LEFT_STATUSES,
+    FAILED_POPULATION,
+    LAYER_GATEWAY,
+    STATUS_REJECTED,
+    sql_in,
+)
 
 MITIGATIONS.update({
     "client_queue": ["raise the client's concurrency cap (or its connection pool) to what the deployment serves",
@@ -182,7 +188,7 @@ def _replica_of(ctx: Context, upstream: str) -> str | None:
     """The replica (`request_replicas.replica`: the engine's service.instance.id, else its service
     name) that served most of `upstream`'s requests in the tail set's scope; None when none did or
     the store has no `request_replicas` (a store written before it: a secondary figure, never an error)."""
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     ts = ctx.ts
     try:

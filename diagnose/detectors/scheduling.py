@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import math
 
-from diagnose.actions import action
-from diagnose.detectors.context import MITIGATIONS, Context
-from diagnose.detectors.context import as_float as _f
-from diagnose.detectors.context import confidence as _confidence
-from diagnose.detectors.context import holds as _holds
-from diagnose.detectors.context import num as _num
-from diagnose.detectors.context import phase_evidence as _phase_evidence
-from diagnose.detectors.context import prefill_tok_per_s as _prefill_rate
-from diagnose.detectors.context import replicas as _replicas
-from diagnose.detectors.context import target_ms as _target
-from diagnose.report import Evidence, Finding
-from semantics.catalog import LAYER_SCHEDULING
+from tailtrace.diagnose.actions import action
+from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.context import as_float as _f
+from tailtrace.diagnose.detectors.context import confidence as _confidence
+from tailtrace.diagnose.detectors.context import holds as _holds
+from tailtrace.diagnose.detectors.context import num as _num
+from tailtrace.diagnose.detectors.context import phase_evidence as _phase_evidence
+from tailtrace.diagnose.detectors.context import prefill_tok_per_s as _prefill_rate
+from tailtrace.diagnose.detectors.context import replicas as _replicas
+from tailtrace.diagnose.detectors.context import target_ms as _target
+from tailtrace.diagnose.report import Evidence, Finding
+from tailtrace.semantics.catalog import LAYER_SCHEDULING
 
 # Arrivals in the seconds before a tail request (each of these windows; the one with the highest
 # rate speaks) against the throughput sustained over the scope.

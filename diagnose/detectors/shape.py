@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from diagnose.actions import action
-from diagnose.detectors.context import MITIGATIONS, Context
-from diagnose.detectors.context import as_float as _f
-from diagnose.detectors.context import confidence as _confidence
-from diagnose.report import Finding
-from semantics.catalog import LAYER_SHAPE
+from tailtrace.diagnose.actions import action
+from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.context import as_float as _f
+from tailtrace.diagnose.detectors.context import confidence as _confidence
+from tailtrace.diagnose.report import Finding
+from tailtrace.semantics.catalog import LAYER_SHAPE
 
 MITIGATIONS.update({
     "request_shape": ["an output length limit (max_tokens) or an input length limit",

@@ -3,14 +3,14 @@ batch (compute and hardware), from decode_steps and the step rollup; each detect
 
 from __future__ import annotations
 
-from diagnose.actions import action
-from diagnose.detectors.context import MITIGATIONS, Context
-from diagnose.detectors.context import as_float as _f
-from diagnose.detectors.context import confidence as _confidence
-from diagnose.detectors.context import num as _num
-from diagnose.detectors.context import target_ms as _target
-from diagnose.report import Evidence, Finding
-from semantics.catalog import LAYER_COMPUTE, LAYER_SCHEDULING
+from tailtrace.diagnose.actions import action
+from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.context import as_float as _f
+from tailtrace.diagnose.detectors.context import confidence as _confidence
+from tailtrace.diagnose.detectors.context import num as _num
+from tailtrace.diagnose.detectors.context import target_ms as _target
+from tailtrace.diagnose.report import Evidence, Finding
+from tailtrace.semantics.catalog import LAYER_COMPUTE, LAYER_SCHEDULING
 
 # The most tail requests whose decode steps are read raw (the slowest; the rest scale from them).
 STEP_SAMPLE = 256
@@ -26,7 +26,7 @@ MITIGATIONS.update({
 
 def _cells_sql(ctx: Context, lo: str, hi: str) -> tuple[str, list]:
     """Rows (batch_size, prefill_bucket, steps, itl_sum_ms) of every decode step in [lo, hi)."""
-    from collector.store import step_rollup
+    from tailtrace.collector.store import step_rollup
 
     return step_rollup.cells_sql(lo, hi, rollup=ctx.has_rollup)
 
@@ -64,7 +64,7 @@ def _decode_steps(ctx: Context) -> tuple[dict, Evidence] | None:
                       "ORDER BY 1", [ts.median_ms, *ts.tail_params])
     if not spans:
         return None
-    from collector.store.step_rollup import PREFILL_BUCKET_SQL
+    from tailtrace.collector.store.step_rollup import PREFILL_BUCKET_SQL
 
     sampled_excess = sum(float(x or 0.0) for _, _, x in spans)
     ranges = _prune_ranges([(a, b + 1000) for a, b, _ in spans])

@@ -8,15 +8,15 @@ __all__ = ["DeviceSample", "DeviceSampler", "decode_throttle_reasons"]
 
 def __getattr__(name):
     if name == "DeviceSampler":
-        from instrument.device.sampler import DeviceSampler
+        from tailtrace.instrument.device.sampler import DeviceSampler
 
         return DeviceSampler
     if name == "DeviceSample":
-        from instrument.device.backends import DeviceSample
+        from tailtrace.instrument.device.backends import DeviceSample
 
         return DeviceSample
     if name == "decode_throttle_reasons":
-        from semantics.throttle import decode_throttle_reasons
+        from tailtrace.semantics.throttle import decode_throttle_reasons
 
         return decode_throttle_reasons
     raise AttributeError(name)

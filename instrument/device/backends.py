@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from plumbing.errors import UserError
-from semantics.throttle import throttle_reasons_label
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.throttle import throttle_reasons_label
 
 __all__ = ["SOURCES", "CpuBackend", "DeviceSample", "NvmlBackend", "open_backend"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from plumbing.argtypes import bounded_float, seconds
+from tailtrace.plumbing.argtypes import bounded_float, seconds
 
 __all__ = ["register"]
 
@@ -40,8 +40,8 @@ def _run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from instrument.device.sampler import DeviceSampler
-    from plumbing.errors import UserError
+    from tailtrace.instrument.device.sampler import DeviceSampler
+    from tailtrace.plumbing.errors import UserError
 
     if args.duration is not None and args.duration <= 0:
         raise UserError(f"--duration must be > 0 seconds, got {args.duration}")

@@ -36,8 +36,8 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 )
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from instrument import semconv
-from instrument.device.backends import DeviceSample
+from tailtrace.instrument import semconv
+from tailtrace.instrument.device.backends import DeviceSample
 
 __all__ = ["GAUGES", "encode_samples", "encode_samples_reference"]
 

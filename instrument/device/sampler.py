@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Self
 
-from instrument.device.backends import DeviceSample, open_backend
-from plumbing.errors import UserError
+from tailtrace.instrument.device.backends import DeviceSample, open_backend
+from tailtrace.plumbing.errors import UserError
 
 __all__ = ["DeviceSampler", "SamplerStats"]
 
@@ -93,7 +93,7 @@ class DeviceSampler:
             )
         if max_buffered < 1:
             raise UserError(f"max_buffered must be >= 1, got {max_buffered}")
-        from instrument.otel import otlp_endpoint
+        from tailtrace.instrument.otel import otlp_endpoint
 
         self.interval_s = float(interval_s)
         self.export_interval_s = float(export_interval_s)
@@ -129,14 +129,14 @@ class DeviceSampler:
         """Open the backend and start sampling and exporting. Returns self. Idempotent."""
         if self._started:
             return self
-        from instrument.device.backends import SOURCES
+        from tailtrace.instrument.device.backends import SOURCES
 
         if self.source_requested not in SOURCES:
             raise UserError(f"unknown device source {self.source_requested!r}: choose one of {', '.join(SOURCES)}")
         self._backend = open_backend(self.source_requested, self._nvml, self.host)
         self._resource = {"service.name": self._service_name, "host.name": self.host}
         if self._sender is None:
-            from instrument.otlp_http import OtlpHttpSender
+            from tailtrace.instrument.otlp_http import OtlpHttpSender
 
             self._sender = OtlpHttpSender(f"{self.endpoint}/v1/metrics", timeout_s=self._export_timeout_s,
                                           signal="metrics", user_agent="tailtrace-device-sampler")
@@ -245,7 +245,7 @@ class DeviceSampler:
         failure); a permanent failure (e.g. HTTP 400) drops the batch and counts it."""
         from opentelemetry import context
 
-        from instrument.device.otlp import encode_samples
+        from tailtrace.instrument.device.otlp import encode_samples
 
         result = None
         detail = "no result"

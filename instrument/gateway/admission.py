@@ -22,8 +22,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from instrument.gateway.config import PRIORITIES
-from instrument.gateway.queue_order import make_queue
+from tailtrace.instrument.gateway.config import PRIORITIES
+from tailtrace.instrument.gateway.queue_order import make_queue
 
 __all__ = ["AdmissionController", "QueueFull", "Upstream", "UpstreamPool"]
 

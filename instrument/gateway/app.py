@@ -43,14 +43,14 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from instrument import semconv as sc
-from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
-from instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
-from instrument.gateway.control import GatewayControl
-from instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
-from instrument.gateway.stream_end import EndOfResponse
-from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
-from semantics.catalog import STATUS_ABORT, STATUS_ERROR, STATUS_OK, STATUS_REJECTED
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
+from tailtrace.instrument.gateway.config import BATCH, INTERACTIVE, PRIORITIES, GatewayConfig
+from tailtrace.instrument.gateway.control import GatewayControl
+from tailtrace.instrument.gateway.limits import LimitError, TokenCounter, cap_output, check_input
+from tailtrace.instrument.gateway.stream_end import EndOfResponse
+from tailtrace.plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge, ClientGone, read_body
+from tailtrace.semantics.catalog import STATUS_ABORT, STATUS_ERROR, STATUS_OK, STATUS_REJECTED
 
 __all__ = ["create_app", "error_body"]
 
@@ -105,8 +105,8 @@ class _Gateway:
         elif config.tracer_provider is not None:
             self.provider = config.tracer_provider
         else:
-            from instrument.deployment import gateway_config
-            from instrument.otel import make_tracer_provider
+            from tailtrace.instrument.deployment import gateway_config
+            from tailtrace.instrument.otel import make_tracer_provider
 
             self.provider = make_tracer_provider("tailtrace-gateway", config.otlp_endpoint,
                                                  extra_resource=gateway_config(config))
@@ -175,7 +175,7 @@ class _Gateway:
     async def resolve_upstreams(self) -> None:
         """Resolve --upstream-dns once: the upstreams become the --upstream URLs plus one per address
         of its name (discovery.py). A failed resolution keeps the current upstreams (logged)."""
-        from instrument.gateway.discovery import resolve_upstreams
+        from tailtrace.instrument.gateway.discovery import resolve_upstreams
 
         try:
             found = await resolve_upstreams(self.config.upstream_dns)

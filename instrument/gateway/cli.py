@@ -5,8 +5,8 @@ Registration is cheap: FastAPI, httpx and OpenTelemetry are imported only when t
 
 from __future__ import annotations
 
-from instrument.gateway.config import SETTINGS
-from plumbing.argtypes import PORT, TOKENS, bounded_float, bounded_int, seconds
+from tailtrace.instrument.gateway.config import SETTINGS
+from tailtrace.plumbing.argtypes import PORT, TOKENS, bounded_float, bounded_int, seconds
 
 __all__ = ["register"]
 
@@ -49,8 +49,8 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    from instrument.gateway.config import GatewayConfig
-    from plumbing.procs import check_port_free
+    from tailtrace.instrument.gateway.config import GatewayConfig
+    from tailtrace.plumbing.procs import check_port_free
 
     config = GatewayConfig.from_args(args).validate()
     check_port_free(config.host, config.port, "gateway")
@@ -59,7 +59,7 @@ def _run(args) -> int:
 
     import uvicorn
 
-    from instrument.gateway.app import create_app
+    from tailtrace.instrument.gateway.app import create_app
 
     # The span exporter's thread would otherwise hold the GIL for up to 5 ms at a time while the
     # event loop has a request ready (bench/gateway.py --also TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL=5).

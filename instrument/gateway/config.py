@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from plumbing.errors import UserError
-from plumbing.urls import check_http_url
-from semantics import envs
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.urls import check_http_url
+from tailtrace.semantics import envs
 
 __all__ = ["BATCH", "INTERACTIVE", "PRIORITIES", "SETTINGS", "GatewayConfig", "Setting"]
 
@@ -201,7 +201,7 @@ class GatewayConfig:
             raise UserError("--gil-switch-interval must be more than 0 and at most 100 milliseconds")
         if not self.health_path.startswith("/"):
             raise UserError(f"--health-path {self.health_path!r} must start with '/'")
-        from instrument.gateway.ladder import check_control
+        from tailtrace.instrument.gateway.ladder import check_control
 
         check_control(self)
         return self

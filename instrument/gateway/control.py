@@ -26,15 +26,15 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from instrument import semconv as sc
-from instrument.gateway.config import BATCH, INTERACTIVE
-from instrument.gateway.ladder import BATCH as STEP_BATCH
-from instrument.gateway.ladder import DEFER, OUTPUT, SHED, Ladder, Transition, parse_ladder
-from instrument.gateway.limits import cap_output
-from instrument.gateway.meter import EngineMeter
-from semantics.catalog import STATUS_REJECTED
-from semantics.slo import parse_slo
-from semantics.ttft_predict import drain_s, predict_ttft_s, retry_after_s
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.gateway.config import BATCH, INTERACTIVE
+from tailtrace.instrument.gateway.ladder import BATCH as STEP_BATCH
+from tailtrace.instrument.gateway.ladder import DEFER, OUTPUT, SHED, Ladder, Transition, parse_ladder
+from tailtrace.instrument.gateway.limits import cap_output
+from tailtrace.instrument.gateway.meter import EngineMeter
+from tailtrace.semantics.catalog import STATUS_REJECTED
+from tailtrace.semantics.slo import parse_slo
+from tailtrace.semantics.ttft_predict import drain_s, predict_ttft_s, retry_after_s
 
 __all__ = ["GatewayControl", "Plan"]
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from plumbing.errors import UserError
-from semantics.slo import parse_slo
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.slo import parse_slo
 
 __all__ = ["STEP_KINDS", "Ladder", "LadderStep", "Transition", "check_control", "parse_ladder"]
 

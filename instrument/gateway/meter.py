@@ -25,7 +25,7 @@ import statistics
 import time
 from collections import deque
 
-from semantics.ttft_predict import EngineRates
+from tailtrace.semantics.ttft_predict import EngineRates
 
 __all__ = ["EngineMeter", "Flight"]
 

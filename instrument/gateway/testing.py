@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.config import GatewayConfig
 
 __all__ = ["GatewayHandle", "StubEngine", "start_gateway_thread", "start_stub_engine"]
 
@@ -40,7 +40,7 @@ def start_gateway_thread(config: GatewayConfig, timeout_s: float = 15.0) -> Gate
     Raises `RuntimeError` if it does not start within `timeout_s`."""
     import uvicorn
 
-    from instrument.gateway.app import create_app
+    from tailtrace.instrument.gateway.app import create_app
 
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",

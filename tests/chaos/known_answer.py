@@ -31,7 +31,7 @@ def stripped_copy(sql, start_ns: int, end_ns: int, dest: Path, slack_s: float = 
     NULL; returns `dest`."""
     import duckdb
 
-    from collector.store.schema import DDL
+    from tailtrace.collector.store.schema import DDL
 
     lo, hi = _ts(start_ns - int(slack_s * 1e9)), _ts(end_ns + int(slack_s * 1e9))
     con = duckdb.connect(str(dest))
@@ -53,7 +53,7 @@ def stripped_copy(sql, start_ns: int, end_ns: int, dest: Path, slack_s: float = 
                 if len(rows) < _PAGE:
                     break
                 offset += _PAGE
-        from collector.store.step_rollup import REBUILD_STEP_ROLLUP
+        from tailtrace.collector.store.step_rollup import REBUILD_STEP_ROLLUP
 
         for stmt in REBUILD_STEP_ROLLUP:
             con.execute(stmt)
@@ -67,8 +67,8 @@ def diagnose_window(sql, window: dict, dest: Path, metric: str = "e2e", slack_s:
     """The diagnosis (`diagnose.explain`) of an experiment's window (`details["window"]`:
     start_unix_ns, end_unix_ns) over its stripped copy at `dest`, its tail above `quantile`.
     Returns the Report."""
-    from diagnose.explain import explain
-    from diagnose.source import Scope, db_query
+    from tailtrace.diagnose.explain import explain
+    from tailtrace.diagnose.source import Scope, db_query
 
     path = stripped_copy(sql, window["start_unix_ns"], window["end_unix_ns"], dest, slack_s)
     query, close = db_query(path)

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from plumbing.procs import free_port, start_process, stop_process
 from tailtrace.cli import main
+from tailtrace.plumbing.procs import free_port, start_process, stop_process
 from tests.helpers import kill_marked, marked_env, marked_processes, one_line_error
 
 pytestmark = pytest.mark.usefixtures("keep_signal_handlers")  # `tailtrace chaos` installs its own
@@ -86,7 +86,7 @@ def _listening(port: int) -> bool:
 
 def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
     stub_port = free_port()
-    stub = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(stub_port), "--itl-ms", "5"])
+    stub = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(stub_port), "--itl-ms", "5"])
     mark = uuid.uuid4().hex
     out = tmp_path / "chaos"
     log = tmp_path / "chaos.log"
@@ -108,7 +108,7 @@ def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
             assert proc.poll() is None, log.read_text(errors="replace")[-2000:]
             assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
             time.sleep(0.2)
-        proxies = [p for p in marked_processes(mark) if "chaos.proxy" in " ".join(p.cmdline())]
+        proxies = [p for p in marked_processes(mark) if "tailtrace.chaos.proxy" in " ".join(p.cmdline())]
         assert len(proxies) == 2
         ports = [int(p.cmdline()[p.cmdline().index("--listen-port") + 1]) for p in proxies]
         assert all(_listening(port) for port in ports)
@@ -131,7 +131,7 @@ def test_ctrl_c_stops_the_proxies_and_exits_130(session_collector, tmp_path):
 def test_long_prompt_comes_after_lead_arrivals():
     """long-prompt's schedule: the steady arrivals each LEAD_ARRIVALS_MS before the long prompt are
     added to the Poisson ones, none before the first (the schedule keeps its start)."""
-    from chaos.long_prompt import LEAD_ARRIVALS_MS, long_offset_ms, with_lead_arrivals
+    from tailtrace.chaos.long_prompt import LEAD_ARRIVALS_MS, long_offset_ms, with_lead_arrivals
 
     offsets = [0.0, 900.0, 4100.0, 4300.0, 7000.0, 11000.0]
     at = long_offset_ms(offsets, 12.0)
@@ -143,7 +143,7 @@ def test_long_prompt_comes_after_lead_arrivals():
 
 
 def test_long_prompt_baseline_takes_the_nearest_batch_size_with_enough_steps():
-    from chaos.long_prompt import MIN_BASELINE, nearest_baseline
+    from tailtrace.chaos.long_prompt import MIN_BASELINE, nearest_baseline
 
     base = {3: [1.0] * MIN_BASELINE, 4: [9.0] * (MIN_BASELINE - 1), 7: [2.0, 3.0, 4.0][:MIN_BASELINE] + [5.0]}
     assert nearest_baseline(base, 3) == (3, 1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from chaos.cpu_contention import find_window
+from tailtrace.chaos.cpu_contention import find_window
 
 MS = 1_000_000  # ns
 

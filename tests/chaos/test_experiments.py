@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from chaos.runner import PHASE_COLUMNS, ChaosOptions, Target, run_experiment
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.chaos.runner import PHASE_COLUMNS, ChaosOptions, Target, run_experiment
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 from tests.chaos.known_answer import assert_top_cause, diagnose_window
 
 pytestmark = pytest.mark.slow
@@ -197,9 +197,9 @@ def test_known_answers_of_a_burst_and_of_no_fault(vllm_server, vllm_collector, g
     that holds < 10% of the excess."""
     import time
 
-    from chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
-    from embedded.stack import wait_for_store
-    from loadgen.replay import new_run_id
+    from tailtrace.chaos.load import burst_config, poisson_offsets_ms, run_streams, shape_trace
+    from tailtrace.embedded.stack import wait_for_store
+    from tailtrace.loadgen.replay import new_run_id
 
     def window(res):
         done = [r.end_unix_nano for r in res.records if r.end_unix_nano]
@@ -245,8 +245,8 @@ def test_cpu_contention_slows_compute_inside_the_hogs_window_only(vllm_server, v
     # (load 7) of the client's shift; 48 tokens made it a third of that, and still 5.9% once in a
     # fresh clone's run on a 2-core AVX2 box (frontend +55 ms of a 931 ms shift): 96 tokens halve it.
     # The hog is SCHED_FIFO (docs/chaos.md: a fair-class one barely slows vLLM): root or CAP_SYS_NICE
-    from chaos.cpu_contention import check_realtime
-    from plumbing.errors import UserError
+    from tailtrace.chaos.cpu_contention import check_realtime
+    from tailtrace.plumbing.errors import UserError
 
     TOKENS = 96  # output tokens of each request
 

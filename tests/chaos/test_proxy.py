@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from chaos.proxy import parse_traceparent, read_log, request_holds
-from plumbing.procs import free_port, start_process, stop_process
+from tailtrace.chaos.proxy import parse_traceparent, read_log, request_holds
+from tailtrace.plumbing.procs import free_port, start_process, stop_process
 
 TID_A = "4bf92f3577b34da6a3ce929d0e0e4736"
 TID_B = "0af7651916cd43dd8448eb211c80319c"
@@ -42,7 +42,7 @@ def test_parse_traceparent():
 
 def _start_stub(itl_ms: float):
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port), "--itl-ms", str(itl_ms)])
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port), "--itl-ms", str(itl_ms)])
     _wait_port(port, proc)
     return proc, port
 
@@ -61,7 +61,7 @@ def _wait_port(port: int, proc, timeout_s: float = 30.0) -> None:
 
 def _start_proxy(upstream_port: int, delay_in: float, delay_out: float, log):
     port = free_port()
-    proc = start_process([sys.executable, "-m", "chaos.proxy", "--listen-port", str(port), "--upstream",
+    proc = start_process([sys.executable, "-m", "tailtrace.chaos.proxy", "--listen-port", str(port), "--upstream",
                           f"http://127.0.0.1:{upstream_port}", "--delay-in-ms", str(delay_in),
                           "--delay-out-ms", str(delay_out), "--log", str(log)])
     _wait_port(port, proc)

@@ -16,8 +16,8 @@ import os
 import httpx
 import pytest
 
-from chaos.replica_kill import ENGINE_COLUMNS
-from chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
+from tailtrace.chaos.replica_kill import ENGINE_COLUMNS
+from tailtrace.chaos.runner import ChaosOptions, Target, print_table, result_json, run_experiment
 from tests.helpers import EAGER
 
 pytestmark = pytest.mark.slow

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing.clickhouse_spans import both_stores, duckdb_store, insert_spans, new_chdb_store
+from tailtrace.collector.testing.clickhouse_spans import (
+    both_stores,
+    duckdb_store,
+    insert_spans,
+    new_chdb_store,
+)
 
 
 @pytest.fixture(scope="module")
 def spans():
     """The span set of collector/testing/clickhouse_spans.py (default shape), built once per module."""
-    from collector.testing.clickhouse_spans import build_spans
+    from tailtrace.collector.testing.clickhouse_spans import build_spans
 
     return build_spans()[0]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from collector.clickhouse.dialect import aggregate_state
+from tailtrace.collector.clickhouse.dialect import aggregate_state
 
 # (g, p, x, y): two groups; the filter p = 'a' matches no row of group 2, whose x are not NULL
 # (the case where chdb's argMaxIfOrNullState merges to 0)

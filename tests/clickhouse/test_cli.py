@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from collector.testing.clickhouse_spans import build_spans, insert_spans
 from tailtrace.cli import main
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.testing.clickhouse_spans import build_spans, insert_spans
 
 
 def _err(capsys) -> str:
@@ -136,7 +136,7 @@ def test_init_keeps_a_stores_ttl_and_refuses_another(tmp_path, capsys):
     """An existing store keeps the TTL it was created with: init again with another --ttl-hours is one
     line naming it (no silent keep), without the flag it is reapplied, and a table init recreates
     (here `_requests_kept`, dropped) gets the store's TTL, not the default 72 h."""
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     url = f"chdb://{tmp_path / 'ch'}"
     assert main(["clickhouse", "init", "--url", url, "--ttl-hours", "0"]) == 0

@@ -7,10 +7,10 @@ import contextlib
 import io
 import json
 
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.testing.clickhouse_spans import build_spans, duckdb_store, insert_spans
-from instrument import semconv as sc
 from tailtrace.cli import main
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store, insert_spans
+from tailtrace.instrument import semconv as sc
 from tests.clickhouse.test_explain import _differences
 
 

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from collector.testing.clickhouse_spans import both_stores, build_spans
-from dashboard import data, ui
 from tailtrace.cli import main
+from tailtrace.collector.testing.clickhouse_spans import both_stores, build_spans
+from tailtrace.dashboard import data, ui
 from tests.dashboard.apptest_util import PAGES, goto, metrics, open_app
 
 

@@ -10,13 +10,13 @@ import random
 import duckdb
 import pytest
 
-from collector.clickhouse.dialect import to_clickhouse
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.clickhouse.query import run_readonly
-from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS, SPANS
-from collector.testing.clickhouse_spans import insert_spans
-from semantics import semconv as sc
-from semantics.catalog import QUANTILES
+from tailtrace.collector.clickhouse.dialect import to_clickhouse
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.clickhouse.query import run_readonly
+from tailtrace.collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS, SPANS
+from tailtrace.collector.testing.clickhouse_spans import insert_spans
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import QUANTILES
 
 TOL_MS = 1e-6
 
@@ -117,7 +117,7 @@ def _chdb_requests(directory, parts) -> tuple[dict, dict, int, int]:
     """Insert each list of exporter rows of `parts` (one insert each) into a fresh chdb store at
     `directory`: (requests by trace_id read before and after the states are merged on disk
     (OPTIMIZE ... FINAL), rows of _trace_state before, traces in it)."""
-    from collector.testing.clickhouse_spans import new_chdb_store
+    from tailtrace.collector.testing.clickhouse_spans import new_chdb_store
 
     _, client = new_chdb_store(directory)
     try:
@@ -159,7 +159,7 @@ def _arrive_on_both(duck, client, stage, what: str) -> dict:
     """Write the OTLP request `stage` through the DuckDB writer `duck` (refreshed) and into the chdb
     store of `client` (refreshed); assert both `requests` equal row for row (`what` names the stage
     in the errors) and return them by trace_id."""
-    from collector.processor.enrich import traces_to_batch
+    from tailtrace.collector.processor.enrich import traces_to_batch
 
     q = f"SELECT {', '.join(REQUESTS.names)} FROM requests"
     duck.submit(traces_to_batch(stage)).result(60)
@@ -174,8 +174,8 @@ def _arrive_on_both(duck, client, stage, what: str) -> dict:
 def test_traces_still_arriving_show_what_has_arrived_as_on_duckdb(spans, tmp_path):
     """Every trace arriving layer by layer (the client spans, then the gateway's, then the engine's):
     at each stage chdb's requests rows equal the DuckDB writer's (refreshed after each stage)."""
-    from collector.store.duckdb_store import DuckDBStore
-    from collector.testing.clickhouse_spans import new_chdb_store
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.testing.clickhouse_spans import new_chdb_store
 
     gateway = {sc.PHASE_GATEWAY, sc.PHASE_GATEWAY_QUEUE, sc.PHASE_UPSTREAM, sc.PHASE_NETWORK}
     stages = [_subset(spans, lambda sp: _phase(sp) == sc.PHASE_CLIENT),
@@ -272,9 +272,9 @@ def test_init_backfills_decode_steps_from_spans_already_there(spans, duck, tmp_p
     """An otel_traces the exporter filled before `tailtrace clickhouse init`: the new decode_steps,
     step_rollup and per-trace states get the spans already there (the materialized views see only
     later inserts), and `requests` equals DuckDB's; a second init adds nothing twice."""
-    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main
+    from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
     client = connect_clickhouse(store, create=True)

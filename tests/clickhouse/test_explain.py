@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.testing.clickhouse_spans import build_spans, duckdb_store, insert_spans
 from tailtrace.cli import main
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store, insert_spans
 
 
 def _differences(a, b, path="") -> list[str]:
@@ -31,7 +31,7 @@ def _differences(a, b, path="") -> list[str]:
 
 def _json(rows) -> list:
     """Rows as the JSON of `tailtrace sql` (times as ISO text, decimals as floats)."""
-    from collector.query.api import to_json_value
+    from tailtrace.collector.query.api import to_json_value
 
     return [[to_json_value(v) for v in r] for r in rows]
 
@@ -43,8 +43,8 @@ def assert_same_report(want: dict, got: dict, duck_url: str, ch_url: str) -> Non
     `tailtrace sql --store` on ClickHouse, gives the same rows on both; the rest is equal."""
     import duckdb
 
-    from collector.clickhouse.query import run_readonly
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.clickhouse.query import run_readonly
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     def evidence(report):
         return [f["evidence"] for f in report["findings"]] + ([report["capacity"]["evidence"]] if report["capacity"] else [])

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from collector.clickhouse import exporter_schema
-from collector.clickhouse.exporter_encoding import as_string, encode_traces
-from collector.testing import set_any_value
-from collector.testing.clickhouse_spans import insert_spans
-from collector.testing.otlp_payloads import MS, TraceBuilder
-from semantics import semconv as sc
+from tailtrace.collector.clickhouse import exporter_schema
+from tailtrace.collector.clickhouse.exporter_encoding import as_string, encode_traces
+from tailtrace.collector.testing import set_any_value
+from tailtrace.collector.testing.clickhouse_spans import insert_spans
+from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+from tailtrace.semantics import semconv as sc
 
 
 def test_vendored_files_match_their_pinned_checksums(tmp_path, monkeypatch):
@@ -64,7 +64,7 @@ def test_float_text_is_gos_shortest_positional_form_at_every_magnitude():
     and JSON's exponent form outside [1e-6, 1e21), as Go's encoding/json (e-09 written e-9)."""
     import numpy as np
 
-    from collector.clickhouse.exporter_encoding import _go_float
+    from tailtrace.collector.clickhouse.exporter_encoding import _go_float
 
     rng = np.random.default_rng(7)
     xs = [0.0, -0.0, 1.0, -2.0, 0.1, 1e15, 1e16, 123456789012345678.0, 1e-4, 1e-5, 1e-7, 1e20, 1e21, 5e-324,

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from bench.tile import tile_store, tile_trace_id
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from collector.store import step_histogram
-from collector.store.tables import REQUESTS
-from collector.testing.clickhouse_spans import build_spans, duckdb_store
-from dashboard.queries.common import Filters
-from dashboard.queries.overview import step_summary
-from dashboard.source import open_source
-from semantics.catalog import QUANTILES
 from tailtrace.cli import main
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.store import step_histogram
+from tailtrace.collector.store.tables import REQUESTS
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store
+from tailtrace.dashboard.queries.common import Filters
+from tailtrace.dashboard.queries.overview import step_summary
+from tailtrace.dashboard.source import open_source
+from tailtrace.semantics.catalog import QUANTILES
 
 K = 3
 _E2E = "SELECT outer_e2e_ms FROM requests WHERE outer_e2e_ms IS NOT NULL"

@@ -5,13 +5,13 @@ recomputes the traces with new spans at each refresh."""
 
 from __future__ import annotations
 
-from collector.clickhouse.exporter_encoding import encode_traces
-from collector.clickhouse.objects import init_statements
-from collector.clickhouse.query import run_readonly
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from collector.store.tables import REQUESTS
-from collector.testing.clickhouse_spans import insert_spans
-from semantics import semconv as sc
+from tailtrace.collector.clickhouse.exporter_encoding import encode_traces
+from tailtrace.collector.clickhouse.objects import init_statements
+from tailtrace.collector.clickhouse.query import run_readonly
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.store.tables import REQUESTS
+from tailtrace.collector.testing.clickhouse_spans import insert_spans
+from tailtrace.semantics import semconv as sc
 from tests.clickhouse.test_equality import _arrive_on_both, _diff, _phase, _requests, _subset
 
 OLD = (bytes([1, 1, 0]) + bytes(13)).hex()   # a full trace, its replica on another host: its client span is late
@@ -27,7 +27,7 @@ def test_a_refresh_replaces_the_rows_of_the_traces_that_arrived_only(spans, tmp_
     chdb's requests equal DuckDB's row for row; stage 2 replaces OLD's row (one row, now with the
     client's E2E), adds NEW's, and recomputes no other trace; the late client span starts before
     spans already there (a watermark on span times would miss it)."""
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     old, new = bytes.fromhex(OLD), bytes.fromhex(NEW)
 
@@ -74,7 +74,7 @@ def test_init_on_a_store_from_before_the_kept_table_fills_it(spans, duck, tmp_pa
     """A store that the previous tailtrace set up (spans and per-trace states, no `_requests_kept` or
     `_trace_arrivals`, a clock_offsets_rmv replacing its table): `clickhouse init` keeps `requests`
     for every trace already there, equal to DuckDB's, and recreates clock_offsets_rmv appending."""
-    from collector.testing.clickhouse_spans import new_chdb_store
+    from tailtrace.collector.testing.clickhouse_spans import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
     try:
@@ -119,7 +119,7 @@ def test_arrivals_committed_behind_a_refresh_are_recomputed_once_stamped_again(s
     parts of 2M spans at 1M requests: 3,083 traces without a row). Emulated with margin 0: NEW's
     spans inserted after a refresh, their arrival stamped before it (when such a load began). The next refresh leaves NEW out; stamped again (`arrived_again_since` from that start,
     what `clickhouse load` does after its last part), NEW's row is DuckDB's and no trace is missing."""
-    from collector.clickhouse.objects import arrived_again_since, refresh_requests, server_now
+    from tailtrace.collector.clickhouse.objects import arrived_again_since, refresh_requests, server_now
 
     new = bytes.fromhex(NEW)
     store = parse_store_url(f"chdb://{tmp_path / 'ch'}")
@@ -155,8 +155,8 @@ def test_init_refills_per_trace_states_kept_with_other_aggregates(spans, duck, t
     tailtrace kept (here: one aggregate fewer) is detected (objects.stale_trace_state), its states
     dropped and refilled from `otel_traces` by `clickhouse init`, and `requests` recomputed from them
     equals DuckDB's; `_requests_kept` with a column missing is rebuilt as well. A store init made today is not refilled (its states are today's)."""
-    from collector.clickhouse.objects import stale_trace_state
-    from collector.testing.clickhouse_spans import new_chdb_store
+    from tailtrace.collector.clickhouse.objects import stale_trace_state
+    from tailtrace.collector.testing.clickhouse_spans import new_chdb_store
 
     store, client = new_chdb_store(tmp_path / "ch")
     try:

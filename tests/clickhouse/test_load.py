@@ -13,12 +13,12 @@ import time
 import duckdb
 import pytest
 
-from collector.clickhouse import load
-from collector.clickhouse.query import run_readonly
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
-from collector.testing.clickhouse_spans import build_spans, duckdb_store
 from tailtrace.cli import main
+from tailtrace.collector.clickhouse import load
+from tailtrace.collector.clickhouse.query import run_readonly
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store
 from tests.clickhouse.test_equality import _diff, _requests, _steps
 from tests.clickhouse.test_rollups import _compare, _on_ch, _on_duck, _readers
 
@@ -42,8 +42,8 @@ def duck_path(tmp_path_factory):
     """A DuckDB store of build_spans' traces and test_rollups.full_metrics_request's metrics (device
     gauges, gauges, delta and cumulative sums, a histogram) through the real processor and writer, and
     one metric_points row of a scrape target."""
-    from collector.processor.enrich import metrics_to_batch
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.processor.enrich import metrics_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
     from tests.clickhouse.test_rollups import full_metrics_request
 
     path = duckdb_store(tmp_path_factory.mktemp("duck") / "t.duckdb", build_spans()[0])

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from collector.clickhouse.query import guard_settings, run_readonly, server_settings
-from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-from plumbing.errors import UserError
+from tailtrace.collector.clickhouse.query import guard_settings, run_readonly, server_settings
+from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.plumbing.errors import UserError
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from collector.testing.clickhouse_spans import both_stores, build_spans
-from dashboard import data, ui
-from dashboard.queries.replicas import NO_REPLICA, replica_table
-from dashboard.source import ClickHouseSource, DuckDBSource
-from diagnose.source import store_query
+from tailtrace.collector.testing.clickhouse_spans import both_stores, build_spans
+from tailtrace.dashboard import data, ui
+from tailtrace.dashboard.queries.replicas import NO_REPLICA, replica_table
+from tailtrace.dashboard.source import ClickHouseSource, DuckDBSource
+from tailtrace.diagnose.source import store_query
 from tests.clickhouse.test_explain import _differences, _explain, assert_same_report
 from tests.dashboard.apptest_util import goto, metrics, open_app
 
@@ -152,10 +152,10 @@ def test_init_on_a_store_from_before_engine_spans_fills_them(tmp_path):
     """A store that the previous tailtrace set up (`request_replicas` a view over `spans`, no
     `_engine_spans`): `clickhouse init` fills `_engine_spans` from the spans already there, and
     `request_replicas` then reads it with DuckDB's rows (not backfilled, it would hold none)."""
-    from collector.clickhouse.dialect import to_clickhouse
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
-    from collector.store.schema import REQUEST_REPLICAS_VIEW
     from tailtrace.cli import main
+    from tailtrace.collector.clickhouse.dialect import to_clickhouse
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+    from tailtrace.collector.store.schema import REQUEST_REPLICAS_VIEW
 
     req, _ = build_spans(n_full=12, seed=7, fleet=True)
     duck, ch = both_stores(tmp_path, req)

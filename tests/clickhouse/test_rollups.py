@@ -16,13 +16,13 @@ import time
 import duckdb
 import pytest
 
-from collector.clickhouse.dialect import bind, to_clickhouse
-from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics, encode_traces
-from collector.clickhouse.query import run_readonly
-from collector.store import latency_histogram, step_histogram, totals
-from collector.testing.clickhouse_spans import insert_spans
-from semantics import semconv as sc
-from semantics.catalog import QUANTILES
+from tailtrace.collector.clickhouse.dialect import bind, to_clickhouse
+from tailtrace.collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics, encode_traces
+from tailtrace.collector.clickhouse.query import run_readonly
+from tailtrace.collector.store import latency_histogram, step_histogram, totals
+from tailtrace.collector.testing.clickhouse_spans import insert_spans
+from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import QUANTILES
 
 
 def _on_duck(con, sql, params=()):
@@ -75,7 +75,7 @@ def _compare(want: dict, got: dict) -> list[str]:
 def _metrics_request(now_ns: int):
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-    from collector.testing import set_any_value
+    from tailtrace.collector.testing import set_any_value
 
     def attrs(target, d):
         for k, v in d.items():
@@ -120,7 +120,7 @@ def full_metrics_request(now_ns: int):
     histogram `vllm:e2e_request_latency_seconds` (bounds 0.1, 1; counts 1, 2, 3; sum 5): what the
     live ClickHouse path leaves out of metric_points (its `_bucket`/`_count`/`_sum` rows), which
     `clickhouse load` moves."""
-    from semantics import semconv as sc
+    from tailtrace.semantics import semconv as sc
 
     req = _metrics_request(now_ns)
     for rm in req.resource_metrics:
@@ -144,8 +144,8 @@ def full_metrics_request(now_ns: int):
 
 
 def test_metric_points_and_device_samples_equal_duckdbs(chdb_store, tmp_path):
-    from collector.processor.enrich import metrics_to_batch
-    from collector.store.duckdb_store import DuckDBStore
+    from tailtrace.collector.processor.enrich import metrics_to_batch
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
 
     now_ns = time.time_ns()
     req = _metrics_request(now_ns)
@@ -179,7 +179,7 @@ def _scrape(query, now_s: float) -> dict:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from collector.export.prometheus import make_registry
+    from tailtrace.collector.export.prometheus import make_registry
 
     text = generate_latest(make_registry(query, now=lambda: now_s)).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text)
@@ -190,9 +190,9 @@ def test_rollups_and_the_exporter_read_the_same_on_both_engines_whatever_the_ins
                                                                                          capsys):
     import urllib.request
 
-    from collector.metrics_cli import serve
-    from collector.testing.clickhouse_spans import new_chdb_store
     from tailtrace.cli import main
+    from tailtrace.collector.metrics_cli import serve
+    from tailtrace.collector.testing.clickhouse_spans import new_chdb_store
 
     want = _readers(duck, _on_duck)
     # the fixture has every rollup populated: a test that compared empty tables could not fail
@@ -243,10 +243,10 @@ def test_rollups_and_the_exporter_read_the_same_on_both_engines_whatever_the_ins
 def test_init_backfills_the_rollups_from_spans_already_there(spans, duck, tmp_path):
     """Spans the exporter wrote before `tailtrace clickhouse init` (no tailtrace objects), then a store
     as an init from before the rollups left it: each init counts the spans there into the new tables."""
-    from collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
-    from collector.clickhouse.rollups import BACKFILLED, ROLLUP_OBJECTS
-    from collector.clickhouse.store_url import connect_clickhouse, parse_store_url
     from tailtrace.cli import main
+    from tailtrace.collector.clickhouse.exporter_schema import TRACE_INSERT_COLUMNS, render_table
+    from tailtrace.collector.clickhouse.rollups import BACKFILLED, ROLLUP_OBJECTS
+    from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 
     want = _readers(duck, _on_duck)
     assert want["itl all"][0][0] > 500

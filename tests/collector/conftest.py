@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.testing import start_collector
+from tailtrace.collector.testing import start_collector
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from collector.testing import start_collector
+from tailtrace.collector.testing import start_collector
 from tests.collector.test_durability import PB, batch
 
 

@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from collector.testing import start_collector
-from dashboard.queries.common import Filters
-from dashboard.queries.overview import data_loss
-from instrument.otel import make_tracer_provider
+from tailtrace.collector.testing import start_collector
+from tailtrace.dashboard.queries.common import Filters
+from tailtrace.dashboard.queries.overview import data_loss
+from tailtrace.instrument.otel import make_tracer_provider
 
 
 class _FlakyProxy:
@@ -90,8 +90,8 @@ def test_the_overview_counts_what_was_lost(tmp_path):
     """On a hand-made store: the exporters' counts, and ok requests without engine spans among ones with."""
     import duckdb
 
-    from collector.store.schema import DDL
-    from dashboard.source import DuckDBSource
+    from tailtrace.collector.store.schema import DDL
+    from tailtrace.dashboard.source import DuckDBSource
 
     path = tmp_path / "s.duckdb"
     con = duckdb.connect(str(path))

@@ -11,9 +11,9 @@ import httpx
 import psutil
 import pytest
 
-from collector.testing import start_collector
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
+from tailtrace.collector.testing import start_collector
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 
 PB = {"Content-Type": "application/x-protobuf"}
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.processor.engines.tgi import parse_duration_ms
-from collector.processor.enrich import traces_to_batch
-from collector.processor.fastpath import fast_traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from semantics import semconv as sc
+from tailtrace.collector.processor.engines.tgi import parse_duration_ms
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.processor.fastpath import fast_traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.semantics import semconv as sc
 
 FIX = Path(__file__).with_name("engine_fixtures")
 SGLANG_A, SGLANG_B = "a1b2c3d4e5f60718293a4b5c6d7e8f90", "0f0e0d0c0b0a09080706050403020100"

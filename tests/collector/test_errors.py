@@ -6,11 +6,11 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from collector import errors as e
-from collector.processor.limiter import AdmissionLimiter, Refusal
-from collector.store.duckdb_store import StoreUnavailable
-from collector.store.readonly import QueryInvalid, QueryRefused, QueryTimeout, run_guarded
-from plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge
+from tailtrace.collector import errors as e
+from tailtrace.collector.processor.limiter import AdmissionLimiter, Refusal
+from tailtrace.collector.store.duckdb_store import StoreUnavailable
+from tailtrace.collector.store.readonly import QueryInvalid, QueryRefused, QueryTimeout, run_guarded
+from tailtrace.plumbing.http_body import BadContentLength, BodyTimeout, BodyTooLarge
 
 # the table of docs/collector.md and collector/errors.py: error -> (HTTP status, retryable)
 TABLE = {

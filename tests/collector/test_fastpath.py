@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.processor.enrich import traces_to_batch
-from collector.processor.fastpath import fast_traces_to_batch
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.processor.fastpath import fast_traces_to_batch
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 
 
 def same(body: bytes):

@@ -24,9 +24,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collector.receiver.otlp_export import SIGNALS
-from collector.testing import start_collector
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
+from tailtrace.collector.receiver.otlp_export import SIGNALS
+from tailtrace.collector.testing import start_collector
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
 
 BENCH_SPANS = 512           # spans + engine steps of one bench/ingest.py payload
 
@@ -360,8 +360,8 @@ def test_sigterm_drains_in_flight_rpcs_and_keeps_every_acknowledged_batch(tmp_pa
 
 # ------------------------------------------------------------------------ CLI
 def test_grpc_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
-    from plumbing.procs import free_port
     from tailtrace.cli import main
+    from tailtrace.plumbing.procs import free_port
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,12 +21,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from collector.processor.enrich import metrics_to_batch
-from collector.query.buckets import QUANTILE_SQL, histogram_quantile
-from collector.receiver.otlp_export import SIGNALS
-from collector.testing import start_collector
-from collector.testing.otlp_payloads import T0
 from tailtrace.cli import main
+from tailtrace.collector.processor.enrich import metrics_to_batch
+from tailtrace.collector.query.buckets import QUANTILE_SQL, histogram_quantile
+from tailtrace.collector.receiver.otlp_export import SIGNALS
+from tailtrace.collector.testing import start_collector
+from tailtrace.collector.testing.otlp_payloads import T0
 from tests.device.device_helpers import serve_text
 
 BOUNDS = (0.0, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)

@@ -10,13 +10,13 @@ import time
 import duckdb
 import pytest
 
-from collector.errors import Overloaded, QueryInvalid, QueryRefused, QueryTimeout, QueryTooLarge
-from collector.processor.enrich import traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.store.fork_gate import ForkGate
-from collector.store.isolated import IsolatedQueries
-from collector.store.readonly import run_guarded
-from collector.testing.otlp_payloads import simple_spans
+from tailtrace.collector.errors import Overloaded, QueryInvalid, QueryRefused, QueryTimeout, QueryTooLarge
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.store.fork_gate import ForkGate
+from tailtrace.collector.store.isolated import IsolatedQueries
+from tailtrace.collector.store.readonly import run_guarded
+from tailtrace.collector.testing.otlp_payloads import simple_spans
 
 
 @pytest.fixture

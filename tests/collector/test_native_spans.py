@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from collector.processor.enrich import traces_to_batch
-from collector.processor.fastpath import fast_traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.processor.fastpath import fast_traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 from tests.collector.test_store import COLS, full_tree, put, row
 
 

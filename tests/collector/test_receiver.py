@@ -12,9 +12,9 @@ import pytest
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collector.testing import start_collector
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
-from instrument import semconv as sc
+from tailtrace.collector.testing import start_collector
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request, simple_spans
+from tailtrace.instrument import semconv as sc
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -181,7 +181,7 @@ def test_slow_or_vanishing_bodies_free_their_slot(coll, client):
     import socket
     import time
 
-    from collector.receiver.otlp_http import BODY_READ_TIMEOUT_S
+    from tailtrace.collector.receiver.otlp_http import BODY_READ_TIMEOUT_S
 
     head = (b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
             b"Content-Length: 1000\r\n\r\nA")

@@ -10,8 +10,8 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from collector.testing import start_collector
-from collector.testing.otlp_payloads import simple_spans
+from tailtrace.collector.testing import start_collector
+from tailtrace.collector.testing.otlp_payloads import simple_spans
 
 
 @pytest.fixture(scope="module")

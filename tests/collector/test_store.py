@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from collector.processor.enrich import traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 
 
 @pytest.fixture
@@ -213,7 +213,7 @@ def test_step_histogram_reader_equals_a_scan_of_decode_steps(tmp_path):
 
     import numpy as np
 
-    from collector.store import step_histogram as sh
+    from tailtrace.collector.store import step_histogram as sh
 
     s = DuckDBStore(tmp_path / "r.duckdb").start()
     b = TraceBuilder()
@@ -286,7 +286,7 @@ def test_retention_drops_old_rows(tmp_path):
         # /metrics' counters keep what retention removed: they never decrease
         from prometheus_client import generate_latest
 
-        from collector.export.prometheus import make_registry
+        from tailtrace.collector.export.prometheus import make_registry
 
         text = generate_latest(make_registry(s.read_query)).decode()
         assert 'tailtrace_requests_total{model="tiny",status="ok"} 2.0' in text
@@ -298,8 +298,8 @@ def test_retention_drops_old_rows(tmp_path):
 def test_a_foreign_duckdb_file_is_refused_untouched(tmp_path):
     import duckdb
 
-    from collector.store.duckdb_store import DuckDBStore
-    from plumbing.errors import UserError
+    from tailtrace.collector.store.duckdb_store import DuckDBStore
+    from tailtrace.plumbing.errors import UserError
 
     path = tmp_path / "theirs.duckdb"
     con = duckdb.connect(str(path))
@@ -549,7 +549,7 @@ def test_the_clients_own_queue_is_a_phase_of_what_its_user_felt(store):
     without the wait). A negative wait is refused at ingest: NULL (not reported), never entered, and
     counted (as the fast converter counts it too); so is a client's TTFT of -500 ms: the outer TTFT
     is then the next layer's, never a negative one."""
-    from collector.processor.fastpath import fast_traces_to_batch
+    from tailtrace.collector.processor.fastpath import fast_traces_to_batch
 
     b = TraceBuilder()
     plain, waited, negative, bad_ttft = (os.urandom(16) for _ in range(4))

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from collector.processor.enrich import traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 from tests.collector.test_store import ROLLUP, ROLLUP_SCAN, full_tree, put
 
 
@@ -19,7 +19,7 @@ def _histogram_from_rows(store) -> dict:
     the ok requests and the ITL of every decode step, k the first bound >= the value in seconds."""
     import bisect
 
-    from semantics.catalog import LATENCY_BUCKETS_SECONDS, METRIC_PHASES
+    from tailtrace.semantics.catalog import LATENCY_BUCKETS_SECONDS, METRIC_PHASES
 
     out: dict = {}
     cols = [p for p in METRIC_PHASES if p.column]
@@ -36,7 +36,7 @@ def _histogram_from_rows(store) -> dict:
 
 
 def _rollup(store) -> dict:
-    from collector.store.latency_histogram import READ
+    from tailtrace.collector.store.latency_histogram import READ
 
     return {(m, p, k): n for m, p, k, n, _ in store.read_query(READ)}
 
@@ -95,7 +95,7 @@ def test_engine_rollups_equal_the_steps_and_outlive_retention(tmp_path):
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from collector.export.prometheus import make_registry
+    from tailtrace.collector.export.prometheus import make_registry
 
     s = DuckDBStore(tmp_path / "e.duckdb", retention_s=3600).start()
     now = time.time_ns()
@@ -162,7 +162,7 @@ def test_a_store_from_before_the_rollups_gets_them_counted(tmp_path):
     s = DuckDBStore(path).start()
     try:
         assert _rollup(s) == _histogram_from_rows(s) and _rollup(s)
-        from collector.store.totals import READ_REQUESTS
+        from tailtrace.collector.store.totals import READ_REQUESTS
 
         assert s.read_query(READ_REQUESTS) == [("tiny", "ok", 2 + 5, 200 + 500, 20 + 50)]
         assert not s.read_query("SELECT 1 FROM information_schema.tables WHERE table_name = '_retired_totals'")
@@ -196,7 +196,7 @@ def test_step_rollup_sums_every_decode_step_with_its_batch_prefill(tmp_path):
 
     import duckdb
 
-    from collector.store import step_rollup as sr
+    from tailtrace.collector.store import step_rollup as sr
 
     b1, b2 = TraceBuilder(), TraceBuilder()
     for k in range(3):

@@ -6,8 +6,8 @@ import duckdb
 import numpy as np
 import pytest
 
-from collector.query import summary
-from collector.store.tables import REQUESTS
+from tailtrace.collector.query import summary
+from tailtrace.collector.store.tables import REQUESTS
 
 
 @pytest.fixture

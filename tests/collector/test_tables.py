@@ -10,11 +10,11 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from collector.processor.enrich import metrics_to_batch, traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.store.tables import REQUESTS, STORED_TABLES, TABLES, Column, TableSpec
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request
-from instrument import semconv as sc
+from tailtrace.collector.processor.enrich import metrics_to_batch, traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.store.tables import REQUESTS, STORED_TABLES, TABLES, Column, TableSpec
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder, gauge_request
+from tailtrace.instrument import semconv as sc
 
 
 def columns(con, table: str) -> list[tuple[str, str]]:
@@ -95,7 +95,7 @@ def test_an_older_file_gets_every_added_column_in_order(tmp_path):
 ], ids=["decode_steps", "spans"])
 def test_a_table_of_ours_without_a_v1_column_is_refused(tmp_path, ddl):
     """The contract of a store file is every column of schema v1 (older checks named a few)."""
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     path = tmp_path / "partial.duckdb"
     with duckdb.connect(str(path)) as con:

@@ -72,7 +72,7 @@ class Browser:
         exe = chromium_path()
         if exe is None:
             raise FileNotFoundError("chromium is not installed (make sysdeps)")
-        from plumbing.procs import free_port, start_process
+        from tailtrace.plumbing.procs import free_port, start_process
 
         self.profile = tempfile.mkdtemp(prefix="tt-chromium-")
         port = free_port()
@@ -106,7 +106,7 @@ class Browser:
         return self
 
     def __exit__(self, *exc) -> None:
-        from plumbing.procs import stop_process
+        from tailtrace.plumbing.procs import stop_process
 
         if getattr(self, "_conn", None) is not None:
             self._conn.__exit__(None, None, None)

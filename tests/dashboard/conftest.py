@@ -47,8 +47,8 @@ def _emit_demo_traces(otlp_url: str, n_requests: int = 60, seed: int = 7, layers
     wall-clock, starting 2 minutes ago, 0.5 s apart."""
     from opentelemetry import trace
 
-    from instrument import semconv as sc
-    from instrument.otel import make_tracer_provider
+    from tailtrace.instrument import semconv as sc
+    from tailtrace.instrument.otel import make_tracer_provider
 
     rng = random.Random(seed)
     layer = {"loadgen": "client", "gateway": "gateway", "vllm-a": "engine", "vllm-b": "engine"}
@@ -138,7 +138,7 @@ def _emit_demo_traces(otlp_url: str, n_requests: int = 60, seed: int = 7, layers
 
 def _collect(db: Path, n_requests: int = 60, layers=ALL_LAYERS) -> Path:
     """`db` written by the real collector from `_emit_demo_traces(…, n_requests, layers=layers)`."""
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     h = start_collector(db)
     try:

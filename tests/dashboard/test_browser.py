@@ -9,7 +9,7 @@ import time
 import pytest
 from PIL import Image
 
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 from .chromium import chromium_path, render
 
@@ -80,7 +80,7 @@ def test_every_page_opens_on_the_traffic_run_with_its_objectives(tmp_path):
 def test_live_mode_shows_requests_written_after_the_page_loaded(tmp_path):
     """--api on a running collector: the open page refreshes itself (auto-refresh, 10 s by default)
     and counts the requests that arrived after it loaded, without a reload."""
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
     from tests.dashboard.conftest import _emit_demo_traces
 
     from .chromium import Browser

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from collector.query.reader import db_query
-from experiment.compare import compare
+from tailtrace.collector.query.reader import db_query
+from tailtrace.experiment.compare import compare
 from tests.diagnose.store import write_store
 from tests.experiment.test_compare import _arm
 

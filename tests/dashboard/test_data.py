@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dashboard import data
-from dashboard.data import DataError, DuckDBSource, Filters, GoodputBounds, QueryTimeout
+from tailtrace.dashboard import data
+from tailtrace.dashboard.data import DataError, DuckDBSource, Filters, GoodputBounds, QueryTimeout
 
 
 @pytest.fixture
@@ -217,7 +217,7 @@ def test_itl_through_the_collector_api_is_not_cut_by_its_row_cap(small_store, tm
     (more distinct microsecond values than that here) does not cut them."""
     import shutil
 
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     db = tmp_path / "live.duckdb"
     shutil.copy(small_store, db)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from dashboard import charts
-from semantics.catalog import format_ms, format_share
+from tailtrace.dashboard import charts
+from tailtrace.semantics.catalog import format_ms, format_share
 
 
 def test_durations_read_in_the_unit_a_person_would_use():

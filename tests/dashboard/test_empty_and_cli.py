@@ -9,13 +9,13 @@ import sys
 import duckdb
 import pytest
 
-from plumbing.procs import free_port
+from tailtrace.plumbing.procs import free_port
 
 from .apptest_util import PAGES, goto, open_app
 
 
 def _empty_store(path):
-    from collector.store.schema import DDL
+    from tailtrace.collector.store.schema import DDL
 
     con = duckdb.connect(str(path))
     for stmt in DDL:
@@ -37,7 +37,7 @@ def test_a_store_older_than_the_derived_columns_says_how_to_migrate(tmp_path, mo
     """A file written before `requests` had outer_e2e_ms, completion_time, ok, ... (the collector adds
     them when it opens the file; the dashboard opens it read-only): every page says to open it once
     with the collector, and nothing raises."""
-    from dashboard.queries.common import ADDED_REQUEST_COLUMNS
+    from tailtrace.dashboard.queries.common import ADDED_REQUEST_COLUMNS
 
     path = _empty_store(tmp_path / "old.duckdb")
     con = duckdb.connect(str(path))

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.processor.enrich import scrape_sink, traces_to_batch
-from collector.scrape.parse import parse_exposition
-from collector.store.duckdb_store import DuckDBStore
-from dashboard.queries.common import Filters
-from dashboard.queries.engine import engine_crosscheck
-from dashboard.source import open_source
+from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
+from tailtrace.collector.scrape.parse import parse_exposition
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.dashboard.queries.common import Filters
+from tailtrace.dashboard.queries.engine import engine_crosscheck
+from tailtrace.dashboard.source import open_source
 from tests.collector.test_engines import FIX, bodies
 
 

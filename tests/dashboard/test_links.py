@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from dashboard.data import DataError
-from dashboard.ui import link_window
+from tailtrace.dashboard.data import DataError
+from tailtrace.dashboard.ui import link_window
 
 
 def test_since_until_in_utc_whatever_the_offset():

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from dashboard import data, ui
-from dashboard.data import DuckDBSource
+from tailtrace.dashboard import data, ui
+from tailtrace.dashboard.data import DuckDBSource
 
 from .apptest_util import PAGES, goto, metrics, open_app
 
@@ -143,7 +143,7 @@ def test_engine_page_and_sql_console(demo_store, ref, monkeypatch):
 
 def test_live_mode_through_the_collector_api(demo_store, ref, monkeypatch, tmp_path):
     """--api: the same store served by a real collector gives the same numbers (Arrow over /api/sql)."""
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     copy = tmp_path / "live.duckdb"
     shutil.copy(demo_store, copy)

@@ -32,8 +32,12 @@ def test_metrics_leave_out_the_quantile_of_a_phase_no_request_measured(partial_s
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from collector.export.prometheus import METRIC_LATENCY_QUANTILE, METRIC_LATENCY_SAMPLES, make_registry
-    from dashboard.source import DuckDBSource
+    from tailtrace.collector.export.prometheus import (
+        METRIC_LATENCY_QUANTILE,
+        METRIC_LATENCY_SAMPLES,
+        make_registry,
+    )
+    from tailtrace.dashboard.source import DuckDBSource
 
     name, db = partial_store
     # the dashboard's own read-only source (this process may hold the file open through it already)

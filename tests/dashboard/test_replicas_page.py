@@ -4,8 +4,8 @@ DuckDB and ClickHouse: tests/clickhouse/test_replicas.py.)"""
 
 from __future__ import annotations
 
-from collector.testing.clickhouse_spans import build_spans, duckdb_store
-from semantics import semconv as sc
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store
+from tailtrace.semantics import semconv as sc
 
 from .apptest_util import goto, open_app
 

@@ -60,7 +60,7 @@ def test_the_dashboard_opens_on_the_replay_never_the_probe(tmp_path, monkeypatch
 def test_the_overview_opens_with_the_run_s_objectives_and_the_list_says_each_run_s_verdict(tmp_path, monkeypatch):
     import duckdb
 
-    from dashboard import ui
+    from tailtrace.dashboard import ui
 
     db = _store(tmp_path)
     con = duckdb.connect(str(db), read_only=True)
@@ -99,7 +99,7 @@ def test_a_run_alone_in_its_window_reads_its_steps_by_time(tmp_path):
     import dataclasses
     import datetime as dt
 
-    from dashboard import data
+    from tailtrace.dashboard import data
 
     sys.path.insert(0, str(ROOT))
     from bench.dashboard import ensure_step_histogram

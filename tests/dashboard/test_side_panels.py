@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard import data, ui
-from dashboard.data import DataError, DuckDBSource
+from tailtrace.dashboard import data, ui
+from tailtrace.dashboard.data import DataError, DuckDBSource
 
 from .apptest_util import goto, metrics, open_app
 from .test_pages import _headline

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dashboard import ui
-from dashboard.queries import why
-from dashboard.queries.common import Filters, GoodputBounds
-from dashboard.source import DuckDBSource
-from diagnose import Scope, db_query, explain
-from semantics.slo import Objective, parse_slo
+from tailtrace.dashboard import ui
+from tailtrace.dashboard.queries import why
+from tailtrace.dashboard.queries.common import Filters, GoodputBounds
+from tailtrace.dashboard.source import DuckDBSource
+from tailtrace.diagnose import Scope, db_query, explain
+from tailtrace.semantics.slo import Objective, parse_slo
 from tests.helpers import decode_everywhere_store
 
 SPEC = "ttft_p999=5s,tpot_p99=100ms,e2e_p99=20s"

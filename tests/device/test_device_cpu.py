@@ -7,7 +7,7 @@ import time
 
 import psutil
 
-from instrument.device.backends import CpuBackend, open_backend
+from tailtrace.instrument.device.backends import CpuBackend, open_backend
 
 
 def test_cpu_rows_one_per_core_with_host_memory():

@@ -9,9 +9,9 @@ import time
 import pytest
 from fake_nvml import GPU_LOST, NOT_SUPPORTED, FakeGpu, FakeNVML
 
-from instrument.device.backends import CpuBackend, NvmlBackend, open_backend
-from plumbing.errors import UserError
-from semantics.throttle import decode_throttle_reasons, throttle_reasons_label
+from tailtrace.instrument.device.backends import CpuBackend, NvmlBackend, open_backend
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.throttle import decode_throttle_reasons, throttle_reasons_label
 
 
 def test_throttle_reasons_decode_bits_in_order():
@@ -33,7 +33,7 @@ def test_throttle_reasons_decode_bits_in_order():
 def test_throttle_bits_match_pynvml_constants():
     import pynvml
 
-    from semantics.throttle import THROTTLE_REASON_BITS
+    from tailtrace.semantics.throttle import THROTTLE_REASON_BITS
 
     by_name = {v: k for k, v in THROTTLE_REASON_BITS.items()}
     assert by_name["sw_power_cap"] == pynvml.nvmlClocksEventReasonSwPowerCap

@@ -6,10 +6,10 @@ import time
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from instrument import semconv
-from instrument.device.backends import DeviceSample
-from instrument.device.otlp import encode_samples, encode_samples_reference
-from instrument.otlp_http import OtlpHttpSender
+from tailtrace.instrument import semconv
+from tailtrace.instrument.device.backends import DeviceSample
+from tailtrace.instrument.device.otlp import encode_samples, encode_samples_reference
+from tailtrace.instrument.otlp_http import OtlpHttpSender
 
 
 def _samples():

@@ -11,9 +11,9 @@ import pytest
 from device_helpers import OtlpMetricsReceiver
 from fake_nvml import FakeGpu, FakeNVML
 
-from instrument import semconv
-from instrument.device.sampler import DeviceSampler
-from plumbing.errors import UserError
+from tailtrace.instrument import semconv
+from tailtrace.instrument.device.sampler import DeviceSampler
+from tailtrace.plumbing.errors import UserError
 
 
 def _wait(pred, timeout_s=10.0):
@@ -87,7 +87,7 @@ def test_collector_down_then_up_loses_nothing():
 
 
 def test_buffer_is_bounded_and_drops_oldest():
-    from instrument.otlp_http import SendResult
+    from tailtrace.instrument.otlp_http import SendResult
 
     class DeadSender:  # a collector that answers 503 for ever
         def send(self, body):

@@ -12,8 +12,8 @@ import psutil
 import pytest
 from fake_nvml import FakeGpu, FakeNVML
 
-from collector.testing import start_collector
-from instrument.device.sampler import DeviceSampler
+from tailtrace.collector.testing import start_collector
+from tailtrace.instrument.device.sampler import DeviceSampler
 
 
 def _poll(h, sql, pred, timeout_s=20.0):

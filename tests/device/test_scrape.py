@@ -11,10 +11,10 @@ from datetime import UTC
 import pytest
 from device_helpers import serve_text
 
-from collector.scrape import Scraper, load_targets, parse_target
-from collector.scrape.targets import ScrapeTarget
-from plumbing.errors import UserError
-from plumbing.procs import free_port
+from tailtrace.collector.scrape import Scraper, load_targets, parse_target
+from tailtrace.collector.scrape.targets import ScrapeTarget
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port
 
 
 class ListSink:
@@ -69,7 +69,7 @@ def test_dcgm_exporter_fills_device_samples_and_metric_points(dcgm_server):
 
 
 def test_dcgm_without_profiling_fields_uses_nvml_style_utilisation(dcgm_text):
-    from collector.scrape.parse import parse_exposition
+    from tailtrace.collector.scrape.parse import parse_exposition
 
     text = "\n".join(l for l in dcgm_text.splitlines() if "DCGM_FI_PROF_" not in l) + "\n"
     g0 = parse_exposition(text, time.time(), instance="h:9400").device_rows[0]
@@ -143,7 +143,7 @@ def test_histogram_buckets_are_left_out_unless_asked():
             "# TYPE vllm:prompt_tokens_total counter\n"
             "vllm:prompt_tokens_total 120\n"
             "vllm:prompt_tokens_created 1.7e9\n")
-    from collector.scrape.parse import parse_exposition
+    from tailtrace.collector.scrape.parse import parse_exposition
 
     names = [r["name"] for r in parse_exposition(text, time.time()).metric_rows]
     assert names == ["vllm:e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum",

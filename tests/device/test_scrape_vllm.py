@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from collector.scrape import Scraper, parse_target
+from tailtrace.collector.scrape import Scraper, parse_target
 
 
 @pytest.mark.slow

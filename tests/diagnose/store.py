@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from collector.store.schema import DDL
-from collector.store.step_rollup import REBUILD_STEP_ROLLUP
+from tailtrace.collector.store.schema import DDL
+from tailtrace.collector.store.step_rollup import REBUILD_STEP_ROLLUP
 
 T0 = dt.datetime(2025, 10, 9, 8, 0, 0)
 _PHASES = ("network_in_ms", "gateway_ms", "gateway_queue_ms", "frontend_ms", "queue_ms", "prefill_ms",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diagnose import Scope, db_query, explain
+from tailtrace.diagnose import Scope, db_query, explain
 from tests.diagnose.store import baseline, write_store
 
 
@@ -287,7 +287,7 @@ def test_detectors_do_not_read_run_ids(tmp_path):
 def test_a_sampled_tail_scales_to_the_whole(tmp_path, monkeypatch):
     """Past detectors.steps.STEP_SAMPLE tail requests only the slowest are read raw from decode_steps;
     their explained ms scale by the tail's excess over theirs: about the answer of reading all."""
-    from diagnose.detectors import steps
+    from tailtrace.diagnose.detectors import steps
 
     rng = np.random.default_rng(15)
     reqs = baseline(rng)
@@ -311,7 +311,7 @@ def test_each_tail_request_reads_its_own_decode_steps(tmp_path):
     its own: it was counted while the steps were selected by the merged ranges of the whole tail."""
     import duckdb
 
-    from collector.store.step_rollup import REBUILD_STEP_ROLLUP
+    from tailtrace.collector.store.step_rollup import REBUILD_STEP_ROLLUP
 
     rng = np.random.default_rng(16)
     reqs = baseline(rng)
@@ -341,7 +341,7 @@ def test_each_tail_request_reads_its_own_decode_steps(tmp_path):
 
 
 def test_prune_ranges_merge_what_lies_closer_than_the_gap():
-    from diagnose.detectors import PRUNE_GAP_S, _prune_ranges
+    from tailtrace.diagnose.detectors import PRUNE_GAP_S, _prune_ranges
 
     gap = PRUNE_GAP_S * 1_000_000
     assert _prune_ranges([(50, 60), (0, 10), (5, 20)]) == [[0, 60]]
@@ -353,7 +353,7 @@ def test_burst_windows_count_across_the_blocks_they_are_windowed_in(tmp_path):
     """The arrivals before each request are counted per block of detectors.scheduling.BURST_BLOCK_S (run in
     parallel), each block holding the arrivals of the seconds before it: a burst that straddles a
     block's start counts as a range join over all requests counts it."""
-    from diagnose.detectors import scheduling as detectors
+    from tailtrace.diagnose.detectors import scheduling as detectors
 
     rng = np.random.default_rng(17)
     reqs = baseline(rng)
@@ -391,9 +391,9 @@ def test_actions_show_the_value_now_and_name_only_flags_this_vllm_has():
     engine (0.30-0.32) does not have (recorded as null), is never proposed to it."""
     from types import SimpleNamespace
 
-    from collector.query.deployment import Deployment
-    from diagnose.actions import render_action
-    from diagnose.detectors.scheduling import _hol_actions
+    from tailtrace.collector.query.deployment import Deployment
+    from tailtrace.diagnose.actions import render_action
+    from tailtrace.diagnose.detectors.scheduling import _hol_actions
 
     v032 = Deployment(vllm={"long_prefill_token_threshold": 0, "max_num_partial_prefills": None,
                             "max_num_queued_reqs": None, "max_num_seqs": 128},

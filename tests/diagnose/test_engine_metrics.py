@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collector.processor.enrich import scrape_sink, traces_to_batch
-from collector.scrape import Scraper, parse_target
-from collector.store.duckdb_store import DuckDBStore
-from diagnose.engine_metrics import counter, crosscheck, gauge_last
+from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
+from tailtrace.collector.scrape import Scraper, parse_target
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.diagnose.engine_metrics import counter, crosscheck, gauge_last
 from tests.collector.test_engines import bodies
 
 FIX = Path(__file__).parents[1] / "collector" / "engine_fixtures"
@@ -130,8 +130,8 @@ vllm:request_num_preemptions_count{engine="0",model_name="tiny"} 2.0
 
 
 def test_vllms_admission_rejections_per_reason_are_held_to_the_rejected_rows(store, served):
-    from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-    from semantics import semconv as sc
+    from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+    from tailtrace.semantics import semconv as sc
 
     texts, base = served
     texts["vllm"] = _VLLM.encode()

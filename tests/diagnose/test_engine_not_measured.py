@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collector.processor.enrich import traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from diagnose.explain import explain
-from diagnose.source import Scope, db_query
-from diagnose.tail import not_measured_why
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.diagnose.explain import explain
+from tailtrace.diagnose.source import Scope, db_query
+from tailtrace.diagnose.tail import not_measured_why
 from tests.collector.test_engines import bodies
 
 

@@ -11,8 +11,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from diagnose import Scope, db_query, explain
 from tailtrace.cli import main
+from tailtrace.diagnose import Scope, db_query, explain
 from tests.diagnose.store import baseline, write_store
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "explain.schema.json").read_text())
@@ -118,8 +118,8 @@ def test_relative_and_iso_windows(store, capsys):
 
 @pytest.mark.integration
 def test_the_same_report_through_a_live_collector(tmp_path):
-    from collector.testing import start_collector
-    from diagnose import api_query
+    from tailtrace.collector.testing import start_collector
+    from tailtrace.diagnose import api_query
 
     path, hit, _ = interference_store(tmp_path / "live.duckdb", seed=3)
     query, close = db_query(path)
@@ -303,7 +303,7 @@ def test_admission_rejections_are_counted_per_limit_and_are_not_errors(tmp_path,
 
 
 def test_engine_phases_kept_off_say_why_from_the_recorded_deployment(tmp_path, capsys):
-    from semantics.catalog import ENGINE_STATS_OFF_WHY
+    from tailtrace.semantics.catalog import ENGINE_STATS_OFF_WHY
     from tests.diagnose.test_slo_first import _add_span
 
     reqs = baseline(np.random.default_rng(5))

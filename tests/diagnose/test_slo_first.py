@@ -14,8 +14,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from diagnose.actions import KNOBS
 from tailtrace.cli import main
+from tailtrace.diagnose.actions import KNOBS
 from tests.diagnose.store import T0, baseline, write_store
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "explain.schema.json").read_text())
@@ -167,7 +167,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, says):
 
 
 def test_the_slo_spec_round_trips():
-    from semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+    from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, parse_slo
 
     assert DEFAULT_SLO == "ttft_p99=2s,tpot_p99=100ms"
     spec = "ttft_p99=2s,tpot_p999=150ms,e2e_p99=30s,itl_p50=20ms"

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from instrument import vllm_plugin
-from instrument.engine_trace import RequestTimeline
-from instrument.step_clock import StepClock
+from tailtrace.instrument import vllm_plugin
+from tailtrace.instrument.engine_trace import RequestTimeline
+from tailtrace.instrument.step_clock import StepClock
 
 
 def _event(kind: int, t: float):

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from instrument import semconv as sc
-from instrument.engine_trace import MonoClock, RequestTimeline
-from instrument.vllm_admission import ENGINE_STATS_ENV, engine_stats_plan, install_admission_hooks
-from semantics.catalog import ENGINE_STATS_OFF_WHY
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.engine_trace import MonoClock, RequestTimeline
+from tailtrace.instrument.vllm_admission import ENGINE_STATS_ENV, engine_stats_plan, install_admission_hooks
+from tailtrace.semantics.catalog import ENGINE_STATS_OFF_WHY
 
 
 @pytest.mark.parametrize(("disabled", "custom", "env", "plan", "says"), [

@@ -28,7 +28,7 @@ def truth_server(tiny_model_dir, session_collector, tmp_path_factory):
 
 
 def _replay(tmp_path, url, otlp, rows: list[tuple[int, int, int]], run_id: str):
-    from loadgen.replay import ReplayConfig, run_replay
+    from tailtrace.loadgen.replay import ReplayConfig, run_replay
 
     trace = tmp_path / f"{run_id}.csv"
     trace.write_text("timestamp,input_length,output_length,hash_ids\n"

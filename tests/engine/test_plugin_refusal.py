@@ -22,7 +22,7 @@ importlib.import_module("vllm.entrypoints.launchers.app")
 def fresh_loader(monkeypatch):
     import vllm.plugins
 
-    from instrument import vllm_plugin
+    from tailtrace.instrument import vllm_plugin
 
     monkeypatch.setattr(vllm.plugins, "plugins_loaded", False)
     monkeypatch.setattr(vllm_plugin._State, "installed", False)
@@ -118,7 +118,7 @@ def test_a_vllm_in_the_range_is_hooked_and_keeps_its_signatures(fresh_loader, mo
     signature (functools.wraps), so the check still holds on a patched vLLM."""
     import importlib
 
-    from instrument import vllm_compat
+    from tailtrace.instrument import vllm_compat
 
     hooks = [h for h in vllm_compat.EXPECTED if isinstance(h, vllm_compat.Hook)]
     for h in hooks:  # restored after the test: the plugin patches these for real here
@@ -152,8 +152,8 @@ def test_a_refusal_is_counted_in_the_store(fresh_loader, monkeypatch, tmp_path):
     import json
     import time
 
-    from collector.testing import start_collector
-    from instrument import vllm_plugin
+    from tailtrace.collector.testing import start_collector
+    from tailtrace.instrument import vllm_plugin
 
     sent = []
     real = vllm_plugin._count_refusal

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from instrument import vllm_plugin
-from instrument.engine_trace import RequestTimeline
+from tailtrace.instrument import vllm_plugin
+from tailtrace.instrument.engine_trace import RequestTimeline
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import uuid
 import httpx
 import pytest
 
-from chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.chaos.runner import EXPERIMENTS, ChaosOptions, Target, run_experiment
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 from tests.engine.test_vllm_plugin import _stream
 from tests.helpers import module_vllm, native_tracing, poll_sql, sql
 

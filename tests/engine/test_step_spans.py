@@ -1,4 +1,4 @@
-"""instrument.step_spans: the directly built llm.decode.step spans equal, in the real collector's
+"""tailtrace.instrument.step_spans: the directly built llm.decode.step spans equal, in the real collector's
 store, the spans the OpenTelemetry SDK path makes for the same steps (all but their random ids)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from instrument import semconv as sc
-from instrument.engine_trace import MonoClock, SpanSink, StepInfo
-from instrument.otel import make_tracer_provider
-from instrument.step_spans import DecodeStepWriter
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.engine_trace import MonoClock, SpanSink, StepInfo
+from tailtrace.instrument.otel import make_tracer_provider
+from tailtrace.instrument.step_spans import DecodeStepWriter
 
 
 @pytest.fixture
 def collector(tmp_path):
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     h = start_collector(tmp_path / "steps.duckdb")
     yield h
@@ -73,7 +73,7 @@ def test_direct_step_spans_equal_the_sdk_spans(collector):
 
 
 def test_writer_drops_and_counts_past_its_bound_and_when_the_collector_is_down():
-    from plumbing.procs import free_port
+    from tailtrace.plumbing.procs import free_port
 
     w = DecodeStepWriter(f"http://127.0.0.1:{free_port()}", {"service.name": "vllm"}, "t", max_pending_spans=10,
                          flush_interval_s=60, timeout_s=1.0)

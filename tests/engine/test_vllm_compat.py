@@ -1,4 +1,4 @@
-"""The static check of vLLM's hook points (`python -m instrument.vllm_compat --source DIR`): the same
+"""The static check of vLLM's hook points (`python -m tailtrace.instrument.vllm_compat --source DIR`): the same
 expected hook points as the plugin's check at load, read with `ast` from a source tree, importing
 nothing. Runs on the installed vLLM's source and on copies of it with one hook point changed."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from instrument import vllm_compat
+from tailtrace.instrument import vllm_compat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def installed_source() -> Path:
 
 
 def _cli(source: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "instrument.vllm_compat", "--source", str(source)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "tailtrace.instrument.vllm_compat", "--source", str(source)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

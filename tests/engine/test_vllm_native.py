@@ -15,7 +15,7 @@ import uuid
 import httpx
 import pytest
 
-from loadgen.replay import ReplayConfig, run_replay
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
 from tests.helpers import poll_sql, sql
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def native_server(tiny_model_dir, session_collector, tmp_path_factory):
     """Plain vLLM (no tailtrace plugin), its own tracing exported over OTLP/gRPC (vLLM's default
     protocol) to the session collector's gRPC receiver; (base URL, start time in ns, ready time in ns)."""
     assert session_collector.grpc_target is not None  # the session collector runs its gRPC receiver
-    from plumbing.procs import stop_process
+    from tailtrace.plumbing.procs import stop_process
     from tests.helpers import start_test_vllm
 
     log = tmp_path_factory.mktemp("vllm-native") / "vllm.log"
@@ -54,7 +54,7 @@ def _azure(tmp_path, shapes) -> str:
 
 
 def test_zero_install_every_replayed_request_has_a_native_row(native_server, session_collector, tmp_path):
-    from instrument.otel import make_tracer_provider
+    from tailtrace.instrument.otel import make_tracer_provider
 
     url, _, _ = native_server
     api = session_collector.api_url

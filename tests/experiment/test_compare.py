@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from collector.query.reader import db_query
-from experiment.compare import compare
-from experiment.render import comparison_lines
-from experiment.stats import paired_log_ratio, t_quantile
-from plumbing.errors import UserError
+from tailtrace.collector.query.reader import db_query
+from tailtrace.experiment.compare import compare
+from tailtrace.experiment.render import comparison_lines
+from tailtrace.experiment.stats import paired_log_ratio, t_quantile
+from tailtrace.plumbing.errors import UserError
 from tests.diagnose.store import Req, write_store
 
 
@@ -112,7 +112,7 @@ def test_compare_finds_the_queue_it_removed_and_shows_the_phase_shift(tmp_path):
 def test_an_empty_class_duplicate_runs_and_unmeasured_requests_are_honest(tmp_path):
     import duckdb
 
-    from experiment.render import comparison_lines
+    from tailtrace.experiment.render import comparison_lines
 
     rng = np.random.default_rng(2)
     reqs = _arm(rng, "try-z-A", 2, 1.0, n=60) + _arm(rng, "try-z-B", 2, 1.0, n=60)
@@ -150,7 +150,7 @@ def test_a_server_that_is_not_the_sql_api_is_one_line():
     import http.server
     import threading
 
-    from collector.query.reader import sql_api
+    from tailtrace.collector.query.reader import sql_api
 
     class Html(http.server.BaseHTTPRequestHandler):
         def do_POST(self):

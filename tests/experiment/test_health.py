@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiment.health import PartDied, block_unfit, broken_requests, engine_alive, log_tail
+from tailtrace.experiment.health import PartDied, block_unfit, broken_requests, engine_alive, log_tail
 
 
 def test_a_block_failing_beyond_the_baseline_is_unfit_and_the_deployments_own_answers_are_not():
@@ -47,8 +47,8 @@ def test_an_engine_without_its_enginecore_is_dead_and_the_log_tail_is_named(tmp_
 
 
 def test_a_part_that_died_exits_1_with_its_name_never_a_flag_try_lacks(tmp_path, capsys, monkeypatch):
-    from experiment import trial
     from tailtrace.cli import main
+    from tailtrace.experiment import trial
 
     def died(cfg, console, stack=None):
         raise PartDied("vLLM died (its EngineCore is gone); the run stops; last lines of x.log:\n    boom", "vLLM")

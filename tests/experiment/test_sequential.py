@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiment.montecarlo import decisions, queue_blocks
-from experiment.sequential import Plan, pocock_c
-from experiment.stats import t_quantile
 from tailtrace.cli import main
+from tailtrace.experiment.montecarlo import decisions, queue_blocks
+from tailtrace.experiment.sequential import Plan, pocock_c
+from tailtrace.experiment.stats import t_quantile
 
 
 def _null(rng, drift):

@@ -10,10 +10,10 @@ import jsonschema
 import numpy as np
 import pytest
 
-from experiment.changes import Arm, action_change, parse_change
-from experiment.trial import block_order
-from plumbing.errors import UserError
 from tailtrace.cli import main
+from tailtrace.experiment.changes import Arm, action_change, parse_change
+from tailtrace.experiment.trial import block_order
+from tailtrace.plumbing.errors import UserError
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "compare.schema.json").read_text())
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collector.query.reader import api_query, sql_api
-from embedded.stack import wait_for_store
-from experiment.changes import Arm, parse_change
-from experiment.compare import compare
-from experiment.trial import TrialConfig, run_trial
-from loadgen.replay import ReplayConfig, run_replay
-from plumbing.errors import UserError
-from plumbing.procs import free_port
+from tailtrace.collector.query.reader import api_query, sql_api
+from tailtrace.embedded.stack import wait_for_store
+from tailtrace.experiment.changes import Arm, parse_change
+from tailtrace.experiment.compare import compare
+from tailtrace.experiment.trial import TrialConfig, run_trial
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ class _Quiet:
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    from embedded.stack import StackConfig, start_stack
+    from tailtrace.embedded.stack import StackConfig, start_stack
 
     old = os.environ.get("TAILTRACE_VLLM_ARGS")
     os.environ["TAILTRACE_VLLM_ARGS"] = "--enforce-eager"  # starts in half the time; these tests restart it

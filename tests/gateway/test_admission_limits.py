@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
-from instrument.gateway.config import BATCH, INTERACTIVE, SETTINGS, GatewayConfig
-from instrument.gateway.limits import LimitError, TokenCounter, check_input
-from plumbing.errors import UserError
+from tailtrace.instrument.gateway.admission import AdmissionController, QueueFull, UpstreamPool
+from tailtrace.instrument.gateway.config import BATCH, INTERACTIVE, SETTINGS, GatewayConfig
+from tailtrace.instrument.gateway.limits import LimitError, TokenCounter, check_input
+from tailtrace.plumbing.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -180,7 +180,7 @@ def test_cli_bad_flags_exit_2(capsys):
 
 
 def test_output_cap_lowers_or_sets_max_tokens_and_leaves_smaller_ones():
-    from instrument.gateway.limits import cap_output
+    from tailtrace.instrument.gateway.limits import cap_output
 
     body = {"prompt": "x", "max_tokens": 500}
     assert cap_output(body, 64) and body["max_tokens"] == 64

@@ -10,9 +10,9 @@ import threading
 import httpx
 import pytest
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread
+from tailtrace.plumbing.procs import free_port
 
 
 @pytest.fixture

@@ -12,12 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from instrument.gateway.admission import UpstreamPool
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.discovery import resolve_upstreams, urls_for_addresses
-from instrument.gateway.testing import start_gateway_thread
-from plumbing.errors import UserError
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.admission import UpstreamPool
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.discovery import resolve_upstreams, urls_for_addresses
+from tailtrace.instrument.gateway.testing import start_gateway_thread
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port
 
 
 def test_one_upstream_per_address():

@@ -22,10 +22,10 @@ import uuid
 import httpx
 import pytest
 
-from instrument import semconv as sc
-from instrument.gateway.config import SETTINGS
-from instrument.otel import make_tracer_provider
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.gateway.config import SETTINGS
+from tailtrace.instrument.otel import make_tracer_provider
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 pytestmark = pytest.mark.slow
 

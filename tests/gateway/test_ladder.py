@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from instrument.gateway.ladder import Ladder, LadderStep, parse_ladder
-from plumbing.errors import UserError
-from semantics.ttft_predict import EngineRates, drain_s, predict_ttft_s, retry_after_s
 from tailtrace.cli import main
+from tailtrace.instrument.gateway.ladder import Ladder, LadderStep, parse_ladder
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.ttft_predict import EngineRates, drain_s, predict_ttft_s, retry_after_s
 
 
 def test_parse_ladder_keeps_the_order_and_values():

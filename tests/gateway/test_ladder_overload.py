@@ -13,10 +13,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from instrument import semconv as sc
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread, start_stub_engine
-from plumbing.procs import free_port
+from tailtrace.instrument import semconv as sc
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread, start_stub_engine
+from tailtrace.plumbing.procs import free_port
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import uuid
 
 import aiohttp
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread, start_stub_engine
-from instrument.otel import make_tracer_provider
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread, start_stub_engine
+from tailtrace.instrument.otel import make_tracer_provider
+from tailtrace.plumbing.procs import free_port
 from tests.helpers import poll_sql
 
 

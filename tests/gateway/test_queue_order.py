@@ -8,10 +8,10 @@ import asyncio
 import aiohttp
 import pytest
 
-from instrument.gateway.admission import AdmissionController, UpstreamPool
-from instrument.gateway.config import BATCH, INTERACTIVE, GatewayConfig
-from instrument.gateway.testing import start_gateway_thread, start_stub_engine
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.admission import AdmissionController, UpstreamPool
+from tailtrace.instrument.gateway.config import BATCH, INTERACTIVE, GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread, start_stub_engine
+from tailtrace.plumbing.procs import free_port
 
 
 class _Job:

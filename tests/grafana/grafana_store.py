@@ -26,7 +26,7 @@ class TestStore:
     __test__ = False
 
     def __init__(self, path: str = ":memory:") -> None:
-        from collector.store.schema import DDL
+        from tailtrace.collector.store.schema import DDL
 
         self.con = duckdb.connect(path)
         self._lock = threading.Lock()
@@ -39,7 +39,7 @@ class TestStore:
             return
         import pyarrow as pa
 
-        from collector.store.tables import TABLES
+        from tailtrace.collector.store.tables import TABLES
 
         schema = TABLES[table].arrow_schema()
         batch = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
@@ -51,7 +51,7 @@ class TestStore:
                 self.con.unregister("_batch")
             have = {r[0] for r in self.con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
             # the writer keeps its rollups as it writes; rows written by hand are counted here
-            from collector.store import latency_histogram, totals
+            from tailtrace.collector.store import latency_histogram, totals
 
             if table in ("requests", "decode_steps") and {"requests", "decode_steps", "latency_histogram"} <= have:
                 for stmt in latency_histogram.REBUILD:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from instrument import semconv as sc
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.instrument import semconv as sc
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 class Prometheus:
@@ -100,7 +100,7 @@ def send_requests(otlp_url: str, model: str, shape: Shape, n: int, end_ns: int, 
     OpenTelemetry SDK's OTLP/HTTP exporter to the collector at `otlp_url`; flushes before return."""
     from opentelemetry import trace
 
-    from instrument.otel import make_tracer_provider
+    from tailtrace.instrument.otel import make_tracer_provider
 
     provider = make_tracer_provider(service, otlp_url, max_queue_size=1 << 20, max_export_batch_size=2048,
                                     schedule_delay_ms=200)

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from test_generate import gen
 
-from collector.clickhouse.objects import ch_type
-from collector.export import prometheus as exp
-from collector.store.tables import DECODE_STEPS, REQUESTS
-from collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
+from tailtrace.collector.clickhouse.objects import ch_type
+from tailtrace.collector.export import prometheus as exp
+from tailtrace.collector.store.tables import DECODE_STEPS, REQUESTS
+from tailtrace.collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
 from tests.clickhouse.conftest import chdb_store  # noqa: F401 - the fixture
 
 END_S = 1_780_000_000            # the fixed window's end (2026-05-28), Unix seconds

@@ -59,7 +59,7 @@ def _models(result: list[dict]) -> set[str]:
 
 
 def test_alert_expressions_cross_only_for_the_slow_layer(tmp_path):
-    from collector.testing import start_collector
+    from tailtrace.collector.testing import start_collector
 
     rules = yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
     collector = start_collector(tmp_path / "store.duckdb")
@@ -136,7 +136,7 @@ def _check_notification_links(alerts: list[dict], tmp_path: Path) -> None:
     the alerts as Prometheus expanded them) carries a link to the dashboard's "Why is it slow?"
     page whose window, as the dashboard reads it, starts at the alert's start minus its window and
     `for:` and, once the alert resolved, ends at its end (open while it fires)."""
-    from dashboard.ui import link_window
+    from tailtrace.dashboard.ui import link_window
 
     amtool = shutil.which("amtool")
     assert amtool, "amtool (Debian's prometheus-alertmanager) is missing: run `make sysdeps`"

@@ -74,8 +74,8 @@ def test_services_images_ports_and_mounts():
 
 
 def test_tailtrace_command_lines_parse_and_wire_the_services():
-    from collector.clickhouse.store_url import parse_store_url
     from tailtrace.cli import build_parser
+    from tailtrace.collector.clickhouse.store_url import parse_store_url
 
     services = _doc()["services"]
     parser = build_parser()
@@ -114,7 +114,7 @@ def test_tailtrace_command_lines_parse_and_wire_the_services():
 
 
 def test_collector_contrib_exports_to_clickhouse_as_tailtrace_reads_it():
-    from collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE
+    from tailtrace.collector.clickhouse.exporter_schema import METRIC_TABLES, TRACES_TABLE
 
     cfg = yaml.safe_load((FLEET / "otel-collector.yaml").read_text())
     ch = cfg["exporters"]["clickhouse"]
@@ -166,7 +166,7 @@ def test_the_reader_may_set_every_guard_of_tailtraces_reads():
     test_readonly_user.py shows what a reader without them meets), and the server mounts both files."""
     import xml.etree.ElementTree as ET
 
-    from collector.clickhouse.query import GUARD_SETTINGS
+    from tailtrace.collector.clickhouse.query import GUARD_SETTINGS
 
     users = ET.parse(FLEET / "clickhouse/users.d/tailtrace.xml").getroot()
     profile = users.find("profiles/tailtrace_readonly")

@@ -18,7 +18,7 @@ import yaml
 from test_alerts_clickhouse import END_S, _column, fixture_db  # noqa: F401 - the fixture
 from test_generate import gen
 
-from collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
+from tailtrace.collector.testing.clickhouse_spans import build_spans, encode_traces, insert_spans
 from tests.clickhouse.conftest import chdb_store  # noqa: F401 - the fixture
 
 LATENCY = {pid: phase for pid, phase, _ in gen._latency_panel_specs()}
@@ -57,7 +57,7 @@ def test_latency_panels_give_each_intervals_exact_quantiles_per_model(fixture_db
 
 
 def test_every_panel_runs_on_the_real_views(chdb_store):  # noqa: F811
-    from collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics
+    from tailtrace.collector.clickhouse.exporter_encoding import METRIC_COLUMNS, encode_metrics
     from tests.clickhouse.test_rollups import full_metrics_request
 
     _, client = chdb_store

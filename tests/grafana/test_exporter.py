@@ -16,7 +16,7 @@ from grafana_store import TestStore, request_row, utc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.export import prometheus as exp
+from tailtrace.collector.export import prometheus as exp
 
 NOW = 1_800_000_000.0  # a fixed wall clock (Unix seconds), injected
 

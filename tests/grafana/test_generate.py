@@ -17,7 +17,7 @@ from grafana_store import TestStore, request_row, utc
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.export import prometheus as exp
+from tailtrace.collector.export import prometheus as exp
 
 ROOT = Path(__file__).resolve().parents[2]
 GRAFANA = ROOT / "grafana"
@@ -165,7 +165,7 @@ def test_the_slo_spec_sets_the_alert_thresholds(tmp_path, capsys):
     """One SLO spec for every surface: the default spec is the default thresholds; a spec sets the
     alerts on its metrics and quantiles; a spec that does not parse, or names an objective no alert
     watches, is one line and exit 2."""
-    from semantics.slo import DEFAULT_SLO
+    from tailtrace.semantics.slo import DEFAULT_SLO
 
     assert gen.with_slo(DEFAULT_SLO) == gen.ALERTS
     alerts = {(a.phase, a.quantile): a.threshold_s for a in gen.with_slo("ttft_p99=1s,tpot_p999=150ms,e2e_p99=30s")}

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 import yaml
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread, start_stub_engine
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread, start_stub_engine
+from tailtrace.plumbing.procs import free_port
 from tests.grafana.prom_helpers import Prometheus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "grafana"))

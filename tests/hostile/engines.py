@@ -8,8 +8,8 @@ def rows_on_both(directory, req, sql: str) -> tuple[list, list]:
     """(DuckDB rows, ClickHouse rows) of `sql` (DuckDB's dialect; translated for ClickHouse) over the
     spans of the OTLP request `req`, written through the real DuckDB writer and, encoded as the
     OpenTelemetry Collector's exporter encodes them, into a fresh chdb store under `directory`."""
-    from collector.query.reader import store_query
-    from collector.testing.clickhouse_spans import both_stores
+    from tailtrace.collector.query.reader import store_query
+    from tailtrace.collector.testing.clickhouse_spans import both_stores
 
     duck, ch = both_stores(directory, req)
     out = []

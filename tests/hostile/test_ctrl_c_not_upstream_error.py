@@ -22,9 +22,9 @@ import uuid
 import httpx
 import pytest
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 from tests.helpers import poll_sql
 from tests.hostile.engines import rows_on_both
 
@@ -32,7 +32,7 @@ from tests.hostile.engines import rows_on_both
 @pytest.fixture
 def slow_stub(tmp_path):
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port), "--itl-ms", "50"],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port), "--itl-ms", "50"],
                          log_path=tmp_path / "stub.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, proc, "stub server")
@@ -79,8 +79,8 @@ def test_a_ctrl_c_replay_is_cancelled_interrupted_and_no_upstream_error(session_
     assert all(r[2] is not None and r[3] is not None for r in rows[:10]), rows
     assert all(r[2] is None and r[3] is None for r in rows[10:]), rows
 
-    from collector.query.reader import api_query
-    from collector.query.runs import list_runs
+    from tailtrace.collector.query.reader import api_query
+    from tailtrace.collector.query.runs import list_runs
 
     runs = poll_sql(session_collector.api_url, "SELECT count(*) FROM spans WHERE phase = 'run' AND "
                     "json_extract_string(attributes, '$.\"tailtrace.run_id\"') = ?", [run_id])
@@ -101,8 +101,8 @@ def test_cancelled_on_both_engines(tmp_path):
     """Built spans, the same on DuckDB and ClickHouse: a client span that says `cancelled` (ended
     before the gateway and engine saw the disconnect, as a Ctrl-C makes it) is `cancelled`, with
     unattributed_ms and network_out_ms NULL where the residual would be negative."""
-    from collector.testing.otlp_payloads import MS, TraceBuilder
-    from semantics import semconv as sc
+    from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+    from tailtrace.semantics import semconv as sc
 
     b = TraceBuilder()
     t0 = time.time_ns() - 60 * 10**9

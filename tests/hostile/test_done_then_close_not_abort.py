@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread
+from tailtrace.plumbing.procs import free_port
 from tests.helpers import poll_sql
 
 HOLD_S = 0.5  # the upstream's pause between [DONE] and its end of stream

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import duckdb
 
-from collector.store.tables import REQUESTS
-from dashboard.queries.common import GoodputBounds
-from semantics.slo import Objective, meets_objectives
+from tailtrace.collector.store.tables import REQUESTS
+from tailtrace.dashboard.queries.common import GoodputBounds
+from tailtrace.semantics.slo import Objective, meets_objectives
 
 
 def test_goodput_without_tpot_follows_the_one_rule():

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from collector.testing.otlp_payloads import simple_spans
+from tailtrace.collector.testing.otlp_payloads import simple_spans
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from collector.processor.enrich import traces_to_batch
-from collector.store.duckdb_store import DuckDBStore
-from collector.testing.otlp_payloads import MS, T0, TraceBuilder
-from instrument import semconv as sc
 from tailtrace.cli import main
+from tailtrace.collector.processor.enrich import traces_to_batch
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
+from tailtrace.instrument import semconv as sc
 
 N = 300  # requests; every 20th waits 800 ms or more in vLLM's queue: a tail whose cause is the engine queue
 
@@ -103,9 +103,9 @@ def test_explain_reads_each_malformed_field_as_unknown_and_names_it(bad_store, c
 def test_the_dashboard_why_page_data_shows_the_note(bad_store):
     import datetime as dt
 
-    from dashboard.queries import why
-    from dashboard.queries.common import Filters
-    from dashboard.source import DuckDBSource
+    from tailtrace.dashboard.queries import why
+    from tailtrace.dashboard.queries.common import Filters
+    from tailtrace.dashboard.source import DuckDBSource
 
     kind, path = bad_store
     src = DuckDBSource(path)
@@ -122,8 +122,8 @@ def test_the_dashboard_why_page_data_shows_the_note(bad_store):
 def test_every_key_the_plugin_and_gateway_record_is_checked_and_a_sound_config_passes_unchanged():
     from types import SimpleNamespace
 
-    from collector.query.deployment import GATEWAY_FIELDS, VLLM_FIELDS, validate_config
-    from instrument.deployment import GATEWAY_KEYS, VLLM_KEYS, gateway_config, vllm_config
+    from tailtrace.collector.query.deployment import GATEWAY_FIELDS, VLLM_FIELDS, validate_config
+    from tailtrace.instrument.deployment import GATEWAY_KEYS, VLLM_KEYS, gateway_config, vllm_config
 
     sections = {}
     for key, (section, attr) in VLLM_KEYS.items():

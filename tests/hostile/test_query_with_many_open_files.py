@@ -9,8 +9,8 @@ import resource
 
 import pytest
 
-from collector.store.duckdb_store import DuckDBStore
-from collector.store.isolated import IsolatedQueries
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.store.isolated import IsolatedQueries
 
 
 def test_an_isolated_query_answers_past_descriptor_1024(tmp_path):

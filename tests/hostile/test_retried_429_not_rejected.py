@@ -20,9 +20,9 @@ import time
 import httpx
 import pytest
 
-from instrument.gateway.config import GatewayConfig
-from instrument.gateway.testing import start_gateway_thread
-from plumbing.procs import free_port
+from tailtrace.instrument.gateway.config import GatewayConfig
+from tailtrace.instrument.gateway.testing import start_gateway_thread
+from tailtrace.plumbing.procs import free_port
 from tests.helpers import poll_sql
 from tests.hostile.engines import rows_on_both
 
@@ -130,8 +130,8 @@ def test_attempts_on_both_engines(tmp_path):
     attempts) is ok with 1 retry, its first attempt and the wait before the retry in unattributed_ms
     (no phase measured them), not in gateway_ms; vLLM's own rejection then a served retry (engine
     spans alone) is ok; a 429 then a 502 is an error, not a rejection; a lone 429 is rejected."""
-    from collector.testing.otlp_payloads import MS, TraceBuilder
-    from semantics import semconv as sc
+    from tailtrace.collector.testing.otlp_payloads import MS, TraceBuilder
+    from tailtrace.semantics import semconv as sc
 
     b = TraceBuilder()
     t0 = time.time_ns() - 60 * 10**9

@@ -10,10 +10,10 @@ import json
 
 import numpy as np
 
-from simulate.cluster import Traffic, simulate
-from simulate.engine import EngineConfig
-from simulate.model import StepModel
 from tailtrace.cli import main
+from tailtrace.simulate.cluster import Traffic, simulate
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.model import StepModel
 
 
 def _model(deployment):

@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 
-from simulate.cluster import Traffic
-from simulate.limits import fit_to_model_len
-from simulate.model import StepModel
 from tailtrace.cli import main
+from tailtrace.simulate.cluster import Traffic
+from tailtrace.simulate.limits import fit_to_model_len
+from tailtrace.simulate.model import StepModel
 
 
 def _model(tmp_path, mml=1000):

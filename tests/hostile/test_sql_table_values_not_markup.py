@@ -4,8 +4,8 @@ closing tag with no opening one (`[/oops]`) raised a MarkupError traceback."""
 
 from __future__ import annotations
 
-from collector.store.duckdb_store import DuckDBStore
 from tailtrace.cli import main
+from tailtrace.collector.store.duckdb_store import DuckDBStore
 
 
 def test_sql_table_prints_bracketed_values_as_they_are(tmp_path, capsys):

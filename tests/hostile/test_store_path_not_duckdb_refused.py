@@ -16,11 +16,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from collector.store.duckdb_store import DuckDBStore
-from collector.store.store_path import check_opened_is_file
-from plumbing.errors import UserError
-from plumbing.procs import free_port
-from simulate.store import check_store_out
+from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.store.store_path import check_opened_is_file
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port
+from tailtrace.simulate.store import check_store_out
 
 
 def _data_files(d):

@@ -17,9 +17,9 @@ import time
 import psutil
 import pytest
 
-from experiment.changes import parse_change
-from experiment.health import PartDied
-from experiment.trial import TrialConfig, try_change
+from tailtrace.experiment.changes import parse_change
+from tailtrace.experiment.health import PartDied
+from tailtrace.experiment.trial import TrialConfig, try_change
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedded.stack import wait_for_store
-from loadgen.capacity import probe_capacity
+from tailtrace.embedded.stack import wait_for_store
+from tailtrace.loadgen.capacity import probe_capacity
 
 pytestmark = pytest.mark.slow
 

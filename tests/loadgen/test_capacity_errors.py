@@ -14,9 +14,9 @@ import time
 import httpx
 import pytest
 
-from loadgen.capacity import probe_capacity
-from plumbing.errors import UserError
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.loadgen.capacity import probe_capacity
+from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 def _never_queried(sql, params=None):
@@ -27,7 +27,7 @@ def _never_queried(sql, params=None):
 def slow_stub(tmp_path_factory):
     """The stub server streaming one token every 20 ms: base URL."""
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port), "--itl-ms", "20"],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port), "--itl-ms", "20"],
                          log_path=tmp_path_factory.mktemp("stub") / "stub.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, proc, "stub server")
@@ -69,7 +69,7 @@ def test_ctrl_c_during_the_probe_stops_it(slow_stub, tmp_path):
     script = textwrap.dedent(f"""
         import signal, sys
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from loadgen.capacity import probe_capacity
+        from tailtrace.loadgen.capacity import probe_capacity
         try:
             probe_capacity({slow_stub!r}, "stub", "http://127.0.0.1:{free_port()}", None, mean_in=16,
                            mean_out=100, out_dir={str(tmp_path)!r}, run_id="capacity-probe-int", concurrency=4,
@@ -100,7 +100,7 @@ def test_ctrl_c_during_the_probe_stops_it(slow_stub, tmp_path):
 def test_the_wave_fits_the_hosts_prefill():
     """wave_size: the probe's wave shrinks to the requests whose prompts prefill in PREFILL_SHARE of
     the time limit (a 2-core AVX2 host: ~1,850 prompt tok/s, the Azure mix's 1,155-token prompts)."""
-    from loadgen.capacity import MIN_WAVE, PREFILL_SHARE, wave_size
+    from tailtrace.loadgen.capacity import MIN_WAVE, PREFILL_SHARE, wave_size
 
     assert wave_size(128, 1155, None, 60) == 128 and wave_size(128, 1155, 0.0, 60) == 128
     assert wave_size(128, 1155, 50_000, 60) == 128                      # a fast host: the full wave

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadgen.capacity import client_decode_rate
+from tailtrace.loadgen.capacity import client_decode_rate
 
 S = 10**9
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from collector.store.tables import ENGINE_STEPS
-from loadgen.capacity import capacity_from_steps
+from tailtrace.collector.store.tables import ENGINE_STEPS
+from tailtrace.loadgen.capacity import capacity_from_steps
 
 T0_US = 1_764_000_000_000_000  # any fixed instant: the window is given explicitly
 GAP_US = 5_000                  # the engine's own time between two steps (scheduling, output)

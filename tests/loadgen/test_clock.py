@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from loadgen.clock import LatencySlice, MonotonicTimerFd, TimerSlack
-from loadgen.txstamp import TxStamps
+from tailtrace.loadgen.clock import LatencySlice, MonotonicTimerFd, TimerSlack
+from tailtrace.loadgen.txstamp import TxStamps
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux kernel interfaces")
 

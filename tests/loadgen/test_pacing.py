@@ -1,4 +1,4 @@
-"""loadgen.pacing: the client spans' export runs only in the schedule's gaps. A real replay against
+"""tailtrace.loadgen.pacing: the client spans' export runs only in the schedule's gaps. A real replay against
 the trivial streaming server (its own process), its spans through the SDK's BatchSpanProcessor and
 the PacedSpanExporter, as the replay's own provider has them."""
 
@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from loadgen.pacing import PacedSpanExporter, SchedulePace
-from loadgen.replay import ReplayConfig, run_replay
-from plumbing.procs import free_port, start_process, stop_process, wait_http
+from tailtrace.loadgen.pacing import PacedSpanExporter, SchedulePace
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 def test_wait_gap_waits_for_the_scheduler_and_gives_up_at_its_deadline():
@@ -65,7 +65,7 @@ class _Recording:
 @pytest.fixture
 def stub(tmp_path):
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port)],
                          log_path=tmp_path / "stub.log")
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, proc, "stub server")

@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from instrument import semconv as sc
-from loadgen.replay import ReplayConfig, run_replay
-from plumbing.procs import free_port, start_process, stop_process, wait_http
 from tailtrace.cli import main as cli_main
+from tailtrace.instrument import semconv as sc
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
+from tailtrace.plumbing.procs import free_port, start_process, stop_process, wait_http
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def stub(tmp_path_factory):
     """The stub server streaming one chunk every 20 ms: base URL."""
     port = free_port()
     log = tmp_path_factory.mktemp("stub") / "stub.log"
-    proc = start_process([sys.executable, "-m", "loadgen.stubserver", "--port", str(port), "--itl-ms", "20"],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.stubserver", "--port", str(port), "--itl-ms", "20"],
                          log_path=log)
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", 30, proc, "stub server")
@@ -118,7 +118,7 @@ def test_concurrency_cap_is_client_queue_time(stub, tmp_path):
     assert recs[-1].client_queue_ms > 100      # 12 x ~200 ms through 2 slots
     assert res.summary.client_queue_ms["p99"] > 100
     # the summary's TTFT and E2E are what the user felt: the client's wait included (as in the store)
-    from loadgen.stats import percentiles
+    from tailtrace.loadgen.stats import percentiles
 
     assert res.summary.latency["ttft"] == percentiles([r.ttft_ms + r.client_queue_ms for r in recs])
     assert res.summary.latency["e2e"]["p99"] > max(r.e2e_ms for r in recs if r.client_queue_ms == 0)
@@ -236,7 +236,7 @@ def test_schedule_lag_is_measured_at_the_write(tmp_path):
     hold_ms = 400.0
     pad = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2]) + (2 << 20)
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port), "--hold-ms", str(hold_ms)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.receiver", "--port", str(port), "--hold-ms", str(hold_ms)],
                          log_path=tmp_path / "receiver.log")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -282,7 +282,7 @@ def test_a_burst_is_written_in_schedule_order_where_the_receiver_sees_it(tmp_pat
     trace = tmp_path / "burst.csv"
     trace.write_text("timestamp,input_length,output_length\n" + "".join(f"{t:.3f},64,2\n" for t in offsets))
     port = free_port()
-    proc = start_process([sys.executable, "-m", "loadgen.receiver", "--port", str(port)],
+    proc = start_process([sys.executable, "-m", "tailtrace.loadgen.receiver", "--port", str(port)],
                          log_path=tmp_path / "receiver.log")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -316,7 +316,7 @@ def test_chaos_streams_show_the_first_streams_progress_when_asked(stub, tmp_path
     runs at once, the first shows its plain lines; off by default (tests, benchmarks)."""
     import dataclasses
 
-    from chaos.load import burst_config, run_streams, show_progress
+    from tailtrace.chaos.load import burst_config, run_streams, show_progress
 
     def configs():
         return [dataclasses.replace(burst_config(_trace(tmp_path, n=20, gap_ms=50, out=10), stub, f"s{i}", ""),

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from loadgen.replay import ReplayConfig, run_replay
-from semantics import semconv as sc
+from tailtrace.loadgen.replay import ReplayConfig, run_replay
+from tailtrace.semantics import semconv as sc
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def _provider(otlp_url=None):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from instrument.otel import make_tracer_provider
+    from tailtrace.instrument.otel import make_tracer_provider
 
     exp = InMemorySpanExporter()
     prov = make_tracer_provider("tailtrace-loadgen", otlp_url) if otlp_url else TracerProvider()

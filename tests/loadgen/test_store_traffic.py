@@ -9,10 +9,10 @@ import dataclasses
 import duckdb
 import pytest
 
-from loadgen.replay import ReplayConfig, build_plan, export_plan, prompt_seed
-from loadgen.traces import load_trace
-from plumbing.errors import UserError
 from tailtrace.cli import main
+from tailtrace.loadgen.replay import ReplayConfig, build_plan, export_plan, prompt_seed
+from tailtrace.loadgen.traces import load_trace
+from tailtrace.plumbing.errors import UserError
 from tests.diagnose.store import Req, write_store
 
 
@@ -116,7 +116,7 @@ def test_prompts_differ_between_runs_and_not_within_a_shared_prefix():
     a, b = prompt_seed(cfg, "try-1-b0"), prompt_seed(cfg, "try-1-b1")
     assert a != b and prompt_seed(cfg, "try-1-b0") == a
     assert prompt_seed(dataclasses.replace(cfg, prompt_seed=7), "any") == 7
-    from loadgen.prompts import PromptBuilder
+    from tailtrace.loadgen.prompts import PromptBuilder
 
     pa, pb = PromptBuilder("m", seed=a), PromptBuilder("m", seed=b)
     # the same request index and hash id: different ids across runs, the same within one

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from loadgen.prompts import PromptBuilder
-from loadgen.stats import RequestRecord, parse_slo, percentiles, summarize
-from loadgen.traces import load_trace, select_window, synthetic_trace
-from plumbing.errors import UserError
+from tailtrace.loadgen.prompts import PromptBuilder
+from tailtrace.loadgen.stats import RequestRecord, parse_slo, percentiles, summarize
+from tailtrace.loadgen.traces import load_trace, select_window, synthetic_trace
+from tailtrace.plumbing.errors import UserError
 
 
 def test_azure_trace_offsets_and_lengths():
@@ -148,8 +148,8 @@ def test_parse_slo():
 
 
 def test_quantile_labels_read_back_at_every_depth():
-    from semantics.catalog import quantile_label
-    from semantics.slo import quantile_key
+    from tailtrace.semantics.catalog import quantile_label
+    from tailtrace.semantics.slo import quantile_key
 
     for q, label in ((0.5, "P50"), (0.05, "P05"), (0.055, "P055"), (0.99, "P99"), (0.999, "P999"),
                      (0.9999999, "P9999999"), (0.99999999, "P99999999")):  # 0.9999999 read "P00"
@@ -195,8 +195,8 @@ def test_goodput_in_memory_and_in_sql_is_one_rule():
 
     import duckdb
 
-    from semantics.catalog import REQUEST_METRIC_COLUMNS
-    from semantics.slo import goodput_sql, meets_objectives
+    from tailtrace.semantics.catalog import REQUEST_METRIC_COLUMNS
+    from tailtrace.semantics.slo import goodput_sql, meets_objectives
 
     objectives = parse_slo("ttft_p99=2s,tpot_p99=100ms,e2e_p90=30s,itl_p99=1ms")
     limits = {o.metric: o.limit_ms for o in objectives}

@@ -11,12 +11,12 @@ import duckdb
 import numpy as np
 import pytest
 
-from simulate.calibrate import calibrate
-from simulate.cluster import Traffic, simulate
-from simulate.engine import EngineConfig
-from simulate.model import StepModel
-from simulate.store import write_store
 from tailtrace.cli import main
+from tailtrace.simulate.calibrate import calibrate
+from tailtrace.simulate.cluster import Traffic, simulate
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.model import StepModel
+from tailtrace.simulate.store import write_store
 
 LAW = [2.0, 0.05, 0.004, 0.02, 2.0]
 NOISE = np.linspace(0.97, 1.03, 201).round(5).tolist()

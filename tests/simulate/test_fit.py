@@ -10,10 +10,10 @@ import duckdb
 import numpy as np
 import pytest
 
-from collector.query.reader import db_query
-from simulate.fit import fit_model, nnls_exact
-from simulate.model import StepModel, load_model
 from tailtrace.cli import main
+from tailtrace.collector.query.reader import db_query
+from tailtrace.simulate.fit import fit_model, nnls_exact
+from tailtrace.simulate.model import StepModel, load_model
 
 TRUE = [1.5, 0.2, 0.05, 0.4, 30.0]  # a0, per seq, per token, per 1e3 decode context, per 1e6 prefill attention
 
@@ -120,7 +120,7 @@ def test_the_time_outside_the_engine_is_drawn_at_the_load_it_was_measured_at():
 
 
 def test_a_model_file_of_another_version_or_shape_is_refused(tmp_path):
-    from plumbing.errors import UserError
+    from tailtrace.plumbing.errors import UserError
 
     p = tmp_path / "m.json"
     p.write_text(json.dumps({"schema": "tailtrace.simulate-model/0"}))
@@ -214,7 +214,7 @@ def test_run_and_capacity_answer_and_a_simulated_store_reads_as_a_measured_run(m
     assert doc["ratios"]["ttft"]["P99"] == pytest.approx(b["metrics"]["ttft"]["P99"] / a["metrics"]["ttft"]["P99"])
     runs = doc["store"]["runs"]
     # the store reads as a measured run: compare finds B's TTFT worse, on the same numbers
-    from experiment.compare import compare
+    from tailtrace.experiment.compare import compare
 
     q, close = db_query(out)
     try:
@@ -260,7 +260,7 @@ def test_the_wait_for_the_step_in_progress_is_not_counted_as_time_outside_the_en
     """vLLM's engine core takes a request between steps: one that came in during a 700 ms prefill step
     waited for it in the frontend phase; the simulator has it wait for that step in its queue, so the
     fit takes it out of the drawn time outside the engine (counted twice before: issue 33's bench)."""
-    from simulate.fit import _step_wait_ms
+    from tailtrace.simulate.fit import _step_wait_ms
 
     steps = {"t_us": np.array([1_000_000.0, 1_700_000.0, 1_704_000.0]),
              "cycle_ms": np.array([np.nan, 700.0, 4.0]), "step_ms": np.array([3.0, 690.0, 3.5])}
@@ -297,7 +297,7 @@ def test_a_simulation_written_into_a_measured_store_never_becomes_its_default_sc
     default scope (the latest traffic run) stays the measured one (it took the prediction, later)."""
     import numpy as np
 
-    from collector.query.runs import Run, latest_traffic_run
+    from tailtrace.collector.query.runs import Run, latest_traffic_run
     from tests.diagnose.store import baseline, write_store
 
     reqs = baseline(np.random.default_rng(3), n=200)

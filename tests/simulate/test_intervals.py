@@ -10,11 +10,11 @@ from statistics import NormalDist
 
 import numpy as np
 
-from simulate.cluster import Traffic
-from simulate.engine import EngineConfig
-from simulate.intervals import interval, predict
-from simulate.law import fit_law
-from simulate.model import StepModel
+from tailtrace.simulate.cluster import Traffic
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.intervals import interval, predict
+from tailtrace.simulate.law import fit_law
+from tailtrace.simulate.model import StepModel
 
 LAW = np.array([2.0, 0.05, 0.004, 0.02, 2.0])
 SIGMA = 0.08  # log-normal step noise
@@ -48,7 +48,7 @@ def test_the_interval_is_the_order_statistics_that_hold_a_further_draw_at_the_le
 
 
 def test_intervals_cover_the_truth_in_at_least_90_of_100_seeds():
-    from simulate.cluster import simulate
+    from tailtrace.simulate.cluster import simulate
 
     truth_model = StepModel(LAW.tolist(), {"decode": TRUE_RESIDUALS, "mixed": TRUE_RESIDUALS}, [], {}, {})
     traffic = _traffic()

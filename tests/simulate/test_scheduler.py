@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulate.cluster import GatewaySpec, Traffic, simulate
-from simulate.engine import EngineConfig
-from simulate.model import StepModel
+from tailtrace.simulate.cluster import GatewaySpec, Traffic, simulate
+from tailtrace.simulate.engine import EngineConfig
+from tailtrace.simulate.model import StepModel
 
 STEP = 10.0
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plumbing.errors import UserError
-from semantics.slo import parse_slo
-from simulate.calibrate import Calibration
-from simulate.cluster import Traffic, simulate
-from simulate.model import StepModel
-from simulate.settings import apply_sets, deployment_of
-from simulate.tune import MODELLED, check_knobs, objective_rows, search
+from tailtrace.plumbing.errors import UserError
+from tailtrace.semantics.slo import parse_slo
+from tailtrace.simulate.calibrate import Calibration
+from tailtrace.simulate.cluster import Traffic, simulate
+from tailtrace.simulate.model import StepModel
+from tailtrace.simulate.settings import apply_sets, deployment_of
+from tailtrace.simulate.tune import MODELLED, check_knobs, objective_rows, search
 
 LAW = [2.0, 0.05, 0.004, 0.02, 2.0]
 NOISE = np.linspace(0.97, 1.03, 201).round(5).tolist()

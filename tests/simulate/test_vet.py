@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from semantics.slo import parse_slo
-from simulate.calibrate import Calibration
-from simulate.vet import order_key, vet_actions
+from tailtrace.semantics.slo import parse_slo
+from tailtrace.simulate.calibrate import Calibration
+from tailtrace.simulate.vet import order_key, vet_actions
 from tests.simulate.test_tune import _model, _traffic
 
 SLO = parse_slo("ttft_p99=300ms,tpot_p99=20ms")
@@ -58,8 +58,8 @@ def test_the_same_change_of_two_findings_is_simulated_once():
 
 
 def test_confirm_sets_the_predicted_ratio_beside_the_measured_interval():
-    from simulate.tune import search
-    from simulate.vet import confirm_rows
+    from tailtrace.simulate.tune import search
+    from tailtrace.simulate.vet import confirm_rows
 
     doc = search(_model(seqs=4), _traffic(), SLO, ["max_num_seqs"], [1], 0, calibration=OK, replicates=5)
     assert doc["best"]["changes"] == ["max_num_seqs=8"]
@@ -83,8 +83,8 @@ def test_confirm_sets_the_predicted_ratio_beside_the_measured_interval():
 
 def test_confirm_checks_the_prediction_made_on_the_blocks_traffic(tmp_path):
     """try replays a cut of the run in each block: the prediction checked is the one on that cut."""
-    from simulate.tune import search
-    from simulate.vet import confirm_rows, predict_on_trial_traffic
+    from tailtrace.simulate.tune import search
+    from tailtrace.simulate.vet import confirm_rows, predict_on_trial_traffic
 
     model, traffic = _model(seqs=4), _traffic()
     doc = search(model, traffic, SLO, ["max_num_seqs"], [1], 0, calibration=OK, replicates=3)

@@ -25,8 +25,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from semantics import engines as en
-from semantics import semconv as sc
+from tailtrace.semantics import engines as en
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["Mapped", "NativeSpan", "classify", "finish_reason", "latency_s"]
 
@@ -126,7 +126,7 @@ Mapper = Callable[[NativeSpan], "Mapped | None"]
 def classify(name: str, scope: str | None, svc: str | None) -> Mapper | None:
     """The engine module that may map a span called `name` of instrumentation scope `scope` and
     service `svc`, or None (not an engine's own span). Cheap: no attribute is read."""
-    from collector.processor.engines import sglang, tgi, trtllm
+    from tailtrace.collector.processor.engines import sglang, tgi, trtllm
 
     if scope == en.SGLANG_SCOPE:
         return sglang.map_span

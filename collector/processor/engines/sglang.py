@@ -19,9 +19,9 @@ counted (`Mapped.missing`); so is a decode_loop without `decode_ct`.
 
 from __future__ import annotations
 
-from collector.processor.engines import Mapped, NativeSpan, latency_s, usage_values
-from semantics import engines as en
-from semantics import semconv as sc
+from tailtrace.collector.processor.engines import Mapped, NativeSpan, latency_s, usage_values
+from tailtrace.semantics import engines as en
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["map_span"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from collector.processor.engines import Mapped, NativeSpan
-from semantics import engines as en
+from tailtrace.collector.processor.engines import Mapped, NativeSpan
+from tailtrace.semantics import engines as en
 
 __all__ = ["map_batch", "map_request", "parse_duration_ms"]
 

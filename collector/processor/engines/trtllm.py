@@ -12,9 +12,9 @@ never E2E - TTFT. Its per-iteration stats are on its /metrics (collector/scrape)
 
 from __future__ import annotations
 
-from collector.processor.engines import Mapped, NativeSpan, latency_s, usage_values
-from semantics import engines as en
-from semantics import semconv as sc
+from tailtrace.collector.processor.engines import Mapped, NativeSpan, latency_s, usage_values
+from tailtrace.semantics import engines as en
+from tailtrace.semantics import semconv as sc
 
 __all__ = ["map_span"]
 

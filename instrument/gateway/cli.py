@@ -6,20 +6,8 @@ Registration is cheap: FastAPI, httpx and OpenTelemetry are imported only when t
 from __future__ import annotations
 
 from tailtrace.instrument.gateway.config import SETTINGS
-from tailtrace.plumbing.argtypes import PORT, TOKENS, bounded_float, bounded_int, seconds
 
 __all__ = ["register"]
-
-# each number setting's range (plumbing.argtypes: refused by argparse in one line, shown in --help)
-RANGES = {
-    "dns_interval_s": seconds(), "port": PORT, "max_concurrency": bounded_int(1, 1_000_000),
-    "queue_interactive": bounded_int(0, 10_000_000), "queue_batch": bounded_int(0, 10_000_000),
-    "max_output_tokens": TOKENS, "max_body_bytes": bounded_int(1, 2**31), "max_input_tokens": TOKENS,
-    "connect_timeout_s": seconds(3600.0), "upstream_timeout_s": seconds(), "health_interval_s": seconds(3600.0),
-    "ladder_margin": bounded_float(0.0, 10.0, lo_open=True), "ladder_hold_s": seconds(), "max_wait_s": seconds(),
-    "gil_switch_interval_ms": bounded_float(0.0, 100.0, lo_open=True),
-}
-
 
 def register(sub) -> None:
     """Add the `gateway` sub-command to the `tailtrace` argparse sub-parsers `sub`."""
@@ -35,7 +23,7 @@ def register(sub) -> None:
         if s.name == "upstreams":
             kw.update(action="append", metavar="URL")
         else:
-            kw.update(type=RANGES.get(s.name, s.type), metavar="MS" if s.name.endswith("_ms") else
+            kw.update(type=s.range or s.type, metavar="MS" if s.name.endswith("_ms") else
                       {int: "N", float: "SECONDS"}.get(s.type, s.flag.lstrip("-").split("-")[-1].upper()))
             if s.choices:
                 kw.update(choices=s.choices)

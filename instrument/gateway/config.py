@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from tailtrace.plumbing.argtypes import PORT, TOKENS, bounded_float, bounded_int, seconds
 from tailtrace.plumbing.errors import UserError
 from tailtrace.plumbing.urls import check_http_url
 from tailtrace.semantics import envs
@@ -22,7 +23,9 @@ PRIORITIES = (INTERACTIVE, BATCH)
 
 @dataclass(frozen=True)
 class Setting:
-    """One gateway setting: its `GatewayConfig` field, flag, env var, type, default and help."""
+    """One gateway setting: its `GatewayConfig` field, flag, env var, type, default and help; the
+    values it takes: `choices`, or a number's `range` (plumbing.argtypes: the flag's argparse type,
+    the env var's parser and `GatewayConfig.validate`'s check, so the three cannot disagree)."""
 
     name: str
     flag: str
@@ -31,6 +34,22 @@ class Setting:
     default: object
     help: str
     choices: tuple | None = None
+    range: object = None
+
+    def parse(self, text: str):
+        """`text` (a flag's or env var's) as this setting's value; `ValueError` (an `ArgRangeError`
+        for a number out of its range) when it is not one."""
+        return (self.range or self.type)(text)
+
+    def check(self, value) -> None:
+        """Raise `UserError` naming the flag when `value` (None: unset, always fine) is not one this
+        setting takes."""
+        if value is None:
+            return
+        if self.choices and value not in self.choices:
+            raise UserError(f"{self.flag} must be {' or '.join(repr(c) for c in self.choices)}, not {value!r}")
+        if self.range is not None and (isinstance(value, bool) or not self.range.contains(value)):
+            raise UserError(f"{self.flag} {value!r} is out of range: {self.range.range_text}")
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -41,39 +60,45 @@ SETTINGS: tuple[Setting, ...] = (
             "per address, re-resolved every --dns-interval seconds: N replicas behind one name (compose "
             "--scale, a Kubernetes headless service); with or without --upstream"),
     Setting("dns_interval_s", "--dns-interval", "TAILTRACE_GATEWAY_DNS_INTERVAL", float, 10.0,
-            "seconds between two resolutions of --upstream-dns"),
+            "seconds between two resolutions of --upstream-dns", range=seconds()),
     Setting("host", "--host", "TAILTRACE_GATEWAY_HOST", str, "127.0.0.1", "address to bind"),
-    Setting("port", "--port", "TAILTRACE_GATEWAY_PORT", int, 8080, "port to listen on"),
+    Setting("port", "--port", "TAILTRACE_GATEWAY_PORT", int, 8080, "port to listen on", range=PORT),
     Setting("otlp_endpoint", "--otlp-endpoint", "TAILTRACE_OTLP_ENDPOINT", str, None,
             "collector OTLP/HTTP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or http://127.0.0.1:4318); "
             "'none' disables tracing"),
     Setting("max_concurrency", "--max-concurrency", "TAILTRACE_GATEWAY_MAX_CONCURRENCY", int, 256,
-            "requests in flight per upstream; more wait in the admission queue"),
+            "requests in flight per upstream; more wait in the admission queue",
+            range=bounded_int(1, 1_000_000)),
     Setting("queue_interactive", "--queue-interactive", "TAILTRACE_GATEWAY_QUEUE_INTERACTIVE", int, 1024,
-            "admission queue bound for x-priority: interactive; a full queue answers 429"),
+            "admission queue bound for x-priority: interactive; a full queue answers 429",
+            range=bounded_int(0, 10_000_000)),
     Setting("queue_batch", "--queue-batch", "TAILTRACE_GATEWAY_QUEUE_BATCH", int, 1024,
-            "admission queue bound for x-priority: batch; a full queue answers 429"),
+            "admission queue bound for x-priority: batch; a full queue answers 429",
+            range=bounded_int(0, 10_000_000)),
     Setting("priority_classes", "--priority-classes", "TAILTRACE_GATEWAY_PRIORITY_CLASSES", str, "on",
             "'on': a freed slot goes to a waiting interactive request before a batch one; 'off': one FIFO "
             "order for every class (the class is still recorded)", choices=("on", "off")),
     Setting("max_output_tokens", "--max-output-tokens", "TAILTRACE_GATEWAY_MAX_OUTPUT_TOKENS", int, None,
             "cap every request's max_tokens (and max_completion_tokens) at N, setting it where a request "
-            "gives none (default: no cap)"),
+            "gives none (default: no cap)", range=TOKENS),
     Setting("max_body_bytes", "--max-body-bytes", "TAILTRACE_GATEWAY_MAX_BODY_BYTES", int, 8 * 1024 * 1024,
-            "largest request body accepted; larger gets 413"),
+            "largest request body accepted; larger gets 413", range=bounded_int(1, 2**31)),
     Setting("max_input_tokens", "--max-input-tokens", "TAILTRACE_GATEWAY_MAX_INPUT_TOKENS", int, 131072,
-            "largest prompt in tokens (token-id prompts: exact; text: tokenizer or bytes/4); larger gets 400"),
+            "largest prompt in tokens (token-id prompts: exact; text: tokenizer or bytes/4); larger gets 400",
+            range=TOKENS),
     Setting("truncate", "--truncate", "TAILTRACE_GATEWAY_TRUNCATE", str, "off",
             "what to do with an over-long prompt: 'off' (400) or 'middle' (keep head and tail)",
             choices=("off", "middle")),
     Setting("tokenizer", "--tokenizer", "TAILTRACE_GATEWAY_TOKENIZER", str, None,
             "tokenizer.json (or a folder holding one) to count text-prompt tokens exactly"),
     Setting("connect_timeout_s", "--connect-timeout", "TAILTRACE_GATEWAY_CONNECT_TIMEOUT", float, 5.0,
-            "seconds to connect to an upstream; failure is 502 and takes the upstream out"),
+            "seconds to connect to an upstream; failure is 502 and takes the upstream out",
+            range=seconds(3600.0)),
     Setting("upstream_timeout_s", "--upstream-timeout", "TAILTRACE_GATEWAY_UPSTREAM_TIMEOUT", float, 600.0,
-            "seconds the upstream may stay silent (before its first byte or between bytes); then 504"),
+            "seconds the upstream may stay silent (before its first byte or between bytes); then 504",
+            range=seconds()),
     Setting("health_interval_s", "--health-interval", "TAILTRACE_GATEWAY_HEALTH_INTERVAL", float, 2.0,
-            "seconds between health checks of each upstream"),
+            "seconds between health checks of each upstream", range=seconds(3600.0)),
     Setting("health_path", "--health-path", "TAILTRACE_GATEWAY_HEALTH_PATH", str, "/health",
             "path probed on each upstream; any answer below 500 counts as healthy"),
     Setting("slo", "--slo", "TAILTRACE_GATEWAY_SLO", str, None,
@@ -84,17 +109,20 @@ SETTINGS: tuple[Setting, ...] = (
             "batch[:N] (concurrency per upstream), output:N (max_tokens cap), defer-batch (hold x-priority: "
             "batch), shed (503 with Retry-After); e.g. batch:8,output:256,defer-batch,shed (default: none)"),
     Setting("ladder_margin", "--ladder-margin", "TAILTRACE_GATEWAY_LADDER_MARGIN", float, 0.8,
-            "the ladder steps down when a prediction is over this fraction of its objective's bound"),
+            "the ladder steps down when a prediction is over this fraction of its objective's bound",
+            range=bounded_float(0.0, 1.0, lo_open=True)),
     Setting("ladder_hold_s", "--ladder-hold", "TAILTRACE_GATEWAY_LADDER_HOLD", float, 10.0,
-            "hold-down: seconds predictions must stay under the margin before the ladder steps back up one step"),
+            "hold-down: seconds predictions must stay under the margin before the ladder steps back up one step",
+            range=seconds()),
     Setting("queue_order", "--queue-order", "TAILTRACE_GATEWAY_QUEUE_ORDER", str, "fifo",
             "order within each admission queue: 'fifo' (arrival) or 'sjf' (least prompt + max_tokens first; "
             "the recent P50 output where a request gives no max_tokens)", choices=("fifo", "sjf")),
     Setting("max_wait_s", "--max-wait", "TAILTRACE_GATEWAY_MAX_WAIT", float, 30.0,
-            "with --queue-order sjf: a request that has waited this many seconds goes before shorter ones"),
+            "with --queue-order sjf: a request that has waited this many seconds goes before shorter ones",
+            range=seconds()),
     Setting("gil_switch_interval_ms", "--gil-switch-interval", "TAILTRACE_GATEWAY_GIL_SWITCH_INTERVAL", float, 0.5,
             "milliseconds a thread (the span exporter's) may hold the GIL while the event loop waits "
-            "(sys.setswitchinterval; Python's default is 5)"),
+            "(sys.setswitchinterval; Python's default is 5)", range=bounded_float(0.0, 100.0, lo_open=True)),
 )
 
 
@@ -153,9 +181,9 @@ class GatewayConfig:
                         v = _split_csv(raw)
                     else:
                         try:
-                            v = s.type(raw)
-                        except ValueError:
-                            raise UserError(f"{s.env}={raw!r} is not a valid {s.type.__name__}") from None
+                            v = s.parse(raw)
+                        except ValueError as exc:
+                            raise UserError(f"{s.env}={raw!r}: {exc}") from None
                 else:
                     v = s.default
             values[s.name] = tuple(v) if s.name == "upstreams" else v
@@ -177,28 +205,10 @@ class GatewayConfig:
         if len(set(cleaned)) != len(cleaned):
             raise UserError("the same --upstream is given twice")
         self.upstreams = tuple(cleaned)
-        for name in ("max_concurrency", "max_body_bytes", "max_input_tokens"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-        for name in ("queue_interactive", "queue_batch"):
-            if getattr(self, name) < 0:
-                raise UserError(f"--{name.replace('_', '-')} must be 0 or more")
-        for name, flag in (("connect_timeout_s", "--connect-timeout"), ("upstream_timeout_s", "--upstream-timeout"),
-                           ("health_interval_s", "--health-interval"), ("dns_interval_s", "--dns-interval")):
-            if not getattr(self, name) > 0:
-                raise UserError(f"{flag} must be more than 0 seconds")
-        if self.priority_classes not in ("on", "off"):
-            raise UserError(f"--priority-classes must be 'on' or 'off', not {self.priority_classes!r}")
-        if self.max_output_tokens is not None and self.max_output_tokens < 1:
-            raise UserError("--max-output-tokens must be at least 1")
-        if self.truncate not in ("off", "middle"):
-            raise UserError(f"--truncate must be 'off' or 'middle', not {self.truncate!r}")
+        for s in SETTINGS:  # each number in its range, each choice one of its choices
+            s.check(getattr(self, s.name))
         if self.max_input_tokens < 2 and self.truncate == "middle":
             raise UserError("--truncate middle needs --max-input-tokens of 2 or more")
-        if not 0 < self.port < 65536:
-            raise UserError(f"--port {self.port} is not a TCP port")
-        if not 0 < self.gil_switch_interval_ms <= 100:
-            raise UserError("--gil-switch-interval must be more than 0 and at most 100 milliseconds")
         if not self.health_path.startswith("/"):
             raise UserError(f"--health-path {self.health_path!r} must start with '/'")
         from tailtrace.instrument.gateway.ladder import check_control

@@ -154,8 +154,9 @@ class Ladder:
 
 
 def check_control(config) -> None:
-    """Check --slo, --ladder, --ladder-margin, --ladder-hold, --queue-order and --max-wait of a
-    GatewayConfig; raise `UserError` (one line) on a bad one."""
+    """Check --slo and --ladder of a GatewayConfig (together, and against --max-concurrency); raise
+    `UserError` (one line) on a bad one. The numbers' ranges and the choices are checked from
+    `config.SETTINGS` (`Setting.check`)."""
     if config.slo is not None:
         objectives = parse_slo(config.slo, "--slo")
         itl = [o.spec for o in objectives if o.metric == "itl"]
@@ -170,11 +171,3 @@ def check_control(config) -> None:
         if b is not None and (b.value or config.max_concurrency // 2) >= config.max_concurrency:
             raise UserError(f"--ladder {b.spec}: a batch step must lower --max-concurrency ({config.max_concurrency}); "
                             "give batch:N with N below it")
-    if not 0 < config.ladder_margin <= 1:
-        raise UserError("--ladder-margin must be more than 0 and at most 1 (a fraction of each bound)")
-    for name, flag in (("ladder_hold_s", "--ladder-hold"), ("max_wait_s", "--max-wait")):
-        v = getattr(config, name)
-        if not (v > 0 and math.isfinite(v)):
-            raise UserError(f"{flag} must be a number of seconds more than 0")
-    if config.queue_order not in ("fifo", "sjf"):
-        raise UserError(f"--queue-order must be 'fifo' or 'sjf', not {config.queue_order!r}")

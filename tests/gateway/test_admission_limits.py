@@ -224,3 +224,24 @@ def test_priority_classes_off_is_one_fifo_order():
 
     assert asyncio.run(main(on)) == ["i1", "b1", "b2"]
     assert asyncio.run(main(off)) == ["b1", "b2", "i1"]
+
+
+def test_each_number_has_one_range_for_flag_env_and_config(monkeypatch, capsys):
+    """A number's range is the Setting's (config.SETTINGS): the flag, the env var and a config built
+    in code are refused by the same range, and the env var's refusal names the env var."""
+    from tailtrace.cli import main
+
+    numbers = [s for s in SETTINGS if s.type in (int, float)]
+    assert numbers and all(s.range is not None for s in numbers), [s.name for s in numbers if s.range is None]
+    margin = next(s for s in SETTINGS if s.name == "ladder_margin")
+    with pytest.raises(SystemExit) as exited:  # argparse's one line; the flag took up to 10 before
+        main(["gateway", "--upstream", "http://a", "--ladder-margin", "2"])
+    assert exited.value.code == 2
+    assert "--ladder-margin" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"--ladder-margin 2 is out of range: more than 0, at most 1"):
+        GatewayConfig(upstreams=("http://a",), ladder_margin=2).validate()
+    monkeypatch.setenv("TAILTRACE_GATEWAY_PORT", "0")
+    args = type("Args", (), {})()
+    with pytest.raises(UserError, match=r"TAILTRACE_GATEWAY_PORT='0': '0' is out of range: at least 1"):
+        GatewayConfig.from_args(args)
+    assert margin.parse("0.5") == 0.5

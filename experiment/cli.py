@@ -23,7 +23,18 @@ from tailtrace.plumbing.argtypes import (
 )
 from tailtrace.semantics import envs
 
-__all__ = ["register"]
+__all__ = ["add_block_flags", "register"]
+
+
+def add_block_flags(p, when: str = "") -> None:
+    """Add try's `--block-s` and `--budget` to the argparse parser `p`: their one definition (type,
+    range, default, help) for every command that runs try's interleaved blocks (`tailtrace try`,
+    `tailtrace tune --confirm`). `when` goes before each help text (e.g. "--confirm: ")."""
+    p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S",
+                   help=f"{when}seconds of traffic per block (default 30)")
+    p.add_argument("--budget", type=duration(), metavar="TIME",
+                   help=f"{when}add pairs until every objective is decided (better, worse or same) or TIME of blocks "
+                        "is spent, e.g. 20m, 90s, 1h (the false-positive rate held over the looks: docs/experiment.md)")
 
 
 def register(sub) -> None:
@@ -47,14 +58,10 @@ def register(sub) -> None:
                    help="the baseline's own settings, same form (embedded stack; default: its defaults)")
     p.add_argument("--traffic", default="azure-conv",
                    help="a trace (azure-conv, mooncake-conv, a CSV) or store:STORE[#RUN_ID] (default azure-conv)")
-    p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S",
-                   help="seconds of traffic per block (default 30)")
+    add_block_flags(p)
     p.add_argument("--blocks", type=bounded_int(1, 1000), default=6, metavar="N",
                    help="block pairs without --budget (A B or B A each; default 6, the fewest whose sign-flip test "
                         "can call a difference at 5%%)")
-    p.add_argument("--budget", type=duration(), metavar="TIME",
-                   help="add pairs until every objective is decided (better, worse or same) or TIME of blocks is "
-                        "spent, e.g. 20m, 90s, 1h (the false-positive rate held over the looks: docs/experiment.md)")
     p.add_argument("--margin", type=bounded_float(0.0, 1.0, lo_open=True, hi_open=True), default=0.10, metavar="M",
                    help="'same' when B/A lies within 1 -+ M (default 0.10: within 10%%)")
     p.add_argument("--one-engine", action="store_true",

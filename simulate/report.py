@@ -15,7 +15,7 @@ from tailtrace.semantics.catalog import REQUEST_METRIC_COLUMNS, format_ms, quant
 from tailtrace.semantics.slo import Objective, goodput_sql
 from tailtrace.simulate.calibrate import calibration_lines
 
-__all__ = ["SCHEMA", "answer_mark", "comparison_doc", "render_lines", "summarize"]
+__all__ = ["SCHEMA", "answer_mark", "comparison_doc", "objective_rows", "render_lines", "summarize"]
 
 SCHEMA = "tailtrace.simulate/1"
 METRICS = ("ttft", "tpot", "e2e")
@@ -48,17 +48,21 @@ def _good(r, objectives: list[Objective]) -> int:
         return int(con.execute(f"SELECT count(*) FILTER (WHERE {goodput_sql(objectives)}) FROM sim").fetchone()[0])
 
 
-def summarize(r, objectives: list[Objective]) -> dict:
-    """One simulated arm as a dict: requests, ok, rejected (refused by overload: the gateway's 429,
-    the engine's 503), refused_too_long (vLLM's 400 for a request longer than max_model_len), span_s, rate_rps, metrics {metric:
-    {"p50": ms, …}}, objectives [{objective, value_ms, ratio, met | None, why}], goodput_rps,
-    goodput_share, queue_ms / service_ms (mean and P99), tail phases per objective metric, steps,
-    wall_s. Values never measured are None."""
+def objective_rows(r, objectives: list[Objective]) -> dict:
+    """How one simulated arm (cluster.SimResult `r`) meets `objectives`, without the rest of
+    `summarize` (its goodput query costs ~50x a simulation of a few hundred requests, so a search
+    such as simulate/tune.py judges each configuration with this alone): {"requests", "ok",
+    "rejected" (refused by overload: the gateway's 429, the engine's 503), "refused_too_long" (vLLM's
+    400 for a request longer than max_model_len), "objectives": [{objective, metric, quantile,
+    limit_ms, value_ms, ratio, met | None, why}]}. Each value is the exact quantile (numpy's
+    "linear", as DuckDB's quantile_cont) over the answered requests, in ms; a request refused by
+    overload makes every objective missed; an ITL objective reads "not simulated"."""
     ok = r.ok
     n, n_ok = len(ok), int(ok.sum())
     too_long = int((r.status == "rejected-length").sum())  # refused at any load: the traffic's, not the load's
-    span = r.span_s or 1.0
-    metrics = {m: {quantile_label(q): _q(getattr(r, f"{m}_ms")[ok], q) for q in QUANTILES} for m in METRICS}
+    # a refused request is a miss, as in goodput: a quantile over the answered few must not read as
+    # "met" when most were turned away (the gateway's 429, the engine's 503)
+    refused = n - n_ok - too_long
     objs = []
     for o in objectives:
         if o.metric not in METRICS:
@@ -67,14 +71,24 @@ def summarize(r, objectives: list[Objective]) -> dict:
                          "why": "not simulated (per-token times are not kept)"})
             continue
         v = _q(getattr(r, f"{o.metric}_ms")[ok], o.q)
-        # a refused request is a miss, as in goodput: a quantile over the answered few must not read as
-        # "met" when most were turned away (the gateway's 429, the engine's 503)
-        refused = n - n_ok - too_long
         objs.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "limit_ms": o.limit_ms,
                      "value_ms": v, "ratio": None if v is None else v / o.limit_ms,
                      "met": None if v is None else bool(v <= o.limit_ms and not refused),
                      "why": ("no request answered" if v is None else
                              f"{refused:,} of {n:,} requests refused" if refused else None)})
+    return {"requests": n, "ok": n_ok, "rejected": refused, "refused_too_long": too_long, "objectives": objs}
+
+
+def summarize(r, objectives: list[Objective]) -> dict:
+    """One simulated arm as a dict: requests, ok, rejected (refused by overload: the gateway's 429,
+    the engine's 503), refused_too_long (vLLM's 400 for a request longer than max_model_len), span_s, rate_rps, metrics {metric:
+    {"p50": ms, …}}, objectives [{objective, value_ms, ratio, met | None, why}] (`objective_rows`),
+    goodput_rps, goodput_share, queue_ms / service_ms (mean and P99), tail phases per objective
+    metric, steps, wall_s. Values never measured are None."""
+    judged = objective_rows(r, objectives)
+    ok, n = r.ok, judged["requests"]
+    span = r.span_s or 1.0
+    metrics = {m: {quantile_label(q): _q(getattr(r, f"{m}_ms")[ok], q) for q in QUANTILES} for m in METRICS}
     good = _good(r, objectives)
     queue = np.nan_to_num(r.gateway_queue_ms) + r.queue_ms
     service = r.prefill_ms + r.decode_ms
@@ -87,8 +101,9 @@ def summarize(r, objectives: list[Objective]) -> dict:
         tail = ok & (v >= thr)
         tails.append({"metric": m, "label": "P99", "requests": int(tail.sum()),
                       "phases": [{"phase": label, "mean_ms": _mean(getattr(r, col)[tail])} for col, label in PHASES]})
-    return {"requests": n, "ok": n_ok, "rejected": int(n - n_ok - too_long), "refused_too_long": too_long, "span_s": span, "rate_rps": n / span if span else None,
-            "metrics": metrics, "objectives": objs, "goodput_rps": good / span,
+    return {"requests": n, "ok": judged["ok"], "rejected": judged["rejected"],
+            "refused_too_long": judged["refused_too_long"], "span_s": span, "rate_rps": n / span if span else None,
+            "metrics": metrics, "objectives": judged["objectives"], "goodput_rps": good / span,
             "goodput_share": good / n if n else None,
             "queue_ms": {"mean": _mean(queue[ok]), "p99": _q(queue[ok], 0.99)},
             "service_ms": {"mean": _mean(service[ok]), "p99": _q(service[ok], 0.99)},

@@ -41,10 +41,10 @@ from tailtrace.semantics.catalog import quantile_label
 from tailtrace.semantics.knobs import KNOBS
 from tailtrace.simulate.cluster import simulate
 from tailtrace.simulate.limits import check_vllm_config
-from tailtrace.simulate.report import METRICS
+from tailtrace.simulate.report import METRICS, objective_rows
 from tailtrace.simulate.settings import ENGINE_KNOBS, GATEWAY_KNOBS, apply_sets, deployment_of
 
-__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "confirmable", "grid", "objective_rows", "search"]
+__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "confirmable", "grid", "search"]
 
 SCHEMA = "tailtrace.tune/1"
 MODELLED = (*ENGINE_KNOBS, *GATEWAY_KNOBS, "replicas")
@@ -91,7 +91,8 @@ def _ints(cur, factors, lo, hi, extra=()) -> list:
 
 def grid(model, traffic, knobs, hints: dict | None = None) -> tuple[dict, dict]:
     """({knob: [values]}, {knob: why skipped}) for the searched `knobs`: the recorded value and its
-    neighbours (halves and doubles), with each `hints` value (the diagnosis' proposals, {knob:
+    neighbours (halves and doubles; max_num_seqs up to x8, so that a batch cap far too small is
+    found in one round), with each `hints` value (the diagnosis' proposals, {knob:
     value}) added. A knob that cannot change anything on this deployment or traffic is skipped
     with its reason (priority classes without batch requests, a gateway knob with no gateway)."""
     hints = hints or {}
@@ -109,7 +110,7 @@ def grid(model, traffic, knobs, hints: dict | None = None) -> tuple[dict, dict]:
             skipped[k] = "the recorded deployment has no gateway"
             continue
         if k == "max_num_seqs":
-            vals = _ints(cur, (1 / 8, 1 / 4, 1 / 2, 1, 2), 1, 2048, h)
+            vals = _ints(cur, (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8), 1, 2048, h)
         elif k == "max_num_batched_tokens":
             vals = _ints(cur, (1 / 4, 1 / 2, 1, 2, 4), 16, 1 << 20, h)
         elif k == "long_prefill_token_threshold":
@@ -147,31 +148,8 @@ def grid(model, traffic, knobs, hints: dict | None = None) -> tuple[dict, dict]:
     return out, skipped
 
 
-def objective_rows(r, objectives) -> dict:
-    """The objectives of one SimResult as simulate/report.py `summarize` judges them (the exact
-    quantile over the answered requests; a request refused by overload makes every objective missed)
-    without the rest of its summary (its goodput query costs ~50x a simulation of a few hundred
-    requests): {"requests", "rejected", "objectives": [{objective, metric, value_ms, limit_ms, ratio,
-    met, why}]}. A thin copy of summarize's objective block, kept here so a search can afford it
-    (simulate/report.py is another helper's file; a shared `objective_rows` there would replace it)."""
-    ok = r.ok
-    n, n_ok = len(ok), int(ok.sum())
-    refused = n - n_ok - int((r.status == "rejected-length").sum())
-    rows = []
-    for o in objectives:
-        x = getattr(r, f"{o.metric}_ms")[ok]
-        x = x[np.isfinite(x)]
-        v = float(np.quantile(x, o.q)) if len(x) else None
-        rows.append({"objective": o.label, "metric": o.metric, "quantile": o.q, "value_ms": v, "limit_ms": o.limit_ms,
-                     "ratio": None if v is None else v / o.limit_ms,
-                     "met": None if v is None else bool(v <= o.limit_ms and not refused),
-                     "why": ("no request answered" if v is None else
-                             f"{refused:,} of {n:,} requests refused" if refused else None)})
-    return {"requests": n, "rejected": refused, "objectives": rows}
-
-
 def _summary_key(s: dict) -> tuple[bool, float, float]:
-    """(meets, refused share, worst judged ratio) of a summary (summarize's)."""
+    """(meets, refused share, worst judged ratio) of a summary (simulate/report.py `objective_rows`')."""
     judged = [o for o in s["objectives"] if o["met"] is not None]
     worst = max((o["ratio"] for o in judged), default=float("inf"))
     refused = s["rejected"] / s["requests"] if s["requests"] else 1.0

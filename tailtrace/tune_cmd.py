@@ -8,7 +8,7 @@ simulate/tune_inputs.py's, the diagnosis diagnose's, the confirmation experiment
 
 from __future__ import annotations
 
-from tailtrace.plumbing.argtypes import SEED, bounded_int, bounded_list, duration, seconds
+from tailtrace.plumbing.argtypes import SEED, bounded_int, bounded_list
 
 __all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 
@@ -16,6 +16,7 @@ __all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 def register(sub) -> None:
     """Add `tune` to the `tailtrace` sub-parsers (cheap: nothing heavy imported)."""
     from tailtrace.collector.query.reader import add_store_flags
+    from tailtrace.experiment.cli import add_block_flags
 
     p = sub.add_parser("tune", help="search the deployment's knobs by simulation for a configuration that meets "
                                     "every objective; --confirm measures the winner",
@@ -46,9 +47,7 @@ def register(sub) -> None:
     p.add_argument("--no-diagnosis", action="store_true", help="do not run explain to guide the search")
     p.add_argument("--confirm", action="store_true",
                    help="then measure the winner with tailtrace try (baseline = recorded, candidate = the winner)")
-    p.add_argument("--budget", type=duration(), metavar="TIME",
-                   help="--confirm: try's budget (20m, 90s, 1h30m or seconds) (pairs are added until decided or it is spent)")
-    p.add_argument("--block-s", type=seconds(), default=30.0, metavar="S", help="--confirm: seconds per block (default 30)")
+    add_block_flags(p, "--confirm: ")
     p.add_argument("--out", default=".tailtrace/tune", metavar="DIR", help="--confirm: try's folder (default .tailtrace/tune)")
     p.add_argument("--format", default="text", choices=("text", "json"), help="output (default text)")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON")

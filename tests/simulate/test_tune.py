@@ -13,8 +13,9 @@ from tailtrace.semantics.slo import parse_slo
 from tailtrace.simulate.calibrate import Calibration
 from tailtrace.simulate.cluster import Traffic, simulate
 from tailtrace.simulate.model import StepModel
+from tailtrace.simulate.report import objective_rows
 from tailtrace.simulate.settings import apply_sets, deployment_of
-from tailtrace.simulate.tune import MODELLED, check_knobs, objective_rows, search
+from tailtrace.simulate.tune import MODELLED, check_knobs, search
 
 LAW = [2.0, 0.05, 0.004, 0.02, 2.0]
 NOISE = np.linspace(0.97, 1.03, 201).round(5).tolist()
@@ -123,3 +124,28 @@ def test_gateway_knobs_are_searched_behind_a_gateway_and_priority_only_with_batc
     g = doc["search"]["grid"]
     assert {"4", "8", "16"} <= set(g["max_concurrency"])  # the recorded 8, its half and its double
     assert g["priority_classes"] == ["on", "off"] and g["scheduling_policy"] == ["fcfs", "priority"]
+
+
+def test_a_batch_cap_far_too_small_is_raised_past_a_double():
+    # recorded max_num_seqs=1 on traffic that needs 8 (the first test: 4 misses TTFT): a grid of halves
+    # and doubles alone stops at 2 and never meets; the grid reaches x8 of the recorded value
+    model, traffic = _model(seqs=1), _traffic()
+    doc = search(model, traffic, SLO, ["max_num_seqs"], [1], 0, calibration=OK, replicates=3)
+    assert {"1", "2", "4", "8"} <= set(doc["search"]["grid"]["max_num_seqs"])
+    assert doc["recorded"]["meets"] is False and doc["best"]["meets"] and doc["best"]["replicas"] == 1
+    assert int(doc["best"]["changes"][0].split("=")[1]) >= 8
+
+
+def test_the_search_judges_a_configuration_as_simulate_run_summarizes_it():
+    # one definition of an objective's verdict (simulate/report.py objective_rows), summarize's too:
+    # an overloaded gateway refuses requests, so every objective is missed, and ITL is not simulated
+    from tailtrace.simulate.report import summarize
+
+    model, traffic = _model(seqs=4, gateway={"max_concurrency": 2, "queue_interactive": 4}), _traffic(rate=60.0)
+    eng, gw = deployment_of(model)
+    r = simulate(traffic, model, eng, gw, 1, seed=0)
+    slo = parse_slo("ttft_p99=300ms,tpot_p99=20ms,itl_p99=50ms")
+    rows, s = objective_rows(r, slo), summarize(r, slo)
+    assert rows["objectives"] == s["objectives"] and rows["rejected"] == s["rejected"] > 0
+    assert [o["met"] for o in rows["objectives"]] == [False, False, None]
+    assert rows["objectives"][2]["why"].startswith("not simulated")

@@ -75,8 +75,10 @@ def register(sub) -> None:
                                 "the short form of --store duckdb:///path")
     g.add_argument("--api", help=f"collector API base URL (default $TAILTRACE_API_URL or {DEFAULT_API})")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    q.add_argument("--timeout", type=_TIMEOUT_S, default=30.0, help="statement timeout, s (--db; default 30)")
-    q.add_argument("--max-rows", type=_MAX_ROWS, default=10_000, help="row cap (--db; default 10000)")
+    q.add_argument("--timeout", type=_TIMEOUT_S, default=30.0,
+                   help="statement timeout, s (default 30; through --api the collector's --query-timeout caps it)")
+    q.add_argument("--max-rows", type=_MAX_ROWS, default=10_000,
+                   help="row cap (default 10000; through --api the collector's --max-rows caps it)")
     q.set_defaults(func=_sql)
 
     e = sub.add_parser("export", help="export the store to Parquet, partitioned by table and hour",
@@ -141,64 +143,19 @@ def _collect(args) -> int:
 
 
 def _sql(args) -> int:
+    from tailtrace.collector.query.reader import DataError, store_source
+
     if not args.query.strip():
         raise UserError('the query is empty: give one SELECT, e.g. tailtrace sql "SELECT count(*) FROM requests"')
     if not (0 < args.timeout < 86400 and 0 < args.max_rows <= 2**62):
         raise UserError("--timeout (seconds, under a day) and --max-rows (at most 2**62) must be positive")
-    store = None
-    if args.store:
-        from tailtrace.collector.clickhouse.store_url import parse_store_url
-
-        store = parse_store_url(args.store)
-        if store.kind == "duckdb":
-            args.db, store = str(store.path), None
-    if store is not None:
-        from tailtrace.collector.clickhouse.query import run_readonly
-        from tailtrace.collector.clickhouse.store_url import check_schema, connect_clickhouse
-        from tailtrace.collector.query.api import to_json_value
-
-        client = connect_clickhouse(store)
-        try:
-            check_schema(client, store)
-            res = run_readonly(client, args.query, timeout_s=args.timeout, max_rows=args.max_rows)
-        finally:
-            client.close()
-        out = {**res, "rows": [[to_json_value(v) for v in r] for r in res["rows"]]}
-    elif args.db:
-        import duckdb
-
-        from tailtrace.collector.store.duckdb_store import open_readonly
-        from tailtrace.collector.store.readonly import QueryRefused, QueryTimeout, run_guarded
-
-        con = open_readonly(args.db)
-        try:
-            res = run_guarded(con.cursor, args.query, None, timeout_s=args.timeout, max_rows=args.max_rows)
-        except (QueryRefused, QueryTimeout) as exc:
-            raise UserError(str(exc)) from None
-        except duckdb.Error as exc:
-            raise UserError(" ".join(str(exc).split())) from None
-        finally:
-            con.close()
-        from tailtrace.collector.query.api import to_json_value
-
-        out = {"columns": res.columns, "types": res.types,
-               "rows": [[to_json_value(v) for v in r] for r in res.rows], "truncated": res.truncated}
-    else:
-        from tailtrace.collector.query.reader import SqlApiUnreachable, post_sql
-
-        url = check_http_url(args.api or envs.get("TAILTRACE_API_URL") or DEFAULT_API, "--api",
-                             DEFAULT_API).rstrip("/")
-        try:
-            r = post_sql(url, args.query, timeout_s=120)
-        except SqlApiUnreachable as exc:
-            raise UserError(f"cannot reach the collector API at {url} ({exc.cause.__class__.__name__}); "
-                            "is `tailtrace collect` running? or use --db PATH") from None
-        try:
-            out = r.json()
-        except ValueError:
-            raise UserError(f"{url}/api/sql answered {r.status_code} without JSON") from None
-        if r.status_code != 200:
-            raise UserError(f"{out.get('error', r.text)}".replace("\n", " "))
+    src = store_source(args, translate=False)  # the one reader; a ClickHouse store runs ClickHouse's SQL
+    try:
+        out = src.table(args.query, max_rows=args.max_rows, timeout_s=args.timeout).to_json()
+    except DataError as exc:
+        raise UserError(" ".join(str(exc).split())) from None
+    finally:
+        src.close()
     _print(out, args.format)
     return 0
 

@@ -1,11 +1,11 @@
-"""Every query the dashboard runs, and the one class that runs them (`DataSource`).
+"""Every query the dashboard runs, and the one reader that runs them (`DataSource`).
 
-A `DataSource` runs SQL either on a DuckDB store file (read-only, `enable_external_access=false`,
-configuration locked, statement timeout, row cap) or through the collector's query API
-(`POST {api}/api/sql` with `{"sql", "params"}` -> `{"columns", "rows", "truncated"}`). Pages never
+A `DataSource` (collector/query/reader.py, the reader of every surface) runs SQL on a DuckDB store
+file (read-only, `enable_external_access=false`, configuration locked, statement timeout, row cap),
+through the collector's query API (`POST {api}/api/sql`) or on a ClickHouse store. Pages never
 build SQL themselves: they call the query functions, which return pandas DataFrames or small dicts.
-They live in `dashboard/source.py` (the `DataSource` classes) and one module per page in
-`dashboard/queries/`; this module gathers them under one name (`data.X`) for the pages.
+They live in one module per page in `dashboard/queries/`, the store and time budgets the app was
+given in `dashboard/source.py`; this module gathers them under one name (`data.X`) for the pages.
 `PAGE_QUERIES` maps each page to a function running all of that page's queries (bench/dashboard.py
 times them).
 
@@ -26,6 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tailtrace.collector.query.reader import (  # noqa: F401 - gathered for the pages: data.<name>
+    ARROW_STREAM,
+    CLICKHOUSE_MISSING,
+    ApiSource,
+    BudgetedSource,
+    ClickHouseSource,
+    DataError,
+    DataSource,
+    DuckDBSource,
+    QueryResult,
+    QueryTimeout,
+    missing_on_clickhouse,
+    open_source,
+)
 from tailtrace.dashboard.queries.common import (  # noqa: F401 - gathered for the pages: data.<name>
     ALL_METRICS,
     ITL,
@@ -97,8 +111,6 @@ from tailtrace.dashboard.queries.sql import (
     run_user_sql,
 )
 from tailtrace.dashboard.source import (  # noqa: F401 - gathered for the pages: data.<name>
-    ARROW_STREAM,
-    CLICKHOUSE_MISSING,
     DEFAULT_QUERY_TIMEOUT_S,
     DEFAULT_SIDE_TIMEOUT_S,
     ENV_API,
@@ -106,16 +118,6 @@ from tailtrace.dashboard.source import (  # noqa: F401 - gathered for the pages:
     ENV_QUERY_TIMEOUT,
     ENV_SIDE_TIMEOUT,
     ENV_STORE,
-    ApiSource,
-    BudgetedSource,
-    ClickHouseSource,
-    DataError,
-    DataSource,
-    DuckDBSource,
-    QueryResult,
-    QueryTimeout,
-    missing_on_clickhouse,
-    open_source,
     source_from_env,
     source_target,
     time_budgets,

@@ -110,9 +110,9 @@ def decode_everywhere(tmp_path):
 
 def test_every_surface_names_the_phase_the_rule_names(decode_everywhere):
     from tailtrace.collector.query import summary
+    from tailtrace.collector.query.reader import DuckDBSource
     from tailtrace.dashboard.queries.common import Filters
     from tailtrace.dashboard.queries.queue_service import phase_columns, tail_breakdown
-    from tailtrace.dashboard.source import DuckDBSource
     from tailtrace.diagnose import Scope, db_query, explain
 
     query, close = db_query(decode_everywhere)

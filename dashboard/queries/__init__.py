@@ -1,1 +1,1 @@
-"""One query module per dashboard page, over `dashboard.source.DataSource` and the catalog."""
+"""One query module per dashboard page, over `collector.query.reader.DataSource` and the catalog."""

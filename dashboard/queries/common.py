@@ -15,7 +15,7 @@ from tailtrace.collector.store.tables import REQUESTS
 
 # the columns an older store lacks (added after schema v1)
 ADDED_REQUEST_COLUMNS = tuple(c.name for c in REQUESTS.added_columns())
-from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.collector.query.reader import DataError, DataSource
 from tailtrace.semantics import catalog
 
 QUANTILES = catalog.QUANTILES

@@ -8,7 +8,7 @@ import re
 
 import pandas as pd
 
-from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.collector.query.reader import DataError, DataSource
 
 __all__ = ["comparison", "experiments", "metrics_frame", "shift_frame"]
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataError, DataSource
 from tailtrace.dashboard.queries.common import (
     ITL,
     QUANTILE_LABELS,
@@ -17,7 +18,6 @@ from tailtrace.dashboard.queries.common import (
     _qlist,
 )
 from tailtrace.dashboard.queries.overview import step_counts, step_summary
-from tailtrace.dashboard.source import DataError, DataSource
 from tailtrace.semantics import catalog
 
 # ------------------------------------------------------------------------------------------ distributions

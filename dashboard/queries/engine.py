@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataSource
 from tailtrace.dashboard.queries.common import Filters, _bucket_expr
-from tailtrace.dashboard.source import DataSource
 
 
 # ------------------------------------------------------------------------------------------ engines' own metrics

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataError, DataSource
 from tailtrace.dashboard.queries.common import REQUEST_METRICS, Filters, _and, _f, _ts, available
-from tailtrace.dashboard.source import DataError, DataSource
 
 # ------------------------------------------------------------------------------------------ explorer
 EXPLORER_COLUMNS = ("request_id", "trace_id", "arrival_time", "model", "service_name", "priority", "status",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataError, DataSource
 from tailtrace.collector.store import step_histogram  # the reader beside its writer (no DuckDB, no writer)
 from tailtrace.dashboard.queries.common import (
     ALL_METRICS,
@@ -23,7 +24,6 @@ from tailtrace.dashboard.queries.common import (
     _ts,
     available,
 )
-from tailtrace.dashboard.source import DataError, DataSource
 from tailtrace.semantics import catalog
 from tailtrace.semantics import semconv as sc
 

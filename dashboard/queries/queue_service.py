@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataSource
 from tailtrace.dashboard.queries.common import PHASES, Filters, _and, _bucket_expr, _f
-from tailtrace.dashboard.source import DataSource
 from tailtrace.semantics import catalog
 
 

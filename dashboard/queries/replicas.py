@@ -8,8 +8,8 @@ import statistics
 
 import pandas as pd
 
+from tailtrace.collector.query.reader import DataSource
 from tailtrace.dashboard.queries.common import REQUEST_METRICS, Filters, _f, _qlist
-from tailtrace.dashboard.source import DataSource
 from tailtrace.semantics import catalog
 
 __all__ = ["NO_REPLICA", "REPLICA_METRICS", "REPLICA_QUANTILES", "replica_labels", "replica_names", "replica_table"]

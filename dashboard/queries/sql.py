@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tailtrace.dashboard.source import DataError, DataSource, QueryResult
+from tailtrace.collector.query.reader import DataError, DataSource, QueryResult
 
 SQL_EXAMPLES: dict[str, str] = {
     "Exact P50/P99/P999 TTFT and E2E per model (outer, ok requests)": (

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from tailtrace.dashboard.source import DataError, DataSource
+from tailtrace.collector.query.reader import DataError, DataSource
 
 from .common import Filters
 

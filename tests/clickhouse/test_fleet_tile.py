@@ -14,12 +14,12 @@ import pytest
 from bench.tile import tile_store, tile_trace_id
 from tailtrace.cli import main
 from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
+from tailtrace.collector.query.reader import open_source
 from tailtrace.collector.store import step_histogram
 from tailtrace.collector.store.tables import REQUESTS
 from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store
 from tailtrace.dashboard.queries.common import Filters
 from tailtrace.dashboard.queries.overview import step_summary
-from tailtrace.dashboard.source import open_source
 from tailtrace.semantics.catalog import QUANTILES
 
 K = 3

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tailtrace.collector.query.reader import ClickHouseSource, DuckDBSource
 from tailtrace.collector.testing.clickhouse_spans import both_stores, build_spans
 from tailtrace.dashboard import data, ui
 from tailtrace.dashboard.queries.replicas import NO_REPLICA, replica_table
-from tailtrace.dashboard.source import ClickHouseSource, DuckDBSource
 from tailtrace.diagnose.source import store_query
 from tests.clickhouse.test_explain import _differences, _explain, assert_same_report
 from tests.dashboard.apptest_util import goto, metrics, open_app

@@ -90,8 +90,8 @@ def test_the_overview_counts_what_was_lost(tmp_path):
     """On a hand-made store: the exporters' counts, and ok requests without engine spans among ones with."""
     import duckdb
 
+    from tailtrace.collector.query.reader import DuckDBSource
     from tailtrace.collector.store.schema import DDL
-    from tailtrace.dashboard.source import DuckDBSource
 
     path = tmp_path / "s.duckdb"
     con = duckdb.connect(str(path))

@@ -6,11 +6,11 @@ from __future__ import annotations
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
+from tailtrace.collector.query.reader import open_source
 from tailtrace.collector.scrape.parse import parse_exposition
 from tailtrace.collector.store.duckdb_store import DuckDBStore
 from tailtrace.dashboard.queries.common import Filters
 from tailtrace.dashboard.queries.engine import engine_crosscheck
-from tailtrace.dashboard.source import open_source
 from tests.collector.test_engines import FIX, bodies
 
 

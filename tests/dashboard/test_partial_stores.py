@@ -37,7 +37,7 @@ def test_metrics_leave_out_the_quantile_of_a_phase_no_request_measured(partial_s
         METRIC_LATENCY_SAMPLES,
         make_registry,
     )
-    from tailtrace.dashboard.source import DuckDBSource
+    from tailtrace.collector.query.reader import DuckDBSource
 
     name, db = partial_store
     # the dashboard's own read-only source (this process may hold the file open through it already)

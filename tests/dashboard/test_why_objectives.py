@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from tailtrace.collector.query.reader import DuckDBSource
 from tailtrace.dashboard import ui
 from tailtrace.dashboard.queries import why
 from tailtrace.dashboard.queries.common import Filters, GoodputBounds
-from tailtrace.dashboard.source import DuckDBSource
 from tailtrace.diagnose import Scope, db_query, explain
 from tailtrace.semantics.slo import Objective, parse_slo
 from tests.helpers import decode_everywhere_store

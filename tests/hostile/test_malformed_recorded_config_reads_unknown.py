@@ -103,9 +103,9 @@ def test_explain_reads_each_malformed_field_as_unknown_and_names_it(bad_store, c
 def test_the_dashboard_why_page_data_shows_the_note(bad_store):
     import datetime as dt
 
+    from tailtrace.collector.query.reader import DuckDBSource
     from tailtrace.dashboard.queries import why
     from tailtrace.dashboard.queries.common import Filters
-    from tailtrace.dashboard.source import DuckDBSource
 
     kind, path = bad_store
     src = DuckDBSource(path)

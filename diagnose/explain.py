@@ -178,8 +178,8 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
                   capacity_mod.capacity(query, ts, since, until, store_window), notes, trace, deployment=deployment.to_dict())
 
 
-# findings ranked by their share of all misses (failed or refused requests + tail), not of the excess
-_MISS_CAUSES = ("errors", "rejections")
+# findings ranked by their share of all misses (failed, refused or degraded requests + tail), not of the excess
+_MISS_CAUSES = ("errors", "rejections", "degradation")
 
 
 def _has_table(query: Query, name: str) -> bool:

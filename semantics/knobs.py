@@ -51,6 +51,10 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("max_input_tokens", "gateway", "--max-input-tokens", "refuse (or --truncate) prompts longer than this"),
     Knob("max_output_tokens", "gateway", "--max-output-tokens", "cap the output length the clients ask for",
          unset="no limit"),
+    Knob("ladder", "gateway", "--ladder", "the degradation ladder's steps under overload, in order (batch[:N], "
+         "output:N, defer-batch, shed), driven by the TTFT predicted against --slo", unset="no ladder"),
+    Knob("queue_order", "gateway", "--queue-order",
+         "order within each admission queue: fifo, or sjf (least prompt + output tokens first, aged by --max-wait)"),
     Knob("replicas", "deployment", "more vLLM replicas behind the gateway (--upstream URL ...)",
          "engines serving the traffic"),
     Knob("drain_upstream", "gateway", "remove the upstream from --upstream (or fix it)",

@@ -12,6 +12,7 @@ actions it proposes (diagnose/actions.py).
 from __future__ import annotations
 
 from tailtrace.diagnose.detectors.context import MITIGATIONS, Context
+from tailtrace.diagnose.detectors.degradation import detect_degradation
 from tailtrace.diagnose.detectors.gateway import (
     detect_client_queue,
     detect_errors,
@@ -33,7 +34,7 @@ from tailtrace.diagnose.report import Finding
 __all__ = ["BURST_WINDOWS_S", "DETECTORS", "MITIGATIONS", "PRUNE_GAP_S", "Context", "run_detectors"]
 
 DETECTORS = (detect_client_queue, detect_gateway_queue, detect_network, detect_upstream_imbalance, detect_errors,
-             detect_rejections, detect_engine_queue,
+             detect_rejections, detect_degradation, detect_engine_queue,
              detect_preemption, detect_hol_long_prompt, detect_decode_steps, detect_request_shape)
 
 

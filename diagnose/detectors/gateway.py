@@ -12,6 +12,7 @@ from tailtrace.diagnose.detectors.context import holds as _holds
 from tailtrace.diagnose.detectors.context import num as _num
 from tailtrace.diagnose.detectors.context import phase_evidence as _phase_evidence
 from tailtrace.diagnose.detectors.context import replicas as _replicas
+from tailtrace.diagnose.detectors.degradation import sjf_action
 from tailtrace.diagnose.report import Evidence, Finding
 from tailtrace.diagnose.source import iso
 from tailtrace.semantics import semconv as sc
@@ -44,14 +45,18 @@ _LIMITS = {"vllm.max_num_queued_reqs": ("max_num_queued_reqs", "vllm", "max_num_
            "gateway.queue_full": ("queue_interactive", "gateway", "queue_interactive")}
 
 
+# the ladder's 503s are the degradation finding's (detectors/degradation.py), not an admission limit's
+_NOT_SHED = f"rejection IS DISTINCT FROM '{sc.REJECTION_SHED}'"
+
+
 def detect_rejections(ctx: Context) -> list[Finding]:
     """Admission rejections: requests an admission limit refused before any work (status
     `rejected`, `requests.rejection` the limit: the gateway's full queue, vLLM's
-    --max-num-queued-reqs/-tokens). Not errors of the engine and outside the latency population, but
+    --max-num-queued-reqs/-tokens; the ladder's `gateway.shed` is the degradation finding's). Not errors of the engine and outside the latency population, but
     misses all the same: ranked by their share of all misses (rejections + tail requests); the
     action doubles the limit that refused most."""
     sql = f"""SELECT rejection, count(*) AS n FROM requests WHERE {ctx.base_where} AND status = '{STATUS_REJECTED}'
-GROUP BY rejection ORDER BY n DESC, rejection NULLS LAST"""
+  AND {_NOT_SHED} GROUP BY rejection ORDER BY n DESC, rejection NULLS LAST"""
     rows = ctx.query(sql, ctx.base_params)
     refused = sum(r[1] for r in rows)
     if not refused:
@@ -81,7 +86,8 @@ GROUP BY rejection ORDER BY n DESC, rejection NULLS LAST"""
 def _rejected_examples(ctx: Context) -> tuple[list[str], dict]:
     """Up to 3 refused requests (the first ones) and the window from the first refusal to the last."""
     rows = ctx.query(f"""SELECT trace_id, epoch_us(min(arrival_time) OVER ()), epoch_us(max(completion_time) OVER ())
-FROM requests WHERE {ctx.base_where} AND status = '{STATUS_REJECTED}' ORDER BY arrival_time, trace_id LIMIT 3""",
+FROM requests WHERE {ctx.base_where} AND status = '{STATUS_REJECTED}' AND {_NOT_SHED}
+ORDER BY arrival_time, trace_id LIMIT 3""",
                      ctx.base_params)
     return [r[0] for r in rows], {"start": iso(rows[0][1]), "end": iso(rows[0][2])}
 
@@ -103,7 +109,10 @@ def detect_gateway_queue(ctx: Context) -> list[Finding]:
 def _gateway_queue_actions(ctx: Context) -> list:
     """The admission limit up to what the engines behind it batch at once (their max_num_seqs x
     replicas: below it the gateway queues requests the engines have room for), else twice it; and
-    priority classes, so the interactive class does not wait behind batch requests."""
+    shortest-job-first where the recorded order is fifo and the sizes vary widely
+    (degradation.sjf_action); a ladder (`shed`) where the gateway holds objectives (--slo) but no
+    ladder; priority classes, so the interactive class does not wait behind batch requests. The
+    first three of these."""
     cur = ctx.deployment.get("gateway", "max_concurrency")
     seqs = ctx.deployment.get("vllm", "max_num_seqs")
     n = _replicas(ctx)
@@ -116,6 +125,14 @@ def _gateway_queue_actions(ctx: Context) -> list:
     if prop:
         out.append(action("gateway_queue", "max_concurrency", cur, prop, {"ttft": "down", "e2e": "down"},
                           f"raise the admission limit to {prop}: {why}"))
+    sjf = sjf_action(ctx, "gateway_queue")
+    if sjf is not None:
+        out.append(sjf)
+    slo = ctx.deployment.get("gateway", "slo")
+    if slo and ctx.deployment.get("gateway", "ladder") is None:
+        out.append(action("gateway_queue", "ladder", ctx.deployment.current("ladder"), "shed", {"ttft": "down", "errors": "up"},
+                          f"the gateway holds {slo} but has no ladder: a request predicted over it gets a 503 "
+                          "with Retry-After instead of a wait that misses the objective"))
     classes = ctx.deployment.get("gateway", "priority_classes")
     if classes != "on":  # on already (the gateway's default): the clients must mark batch work as batch
         out.append(action("gateway_queue", "priority_classes", classes, "on", {"ttft": "down"},

@@ -25,7 +25,8 @@ _REQ_COLS = ["trace_id", "request_id", "model", "arrival_time", "status", "promp
              "preemptions", "network_ms", "network_in_ms", "network_out_ms", "gateway_ms", "gateway_queue_ms",
              "frontend_ms", "queue_ms", "prefill_ms", "preempted_ms", "decode_ms", "unattributed_ms", "ttft_ms",
              "tpot_ms", "e2e_ms", "outer_e2e_ms", "outer_ttft_ms", "completion_time", "ok", "upstream",
-             "queue_time_ms", "service_time_ms", "service_name", "run_id", "rejection"]
+             "queue_time_ms", "service_time_ms", "service_name", "run_id", "rejection", "ladder_level", "degradation",
+             "predicted_ttft_ms"]
 
 
 @dataclass
@@ -49,6 +50,9 @@ class Req:
     service_name: str = "vllm"
     run_id: str | None = None
     rejection: str | None = None  # refused by this admission limit (status `rejected`; its phases are ignored)
+    ladder_level: int | None = None  # the gateway's ladder: its level at arrival, what it did, the TTFT it predicted
+    degradation: str | None = None
+    predicted_ttft_ms: float | None = None
     trace_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
@@ -94,7 +98,7 @@ def write_store(path, reqs: list[Req], engine_steps: list[tuple] = (), device_sa
                      r.frontend_ms + r.queue_ms + r.prefill_ms, d / (out - 1) if out > 1 else None, engine_e2e, e2e, outer_ttft,
                      arrival + dt.timedelta(milliseconds=e2e), r.ok, r.upstream,
                      r.gateway_queue_ms + r.queue_ms + r.preempted_ms, r.prefill_ms + d, r.service_name, r.run_id,
-                     r.rejection))
+                     r.rejection, r.ladder_level, r.degradation, r.predicted_ttft_ms))
         if not engine:
             row = dict(zip(_REQ_COLS, rows[-1]))
             engine_ms = row["e2e_ms"]

@@ -5,10 +5,14 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import uuid
 
 import aiohttp
 
+from tailtrace.collector.query.reader import api_query
+from tailtrace.diagnose import Scope, explain
+from tailtrace.instrument.deployment import gateway_config
 from tailtrace.instrument.gateway.config import GatewayConfig
 from tailtrace.instrument.gateway.testing import start_gateway_thread, start_stub_engine
 from tailtrace.instrument.otel import make_tracer_provider
@@ -34,9 +38,12 @@ async def _burst(url, model, n, rate):
 
 def _run(collector, model, **gateway):
     stub = start_stub_engine(free_port(), slots=2, itl_ms=10)
-    provider = make_tracer_provider("tailtrace-gateway", collector.otlp_url)
-    gw = start_gateway_thread(GatewayConfig(upstreams=(stub.url,), port=free_port(), tracer_provider=provider,
-                                            max_concurrency=2, **gateway))
+    config = GatewayConfig(upstreams=(stub.url,), port=free_port(), max_concurrency=2, **gateway)
+    # the gateway's configuration on its spans' resource, as `tailtrace gateway` records it (explain's actions read it)
+    config.tracer_provider = make_tracer_provider("tailtrace-gateway", collector.otlp_url,
+                                                  extra_resource=gateway_config(config))
+    provider = config.tracer_provider
+    gw = start_gateway_thread(config)
     try:
         statuses = asyncio.run(_burst(gw.url, model, 60, 30.0))
     finally:
@@ -47,10 +54,15 @@ def _run(collector, model, **gateway):
     return statuses
 
 
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None).isoformat()
+
+
 def test_the_ladder_s_record_reaches_requests_and_no_ladder_is_null(session_collector):
     laddered, plain = f"ladder-{uuid.uuid4().hex[:8]}", f"plain-{uuid.uuid4().hex[:8]}"
+    since = _now()
     statuses = _run(session_collector, laddered, slo="ttft_p99=300ms", ladder="shed", ladder_hold_s=60.0)
-    _run(session_collector, plain)
+    until = _now()
     shed = statuses.count(503)
     assert shed > 0 and statuses.count(200) == 60 - shed
     q = ("SELECT degradation, status, rejection, min(ladder_level), max(ladder_level), count(*), "
@@ -61,6 +73,20 @@ def test_the_ladder_s_record_reaches_requests_and_no_ladder_is_null(session_coll
     assert by["shed"][1:3] == ["rejected", "gateway.shed"] and by["shed"][3:5] == [1, 1] and by["shed"][5] == shed
     assert by["none"][1] == "ok" and by["none"][2] is None and by["none"][5] == 60 - shed
     assert by["shed"][6] == shed  # a shed request was predicted (its prediction is why)
+    # explain over the run's window: the ladder's record as one finding, shed counted there (not as rejections),
+    # and the recorded configuration behind its actions
+    report = explain(api_query(session_collector.api_url), Scope(since=since, until=until, metric="ttft",
+                                                                 all_runs=True))
+    found = {f.cause: f for f in report.findings}
+    assert "rejections" not in found, [f.cause for f in report.findings]
+    numbers = found["degradation"].evidence[0].numbers
+    assert (numbers["requests"], numbers["shed"], numbers["degraded"]) == (60, shed, shed)
+    assert [c["level"] for c in numbers["cells"] if c["degradation"] == "shed"] == [1]
+    acts = {a.knob: a for a in found["degradation"].actions}
+    # the stub engine sends no engine spans, so no output length is measured: no output:N to propose (never output:0)
+    assert set(acts) == {"replicas"} and (acts["replicas"].current, acts["replicas"].proposed) == (1, 2)
+    assert report.deployment["gateway"]["ladder"] == "shed"
+    _run(session_collector, plain)
     rows = poll_sql(session_collector.api_url, "SELECT degradation, ladder_level, count(*) FROM requests "
                     "WHERE model = ? GROUP BY ALL", [plain], until=lambda r: sum(x[2] for x in r) >= 60)
     assert rows == [[None, None, 60]], rows

@@ -270,32 +270,64 @@ LADDER_RULE_GROUP = "tailtrace-gateway-ladder"
 LADDER_SHED_ALERT = "TailtraceGatewaySheddingSustained"
 
 
+@dataclass(frozen=True)
+class LadderAlert:
+    """The sustained-shedding alert over the gateway's /metrics (instrument/gateway/control.py): more
+    than `share` of the LLM requests the ladder planned over `window` were shed (503), with at least
+    `min_requests` of them in the window so that a quiet minute cannot page anyone, for `for_`. One
+    spec for the Prometheus rule (`build_ladder_rules`) and its Grafana copy (gen_dashboard.py
+    `build_grafana_rules`): both query `gated_expr()` and threshold it at `share`."""
+
+    window: str = "5m"
+    for_: str = "10m"
+    share: float = 0.05
+    min_requests: int = 20
+    interval: str = "30s"
+    uid: str = "tt-gateway-shedding"
+    title: str = "tailtrace gateway shedding sustained"
+
+    def gated_expr(self) -> str:
+        """The shed share of the planned requests over the window (a fraction), with a series only
+        where the window planned at least `min_requests`."""
+        planned = f"sum(increase(tailtrace_gateway_ladder_requests_total[{self.window}]))"
+        return (f'sum(increase(tailtrace_gateway_degraded_requests_total{{action="shed"}}[{self.window}]))\n'
+                f"  / {planned}\nand {planned} >= {self.min_requests}")
+
+    def expr(self) -> str:
+        """The Prometheus alerting expression: the gated share above `share`."""
+        inner = "\n".join("  " + line for line in self.gated_expr().splitlines())
+        return f"(\n{inner}\n) > {_num(self.share)}"
+
+    def labels(self) -> dict[str, str]:
+        return {"severity": "page", "layer": "gateway", "source": "tailtrace"}
+
+    def annotations(self) -> dict[str, str]:
+        return {
+            "summary": "gateway: the degradation ladder is shedding requests (503) for a sustained time",
+            "description": (f"More than {self.share:.0%} of the LLM requests over {self.window} were answered 503 by "
+                            f"the gateway's ladder (its last step, shed), for {self.for_}: the deployment is over "
+                            "capacity for its objectives. Add replicas or find why capacity fell; requests.degradation "
+                            "says what was done to each request, `tailtrace explain` its degradation finding "
+                            "(docs/gateway.md)."),
+        }
+
+
+LADDER_ALERT = LadderAlert()  # the committed files' (grafana/generate.py)
+
+
 def ladder_shed_expr(window: str = "5m", share: float = 0.05, min_requests: int = 20) -> str:
-    """PromQL over the gateway's /metrics (instrument/gateway/control.py): more than `share` of the
-    LLM requests the ladder planned over `window` were shed (503), with at least `min_requests` of them
-    in the window so that a quiet minute cannot page anyone."""
-    planned = f"sum(increase(tailtrace_gateway_ladder_requests_total[{window}]))"
-    return (f'sum(increase(tailtrace_gateway_degraded_requests_total{{action="shed"}}[{window}]))\n'
-            f"  / {planned} > {_num(share)}\nand {planned} >= {min_requests}")
+    """`LadderAlert(window, share=share, min_requests=min_requests).expr()`."""
+    return LadderAlert(window, share=share, min_requests=min_requests).expr()
 
 
 def build_ladder_rules(window: str = "5m", for_: str = "10m", share: float = 0.05, min_requests: int = 20,
                        interval: str = "30s") -> dict:
     """The Prometheus rule group of the gateway's degradation ladder: sustained shedding (layer 1,
-    gateway) — `ladder_shed_expr` true for `for_`."""
-    return {"name": LADDER_RULE_GROUP, "interval": interval, "rules": [{
-        "alert": LADDER_SHED_ALERT,
-        "expr": ladder_shed_expr(window, share, min_requests),
-        "for": for_,
-        "labels": {"severity": "page", "layer": "gateway", "source": "tailtrace"},
-        "annotations": {
-            "summary": "gateway: the degradation ladder is shedding requests (503) for a sustained time",
-            "description": (f"More than {share:.0%} of the LLM requests over {window} were answered 503 by the "
-                            f"gateway's ladder (its last step, shed), for {for_}: the deployment is over capacity "
-                            "for its objectives. Add replicas or find why capacity fell; requests.degradation says what "
-                            "was done to each request (docs/gateway.md)."),
-        },
-    }]}
+    gateway) — `LadderAlert.expr` true for `for_`."""
+    a = LadderAlert(window, for_, share, min_requests, interval)
+    return {"name": LADDER_RULE_GROUP, "interval": a.interval, "rules": [{
+        "alert": LADDER_SHED_ALERT, "expr": a.expr(), "for": a.for_, "labels": a.labels(),
+        "annotations": a.annotations()}]}
 
 
 def _num(x: float) -> str:

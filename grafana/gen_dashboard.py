@@ -20,9 +20,12 @@ from gen_alerts import (
     DASHBOARD_URL,
     DATASOURCE_UID,
     FOLDER,
+    LADDER_ALERT,
+    LADDER_RULE_GROUP,
     RULE_GROUP,
     TEMPLATE_NAME,
     AlertSpec,
+    LadderAlert,
     _labels,
     _latency_panel_specs,
     notification_template,
@@ -221,49 +224,57 @@ def build_dashboard(alerts: tuple[AlertSpec, ...] = ALERTS) -> dict:
 
 
 def build_grafana_rules(alerts: tuple[AlertSpec, ...] = ALERTS, datasource_uid: str = DATASOURCE_UID,
-                        dashboard_url: str = DASHBOARD_URL) -> dict:
-    """Grafana unified alerting file provisioning (apiVersion 1) with one group of rules and the
-    notification template (`templates`, see `notification_template`).
+                        dashboard_url: str = DASHBOARD_URL, ladder: LadderAlert = LADDER_ALERT) -> dict:
+    """Grafana unified alerting file provisioning (apiVersion 1): the latency alerts' group, the
+    gateway ladder's group (`ladder`: the sustained-shedding alert, the Prometheus rule's copy) and
+    the notification template (`templates`, see `notification_template`).
 
-    Each rule: A = the gated exact quantile (instant PromQL), B = reduce(last, A), C = threshold(B >
-    threshold_s); `noDataState: OK` because a window under the minimum sample count returns no series.
-    Rules are built with grafana-foundation-sdk's alerting builders and reshaped into the provisioning
-    file's group layout.
+    Each rule: A = the gated expression (instant PromQL: the exact quantile, or the shed share), B =
+    reduce(last, A), C = threshold(B > the alert's threshold); `noDataState: OK` because a window
+    under the minimum sample count returns no series. Rules are built with grafana-foundation-sdk's
+    alerting builders and reshaped into the provisioning file's group layout.
     """
+    rules = [_grafana_rule(a.uid, f"tailtrace {a.title}", a.gated_expr(), a.threshold_s, a.for_, _labels(a),
+                           {**a.annotations(_PANEL_IDS[a.phase], dashboard_url), "__dashboardUid__": DASHBOARD_UID,
+                            "__panelId__": str(_PANEL_IDS[a.phase])}, datasource_uid, "{{model}}")
+             for a in alerts]
+    shedding = _grafana_rule(ladder.uid, ladder.title, ladder.gated_expr(), ladder.share, ladder.for_, ladder.labels(),
+                             ladder.annotations(), datasource_uid, "shed share")
+    return {"apiVersion": 1, "groups": [
+        {"orgId": 1, "name": RULE_GROUP, "folder": FOLDER, "interval": "30s", "rules": rules},
+        {"orgId": 1, "name": LADDER_RULE_GROUP, "folder": FOLDER, "interval": ladder.interval, "rules": [shedding]}],
+            "templates": [{"orgID": 1, "name": TEMPLATE_NAME, "template": notification_template()}]}
+
+
+def _grafana_rule(uid: str, title: str, gated_expr: str, threshold: float, for_: str, labels: dict,
+                  annotations: dict, datasource_uid: str, legend: str) -> dict:
+    """One Grafana rule (provisioning layout): A = `gated_expr` (instant), B = last(A), C = B > `threshold`."""
     from grafana_foundation_sdk.builders import alerting, expr, prometheus
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
     from grafana_foundation_sdk.models.alerting import RelativeTimeRange
 
-    rules = []
-    for a in alerts:
-        window_s = 600
-        rule = (
-            alerting.Rule(f"tailtrace {a.title}")
-            .uid(a.uid)
-            .condition("C")
-            .with_query(alerting.Query("A").datasource_uid(datasource_uid)
-                        .relative_time_range(RelativeTimeRange(from_val=window_s, to=0))
-                        .model(prometheus.Dataquery().expr(a.gated_expr()).instant().ref_id("A")
-                               .legend_format("{{model}}")))
-            .with_query(alerting.Query("B").datasource_uid("__expr__")
-                        .model(expr.TypeReduce().ref_id("B").expression("A").reducer("last")))
-            .with_query(alerting.Query("C").datasource_uid("__expr__")
-                        .model(expr.TypeThreshold().ref_id("C").expression("B").conditions([
-                            expr.ExprTypeThresholdConditions().evaluator(
-                                expr.ExprTypeThresholdConditionsEvaluator().type("gt").params([a.threshold_s]))
-                        ])))
-            .for_val(a.for_)
-            .no_data_state("OK")
-            .exec_err_state("Error")
-            .labels(_labels(a))
-            .annotations({**a.annotations(_PANEL_IDS[a.phase], dashboard_url),
-                          "__dashboardUid__": DASHBOARD_UID, "__panelId__": str(_PANEL_IDS[a.phase])})
-            .is_paused(False)
-        )
-        r = json.loads(json.dumps(rule.build(), cls=JSONEncoder))
-        for key in ("folderUID", "orgID", "ruleGroup"):  # set by the group in file provisioning
-            r.pop(key, None)
-        rules.append(r)
-    return {"apiVersion": 1, "groups": [{"orgId": 1, "name": RULE_GROUP, "folder": FOLDER, "interval": "30s",
-                                          "rules": rules}],
-            "templates": [{"orgID": 1, "name": TEMPLATE_NAME, "template": notification_template()}]}
+    rule = (
+        alerting.Rule(title)
+        .uid(uid)
+        .condition("C")
+        .with_query(alerting.Query("A").datasource_uid(datasource_uid)
+                    .relative_time_range(RelativeTimeRange(from_val=600, to=0))
+                    .model(prometheus.Dataquery().expr(gated_expr).instant().ref_id("A").legend_format(legend)))
+        .with_query(alerting.Query("B").datasource_uid("__expr__")
+                    .model(expr.TypeReduce().ref_id("B").expression("A").reducer("last")))
+        .with_query(alerting.Query("C").datasource_uid("__expr__")
+                    .model(expr.TypeThreshold().ref_id("C").expression("B").conditions([
+                        expr.ExprTypeThresholdConditions().evaluator(
+                            expr.ExprTypeThresholdConditionsEvaluator().type("gt").params([threshold]))
+                    ])))
+        .for_val(for_)
+        .no_data_state("OK")
+        .exec_err_state("Error")
+        .labels(labels)
+        .annotations(annotations)
+        .is_paused(False)
+    )
+    r = json.loads(json.dumps(rule.build(), cls=JSONEncoder))
+    for key in ("folderUID", "orgID", "ruleGroup"):  # set by the group in file provisioning
+        r.pop(key, None)
+    return r

@@ -107,6 +107,29 @@ def test_grafana_rules_match_prometheus_rules_and_link_to_panels():
     assert len(uids) == len(group["rules"])
 
 
+def test_the_shedding_alert_s_grafana_copy_is_the_prometheus_rule():
+    """The committed Grafana provisioning holds the ladder's sustained-shedding alert with the same
+    expression, threshold, for: and labels as grafana/prometheus/rules.yml's (one LadderAlert);
+    the ClickHouse fleet's file does not (its store has no gateway /metrics)."""
+    grafana = yaml.safe_load((GRAFANA / "provisioning/alerting/tailtrace.yaml").read_text())
+    group = next(g for g in grafana["groups"] if g["name"] == gen.LADDER_RULE_GROUP)
+    (rule,) = group["rules"]
+    prom_group = next(g for g in yaml.safe_load((GRAFANA / "prometheus/rules.yml").read_text())["groups"]
+                      if g["name"] == gen.LADDER_RULE_GROUP)
+    (twin,) = prom_group["rules"]
+    assert twin["alert"] == gen.LADDER_SHED_ALERT
+    a, b, c = rule["data"]
+    assert rule["condition"] == "C" and rule["noDataState"] == "OK" and a["model"]["instant"] is True
+    assert a["datasourceUid"] == gen.DATASOURCE_UID and b["model"]["type"] == "reduce"
+    threshold = c["model"]["conditions"][0]["evaluator"]["params"][0]
+    inner = "\n".join("  " + line for line in a["model"]["expr"].splitlines())
+    assert twin["expr"] == f"(\n{inner}\n) > {threshold:g}" and threshold == 0.05
+    assert (twin["for"], twin["labels"], group["interval"]) == (rule["for"], rule["labels"], prom_group["interval"])
+    assert twin["annotations"]["summary"] == rule["annotations"]["summary"]
+    fleet = yaml.safe_load((ROOT / "deploy/fleet/grafana/provisioning/alerting/tailtrace-clickhouse.yaml").read_text())
+    assert [g["name"] for g in fleet["groups"]] == [gen.CLICKHOUSE_RULE_GROUP]
+
+
 def test_dashboard_queries_only_metrics_the_exporter_serves():
     """Every tailtrace_* name in the dashboard is exported (from a store with rows in every table)."""
     now = 1_800_000_000.0

@@ -16,10 +16,10 @@ checks run after every block (and before the comparison):
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from tailtrace.plumbing.errors import UserError
+from tailtrace.plumbing.procs import log_tail  # the one log tail, named here too (experiment.engines)
 
 __all__ = ["BROKEN_KINDS", "PartDied", "block_unfit", "broken_requests", "engine_alive", "log_tail", "url_healthy"]
 
@@ -55,27 +55,6 @@ def block_unfit(errors: dict[str, int], requests: int, baseline_broken: int) -> 
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(errors.items()) if k in BROKEN_KINDS and n)
     return (f"{broken} of {requests} requests broken ({kinds}) where the baseline's blocks had at most "
             f"{baseline_broken}")
-
-
-def log_tail(path: Path | None, lines: int = 8) -> str:
-    """The last `lines` non-blank lines of the log at `path`, each on its own line indented by 4, or
-    "" when it cannot be read. Where the last 16 KiB name an error (`Error`, `died`, `dead`,
-    `Killed`) its last 3 such lines come first: a dying vLLM ends its log with shutdown noise
-    (nanobind's leak report) after the line that says what happened."""
-    if path is None:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    every = [ln.rstrip()[:240] for ln in text.splitlines() if ln.strip()]
-    tail = every[-lines:]
-    marks = ("Error", "error:", " died", " dead", "Killed")
-    errors = [ln for ln in every[:-lines] if any(m in ln for m in marks)][-3:]
-    return "".join(f"\n    {ln}" for ln in errors + ([" ..."] if errors else []) + tail)
 
 
 def engine_alive(server_pid: int | None) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tailtrace.plumbing.errors import UserError
 
-__all__ = ["check_port_free", "free_port", "start_process", "stop_on_sigint", "stop_on_sigterm",
+__all__ = ["check_port_free", "free_port", "log_tail", "start_process", "stop_on_sigint", "stop_on_sigterm",
            "stop_process", "wait_http"]
 
 
@@ -204,8 +204,9 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
+            tail = log_tail(log_path, 5)
             raise UserError(f"the {what} exited with status {proc.returncode} before it answered at {url}"
-                            + _log_tail(log_path))
+                            + (f":{tail}" if tail else ""))
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if 200 <= resp.status < 300:
@@ -216,16 +217,22 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = None, 
     raise UserError(f"the {what} did not answer at {url} within {timeout_s:.0f} s")
 
 
-def _log_tail(log_path: Path | None, lines: int = 5) -> str:
-    """': <last `lines` non-blank lines of log_path>' (one line each, indented), or '' when unreadable."""
-    if log_path is None:
+def log_tail(path: Path | None, lines: int = 8) -> str:
+    """The last `lines` non-blank lines of the log at `path`, each on its own line indented by 4
+    (so "" or "\n    line..."), or "" when it cannot be read. Where the last 16 KiB name an error
+    (`Error`, `died`, `dead`, `Killed`) its last 3 such lines come first: a dying vLLM ends its log
+    with shutdown noise (nanobind's leak report) after the line that says what happened."""
+    if path is None:
         return ""
     try:
-        with open(log_path, "rb") as f:
+        with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 8192))
+            f.seek(max(0, f.tell() - 16384))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
-    return (":\n" + "\n".join(f"    {ln}" for ln in tail)) if tail else ""
+    every = [ln.rstrip()[:240] for ln in text.splitlines() if ln.strip()]
+    tail = every[-lines:]
+    marks = ("Error", "error:", " died", " dead", "Killed")
+    errors = [ln for ln in every[:-lines] if any(m in ln for m in marks)][-3:]
+    return "".join(f"\n    {ln}" for ln in errors + ([" ..."] if errors else []) + tail)

@@ -59,6 +59,55 @@ def module_vllm(model_dir: Path, collector, tmp_path_factory, name: str, **kwarg
         stop_process(proc, 20, interrupt_first=True)
 
 
+@contextlib.contextmanager
+def raw_upstream(answer):
+    """A raw socket server for fault injection (an upstream that breaks HTTP as a real one might), on
+    a free port of 127.0.0.1, on an event loop of its own thread: it reads each connection's request
+    (head, then a body of its Content-Length) and awaits `answer(body, writer)`, which writes the raw
+    answer; a client that leaves early is no error; the connection is closed after. Yields the base
+    URL; stops the server after."""
+    import asyncio
+    import threading
+
+    async def handle(reader, writer):
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+            await answer(await reader.readexactly(n), writer)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(5)
+
+
+@contextlib.contextmanager
+def gateway_in_front(upstream: str, otlp_endpoint: str = "none", **config):
+    """The real gateway (in this process, on a free port) in front of `upstream`, exporting its spans
+    to `otlp_endpoint` (a collector's OTLP URL; "none": no export), with GatewayConfig's other
+    `config`. Yields its GatewayHandle (`.url`); stops it after (which flushes its spans)."""
+    from tailtrace.instrument.gateway.config import GatewayConfig
+    from tailtrace.instrument.gateway.testing import start_gateway_thread
+
+    gw = start_gateway_thread(GatewayConfig(upstreams=(upstream,), port=free_port(), otlp_endpoint=otlp_endpoint,
+                                            **config))
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
 def marked_processes(mark: str) -> list:
     """psutil processes whose environment has TAILTRACE_TEST_MARK=`mark`: a process started with
     that variable and every process it started (each part runs in its own session, so the

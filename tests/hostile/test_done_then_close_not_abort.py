@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import pytest
 
-from tailtrace.instrument.gateway.config import GatewayConfig
-from tailtrace.instrument.gateway.testing import start_gateway_thread
-from tailtrace.plumbing.procs import free_port
-from tests.helpers import poll_sql
+from tests.helpers import gateway_in_front, poll_sql, raw_upstream
 
 HOLD_S = 0.5  # the upstream's pause between [DONE] and its end of stream
 
@@ -33,38 +29,24 @@ def _chunk(data: bytes) -> bytes:
 def lingering_upstream():
     """An SSE upstream: 3 token events and [DONE], then HOLD_S before the chunked terminator (with
     `"user":"slow"` in the body: HOLD_S between the tokens and [DONE] instead)."""
-    port = free_port()
-    loop = asyncio.new_event_loop()
 
-    async def handle(reader, writer):
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
-            slow = b'"user":"slow"' in await reader.readexactly(length)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            for i in range(3):
-                writer.write(_chunk(b'data: {"choices":[{"index":0,"text":" t%d","finish_reason":null}]}\n\n' % i))
-            if slow:
-                await writer.drain()
-                await asyncio.sleep(HOLD_S)
-            writer.write(_chunk(b"data: [DONE]\n\n"))
+    async def answer(body, writer):
+        slow = b'"user":"slow"' in body
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(3):
+            writer.write(_chunk(b'data: {"choices":[{"index":0,"text":" t%d","finish_reason":null}]}\n\n' % i))
+        if slow:
             await writer.drain()
-            if not slow:
-                await asyncio.sleep(HOLD_S)
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+            await asyncio.sleep(HOLD_S)
+        writer.write(_chunk(b"data: [DONE]\n\n"))
+        await writer.drain()
+        if not slow:
+            await asyncio.sleep(HOLD_S)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
-    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(server.close)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with raw_upstream(answer) as url:
+        yield url
 
 
 def _post_and_close_at(url: str, trace_id: str, until: bytes = b"data: [DONE]", user: str = "fast") -> bytes:
@@ -85,16 +67,12 @@ def _post_and_close_at(url: str, trace_id: str, until: bytes = b"data: [DONE]", 
 
 
 def test_a_close_right_after_done_is_stored_ok_not_abort(session_collector, lingering_upstream):
-    gw = start_gateway_thread(GatewayConfig(upstreams=(lingering_upstream,), port=free_port(),
-                                            otlp_endpoint=session_collector.otlp_url))
     trace_ids = [f"{0x5eed0000 + i:032x}" for i in range(3)]
-    try:
+    with gateway_in_front(lingering_upstream, session_collector.otlp_url) as gw:  # its stop flushes the spans
         for tid in trace_ids:
             got = _post_and_close_at(gw.url, tid)
             assert b" 200 " in got.split(b"\r\n", 1)[0] and b"data: [DONE]" in got
         time.sleep(HOLD_S + 0.5)  # each upstream exchange ends after the client has gone
-    finally:
-        gw.stop()  # flushes the gateway's spans
     marks = ", ".join("?" for _ in trace_ids)
     rows = poll_sql(session_collector.api_url,
                     f"SELECT trace_id, status, ok, gateway_after_ms FROM requests WHERE trace_id IN ({marks}) "
@@ -110,15 +88,11 @@ def test_a_close_right_after_done_is_stored_ok_not_abort(session_collector, ling
 def test_a_close_before_done_is_still_an_abort(session_collector, lingering_upstream):
     """The other side of the line: a client that leaves mid-stream (after its first token, before
     [DONE]) abandoned the request, and the gateway says so."""
-    gw = start_gateway_thread(GatewayConfig(upstreams=(lingering_upstream,), port=free_port(),
-                                            otlp_endpoint=session_collector.otlp_url))
     tid = f"{0x5eed0100:032x}"
-    try:
+    with gateway_in_front(lingering_upstream, session_collector.otlp_url) as gw:
         got = _post_and_close_at(gw.url, tid, until=b"data: {", user="slow")
         assert b"data: [DONE]" not in got
         time.sleep(HOLD_S + 0.5)
-    finally:
-        gw.stop()
     rows = poll_sql(session_collector.api_url, "SELECT status, ok FROM requests WHERE trace_id = ?", [tid],
                     timeout_s=60)
     assert rows == [["abort", False]], rows

@@ -20,10 +20,7 @@ import time
 import httpx
 import pytest
 
-from tailtrace.instrument.gateway.config import GatewayConfig
-from tailtrace.instrument.gateway.testing import start_gateway_thread
-from tailtrace.plumbing.procs import free_port
-from tests.helpers import poll_sql
+from tests.helpers import gateway_in_front, poll_sql, raw_upstream
 from tests.hostile.engines import rows_on_both
 
 openai = pytest.importorskip("openai")  # installed with vLLM
@@ -36,30 +33,15 @@ _ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0,
 
 @pytest.fixture
 def completion_upstream():
-    port = free_port()
-    loop = asyncio.new_event_loop()
+    async def answer(body, writer):
+        if b'"slow"' in body:
+            await asyncio.sleep(HOLD_S)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(_ANSWER), _ANSWER))
+        await writer.drain()
 
-    async def handle(reader, writer):
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            n = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
-            if b'"slow"' in await reader.readexactly(n):
-                await asyncio.sleep(HOLD_S)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(_ANSWER), _ANSWER))
-            await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(server.close)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with raw_upstream(answer) as url:
+        yield url
 
 
 def _traceparent(tid: str) -> str:
@@ -98,14 +80,11 @@ def _hold_the_slot(base: str, tid: str) -> threading.Thread:
 
 
 def test_a_429_retried_and_served_is_ok_with_its_retries(session_collector, completion_upstream):
-    gw = start_gateway_thread(GatewayConfig(upstreams=(completion_upstream,), port=free_port(), max_concurrency=1,
-                                            queue_interactive=0, otlp_endpoint=session_collector.otlp_url))
     served, refused = f"{0x42900001:032x}", f"{0x42900002:032x}"
-    try:
+    with gateway_in_front(completion_upstream, session_collector.otlp_url, max_concurrency=1,
+                          queue_interactive=0) as gw:
         answer, statuses = _sdk_completion(gw.url, served, max_retries=5)
         error, refused_statuses = _sdk_completion(gw.url, refused, max_retries=0)
-    finally:
-        gw.stop()
     # the client saw 429s, then an answer; without retries, one 429
     assert statuses[-1] == 200 and statuses[:-1] and set(statuses[:-1]) == {429}, statuses
     assert answer.choices[0].text == " t"

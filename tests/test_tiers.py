@@ -47,7 +47,7 @@ def test_no_test_skips_when_a_project_module_fails_to_import():
 def test_the_scan_sees_both_shapes(tmp_path):
     bad = tmp_path / "t.py"
     bad.write_text('import pytest\nm = pytest.importorskip("tailtrace.collector.testing")\nv = pytest.importorskip("vllm")\n'
-                   'try:\n    from dashboard import data\nexcept ImportError:\n    data = None\n'
+                   'try:\n    from tailtrace.dashboard import data\nexcept ImportError:\n    data = None\n'
                    'try:\n    import psutil\nexcept ImportError:\n    psutil = None\n')
     assert sorted(h.split(" ")[0] for h in _hiding_places(bad)) == ["t.py:2", "t.py:5"]
 

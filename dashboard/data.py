@@ -79,6 +79,7 @@ from tailtrace.dashboard.queries.explorer import (  # noqa: F401 - gathered for 
     slowest_requests,
     span_tree,
 )
+from tailtrace.dashboard.queries.ladder import LADDER_COLUMNS, ladder_timeline  # noqa: F401 - data.<name>
 from tailtrace.dashboard.queries.overview import (  # noqa: F401 - gathered for the pages: data.<name>
     OBJECTIVE_METRICS,
     add_percentile_rows,
@@ -150,6 +151,7 @@ def _overview(src: DataSource, f: Filters, schema=None) -> None:
     width = bucket_ms(s["first_time"], s["last_time"])
     throughput_timeline(src, f, slo, width)
     latency_timeline(src, f, width)
+    ladder_timeline(src, f, schema, width)
     latency_heatmap(src, f, "outer_e2e_ms", width)
 
 

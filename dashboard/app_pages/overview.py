@@ -4,7 +4,7 @@ and a latency heatmap ("since when?"); then throughput and the exact percentile 
 
 import streamlit as st
 
-from tailtrace.dashboard import charts, data, ui
+from tailtrace.dashboard import charts, data, ladder_panel, ui
 from tailtrace.dashboard.queries import why
 from tailtrace.diagnose.capacity import MIN_RATE_REQUESTS, MIN_RATE_SPAN_S
 
@@ -80,6 +80,7 @@ if not lt.ok:
     ui.na_caption("Latency over time", lt)
 elif len(lt.value) > 1:
     st.plotly_chart(charts.latency_over_time(lt.value), key="ov_latency")
+ladder_panel.show(ctx, width)  # the gateway's degradation ladder beside the latency (a caption where none ran)
 heat_col = objectives[0]["column"] if objectives and objectives[0]["met"] is False else "outer_e2e_ms"
 hm = ctx.side(data.latency_heatmap, ctx.filters, heat_col, width)
 if not hm.ok:

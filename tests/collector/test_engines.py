@@ -7,8 +7,6 @@ timings: SGLang's slices are 2 ms tokenize + 1 ms dispatch, 20 ms prefill_waitin
 from __future__ import annotations
 
 import os
-import struct
-from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -17,21 +15,11 @@ from tailtrace.collector.processor.engines.tgi import parse_duration_ms
 from tailtrace.collector.processor.enrich import traces_to_batch
 from tailtrace.collector.processor.fastpath import fast_traces_to_batch
 from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.engine_fixtures import bodies
 from tailtrace.collector.testing.otlp_payloads import MS, T0, TraceBuilder
 from tailtrace.semantics import semconv as sc
 
-FIX = Path(__file__).with_name("engine_fixtures")
 SGLANG_A, SGLANG_B = "a1b2c3d4e5f60718293a4b5c6d7e8f90", "0f0e0d0c0b0a09080706050403020100"
-
-
-def bodies(name: str) -> list[bytes]:
-    d = (FIX / name).read_bytes()
-    out, i = [], 0
-    while i < len(d):
-        n = struct.unpack(">I", d[i:i + 4])[0]
-        out.append(d[i + 4:i + 4 + n])
-        i += 4 + n
-    return out
 
 
 def ingest(store, body: bytes):
@@ -159,7 +147,7 @@ def test_rust_duration_debug_strings_parse_exactly(text, ms):
     assert parse_duration_ms(text) == ms
 
 
-@pytest.mark.parametrize("text", ["35.2min", "350us", "350\u03bcs", "1.2 s", "-1ms", "ms", "", "1.0123456789s",
+@pytest.mark.parametrize("text", ["35.2min", "350us", "350\u03bcs", "1.2 s", "-1ms", "ms", "", "1.0123456789s", "\u0661ms",
                                   "1e3ms", 35.2, None, ["1ms"]])
 def test_a_duration_in_no_rust_unit_is_refused(text):
     assert parse_duration_ms(text) is None

@@ -9,9 +9,10 @@ from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
 from tailtrace.collector.query.reader import open_source
 from tailtrace.collector.scrape.parse import parse_exposition
 from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.engine_fixtures import FIXTURES as FIX
+from tailtrace.collector.testing.engine_fixtures import bodies
 from tailtrace.dashboard.queries.common import Filters
 from tailtrace.dashboard.queries.engine import engine_crosscheck
-from tests.collector.test_engines import FIX, bodies
 
 
 def test_engine_page_table_holds_sglangs_counters_to_its_spans(tmp_path):

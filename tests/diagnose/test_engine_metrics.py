@@ -15,8 +15,8 @@ import pytest
 from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
 from tailtrace.collector.scrape import Scraper, parse_target
 from tailtrace.collector.store.duckdb_store import DuckDBStore
+from tailtrace.collector.testing.engine_fixtures import bodies
 from tailtrace.diagnose.engine_metrics import counter, crosscheck, gauge_last
-from tests.collector.test_engines import bodies
 
 FIX = Path(__file__).parents[1] / "collector" / "engine_fixtures"
 ALL = ("2000-01-01T00:00:00", "2100-01-01T00:00:00")

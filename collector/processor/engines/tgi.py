@@ -28,7 +28,7 @@ __all__ = ["map_batch", "map_request", "parse_duration_ms"]
 
 # Rust's `impl Debug for Duration` (library/core/src/time.rs, fmt_decimal): integer part, then at most
 # nine fraction digits, then one of these suffixes (µ is U+00B5, MICRO SIGN).
-_DURATION = re.compile(r"(\d+)(?:\.(\d{1,9}))?(s|ms|\u00b5s|ns)")
+_DURATION = re.compile(r"([0-9]+)(?:\.([0-9]{1,9}))?(s|ms|\u00b5s|ns)")   # ASCII digits only, as Rust prints
 _MS_PER = {"s": Decimal(1000), "ms": Decimal(1), "\u00b5s": Decimal("0.001"), "ns": Decimal("0.000001")}
 
 
@@ -36,7 +36,7 @@ def parse_duration_ms(text) -> float | None:
     """Milliseconds of a Rust `Debug`-formatted `Duration` ("35.2ms" -> 35.2, "1.2s" -> 1200.0,
     "350µs" -> 0.35, "12ns" -> 1.2e-05), computed in decimal so that no digit is lost before the one
     rounding to a float. None when `text` is not such a string (no or unknown unit, a sign, spaces,
-    more than nine fraction digits, not text)."""
+    more than nine fraction digits, a digit other than ASCII 0-9, not text)."""
     if not isinstance(text, str):
         return None
     m = _DURATION.fullmatch(text)

@@ -22,6 +22,8 @@ from tailtrace.diagnose.report import PhaseShare, TailSet
 from tailtrace.diagnose.source import METRICS, Query, Scope, iso, parse_time, sql_time
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.catalog import (
+    INFERENCE,
+    INFERENCE_SQL,
     LATENCY_POPULATION,
     LAYER_NONE,
     NETWORK_IN,
@@ -77,7 +79,10 @@ def metric_phases(metric: str) -> list[MetricPhase]:
     """The phases that tile `metric` (a key of source.METRICS) for one request, residual last."""
     col = METRICS[metric]
     if metric == "e2e":
+        # an engine's unsplit prefill + decode (TGI's) tiles E2E too: its own phase, never unattributed
         return [MetricPhase(p.column, f"coalesce({p.column}, 0)", p.label, p.layer, p.column) for p in PHASES] + [
+            MetricPhase(INFERENCE.column, f"coalesce({INFERENCE_SQL}, 0)", INFERENCE.label, INFERENCE.layer,
+                        INFERENCE_SQL),
             MetricPhase(UNATTRIBUTED.column, f"coalesce({UNATTRIBUTED.column}, 0)", UNATTRIBUTED.label,
                         UNATTRIBUTED.layer)]
     if metric == "ttft":
@@ -179,6 +184,8 @@ FROM pop, q"""
         f"SELECT DISTINCT source FROM requests WHERE {ts.where}", list(ts.params)))
     out = []
     for i, (p, s, m) in enumerate(zip(phases, tail_c, measured), start=1):
+        if p.column == INFERENCE.column and not m:
+            continue  # no engine of the scope times prefill and decode as one: no such phase (0 in every sum)
         ex = float(s or 0.0) - ts.n_tail * ref[p.column]
         out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
                               float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,

@@ -8,6 +8,8 @@ from tailtrace.diagnose.source import Query, iso
 from tailtrace.diagnose.tail import metric_phases
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.catalog import (
+    INFERENCE,
+    INFERENCE_SQL,
     LAYER_COMPUTE,
     LAYER_SCHEDULING,
     LAYER_SHAPE,
@@ -22,6 +24,9 @@ __all__ = ["WATERFALL", "explain_trace"]
 # (semantics.catalog.waterfall_phases: the network split into its way in, first, and its way out,
 # last); the bars are laid end to end.
 WATERFALL = [(p.column, p.label, p.layer) for p in waterfall_phases()]
+# with an engine's unsplit prefill + decode (TGI's inference_time) after decode, where it has one
+_BARS = [b for w in WATERFALL for b in ([w, (INFERENCE.column, INFERENCE.label, INFERENCE.layer)]
+                                        if w[0] == "decode_ms" else [w])]
 
 _COLS = ["trace_id", "request_id", "model", "status", "ok", "upstream", "prompt_tokens", "output_tokens",
          "preemptions", "outer_e2e_ms", "outer_ttft_ms", "tpot_ms", "network_ms",
@@ -33,8 +38,8 @@ def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float
     request has, as the demo's tables show ids), against the median profile `ref` of the tail set `ts`
     (E2E phases). Raises UserError for an unknown trace id or a prefix several requests share."""
     tid = str(trace_id).strip().lower()
-    sql = (f"SELECT {', '.join(_COLS)}, epoch_us(arrival_time), epoch_us(completion_time) FROM requests "
-           "WHERE trace_id = ? OR request_id = ? LIMIT 1")
+    sql = (f"SELECT {', '.join(_COLS)}, epoch_us(arrival_time), epoch_us(completion_time), "
+           f"{INFERENCE_SQL} AS inference_ms FROM requests WHERE trace_id = ? OR request_id = ? LIMIT 1")
     rows = query(sql, [tid, trace_id])
     if not rows and 6 <= len(tid) < 32 and all(c in "0123456789abcdef" for c in tid):
         # a prefix, as the demo's and the dashboard's tables show ids: taken when one request has it
@@ -50,10 +55,10 @@ def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float
         raise UserError(f"no request with trace id {trace_id!r} in the store ({n} requests); trace ids are 32 hex "
                         "digits (or a unique prefix of 6 or more), as the Request explorer and `tailtrace sql "
                         "\"SELECT trace_id FROM requests\"` show them")
-    r = dict(zip([*_COLS, "arrival_us", "completion_us"], rows[0]))
+    r = dict(zip([*_COLS, "arrival_us", "completion_us", INFERENCE.column], rows[0]))
     evidence = [Evidence("the request's row", {k: r[k] for k in _COLS if k != "trace_id"}, sql, [tid, trace_id])]
     phases, at = [], 0.0
-    for col, label, layer in WATERFALL:
+    for col, label, layer in _BARS:
         v = r.get(col)
         if col == "network_in_ms" and v is None and r.get("network_out_ms") is None:
             v = r.get("network_ms")  # an older gateway: one network figure

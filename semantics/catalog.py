@@ -19,6 +19,8 @@ __all__ = [
     "ENGINE_STATS_OFF_WHY",
     "FAILED_POPULATION",
     "HISTOGRAM_BUCKETS_PER_DECADE",
+    "INFERENCE",
+    "INFERENCE_SQL",
     "ITL_POPULATION",
     "LATENCY_BUCKETS_SECONDS",
     "LATENCY_POPULATION",
@@ -146,6 +148,13 @@ UNATTRIBUTED = Phase("unattributed", "unattributed_ms", "Unattributed", LAYER_NO
 # out (after it): a waterfall's first and last bar; the way in is TTFT's.
 NETWORK_IN = Phase(sc.PHASE_NETWORK, "network_in_ms", "Network in", LAYER_GATEWAY, ttft=True, why_missing=_HOPS)
 NETWORK_OUT = Phase(sc.PHASE_NETWORK, "network_out_ms", "Network out", LAYER_GATEWAY, why_missing=_HOPS)
+# Prefill and decode together, where an engine times them as one (TGI's `inference_time`, SOURCE_TGI):
+# not a `requests` column but its value in SQL over a row, INFERENCE_SQL (the store counts it in
+# service_time_ms and leaves it out of unattributed_ms). explain's E2E split and the --trace-id waterfall
+# show it where a request of the scope has it (diagnose/tail.py), after decode.
+INFERENCE = Phase("inference", "inference_ms", "Inference (prefill + decode, not split by the engine)",
+                  LAYER_COMPUTE, engine=True, why_missing="the engine splits it into prefill and decode")
+INFERENCE_SQL = "CASE WHEN prefill_ms IS NULL AND decode_ms IS NULL THEN service_time_ms END"
 
 
 def waterfall_phases() -> tuple[Phase, ...]:
@@ -163,9 +172,9 @@ def ttft_phases() -> tuple[Phase, ...]:
 
 
 def phase_by_column(column: str) -> Phase:
-    """The phase whose `requests` column is `column` (UNATTRIBUTED, NETWORK_IN and NETWORK_OUT
-    included). KeyError if none."""
-    for p in (*PHASES, UNATTRIBUTED, NETWORK_IN, NETWORK_OUT):
+    """The phase whose `requests` column is `column` (UNATTRIBUTED, NETWORK_IN, NETWORK_OUT and
+    INFERENCE, whose column is INFERENCE_SQL, included). KeyError if none."""
+    for p in (*PHASES, UNATTRIBUTED, NETWORK_IN, NETWORK_OUT, INFERENCE):
         if p.column == column:
             return p
     raise KeyError(column)

@@ -1,11 +1,12 @@
-"""The ClickHouse DDL helpers objects.py and rollups.py share: column types, typed SELECT lists,
-IN lists and the views' settings (one module below both, so neither imports the other's privates)."""
+"""The ClickHouse DDL helpers objects.py, engines.py and rollups.py share: column types, typed SELECT
+lists, IN lists, the views' settings and the readers of an exporter row's attributes (one module below
+them all, so none imports another's privates)."""
 
 from __future__ import annotations
 
 from tailtrace.collector.clickhouse.dialect import CH_TYPES
 
-__all__ = ["SETTINGS", "ch_type", "cols", "in_list"]
+__all__ = ["SETTINGS", "attr", "ch_type", "cols", "in_list", "int_attr", "num_attr"]
 
 # Settings of the generated views, as a safety net: DuckDB's name resolution (a column of the FROM wins
 # over an alias of the same SELECT) and NULLs for unmatched outer-join rows. A readonly=1 reader cannot
@@ -31,3 +32,21 @@ def cols(spec, exprs: dict[str, str], not_null: tuple[str, ...] = ()) -> str:
     return ",\n    ".join(
         f"CAST({'assumeNotNull(' + exprs[c.name] + ')' if c.name in not_null else exprs[c.name]} "
         f"AS {ch_type(c.type, c.name not in not_null)}) AS {c.name}" for c in spec.columns)
+
+
+def attr(key: str, m: str = "SpanAttributes") -> str:
+    """The attribute's text (the exporter's AsString) in map column `m`, NULL when the span has none
+    (an empty string stays '')."""
+    return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
+
+
+def num_attr(key: str) -> str:
+    """The span attribute as a number (otlp_arrow.as_num): NULL when it is no number."""
+    return f"toFloat64OrNull({attr(key)})"
+
+
+def int_attr(key: str) -> str:
+    """The span attribute as an integer (otlp_arrow.as_int): exact for integers (ns times), truncated
+    for other numbers, NULL when it is no number."""
+    a = attr(key)
+    return f"coalesce(toInt64OrNull({a}), CAST(trunc(toFloat64OrNull({a})) AS Nullable(Int64)))"

@@ -58,11 +58,14 @@ twice. Every column keeps the DuckDB store's name, unit and meaning (docs/schema
 
 from __future__ import annotations
 
-from tailtrace.collector.clickhouse import rollups
+from tailtrace.collector.clickhouse import engines, rollups
 from tailtrace.collector.clickhouse.ddl import SETTINGS as _SETTINGS
+from tailtrace.collector.clickhouse.ddl import attr as _attr
 from tailtrace.collector.clickhouse.ddl import ch_type
 from tailtrace.collector.clickhouse.ddl import cols as _cols
 from tailtrace.collector.clickhouse.ddl import in_list as _in
+from tailtrace.collector.clickhouse.ddl import int_attr as _int
+from tailtrace.collector.clickhouse.ddl import num_attr as _num
 from tailtrace.collector.clickhouse.dialect import aggregate_state, select_items, to_clickhouse
 from tailtrace.collector.clickhouse.exporter_schema import (
     METRIC_TABLES,
@@ -124,20 +127,6 @@ TAILTRACE_OBJECTS = ("spans", "_engine_spans", "_engine_spans_mv", "request_repl
                      "decode_steps_mv", "step_rollup", "step_rollup_mv", *ROLLUP_OBJECTS)
 
 
-def _attr(key: str, m: str = "SpanAttributes") -> str:
-    """The attribute's text (AsString), NULL when the span has none (an empty string stays '')."""
-    return f"if(mapContains({m}, '{key}'), {m}['{key}'], NULL)"
-
-
-def _num(key: str) -> str:   # otlp_arrow.as_num
-    return f"toFloat64OrNull({_attr(key)})"
-
-
-def _int(key: str) -> str:   # otlp_arrow.as_int: exact for integers (ns times), truncated for other numbers
-    a = _attr(key)
-    return f"coalesce(toInt64OrNull({a}), CAST(trunc(toFloat64OrNull({a})) AS Nullable(Int64)))"
-
-
 _PHASE = _attr(sc.PHASE)
 # otlp_arrow: as_str(gen_ai.request.model or gen_ai.response.model)
 _MODEL = f"coalesce(nullIf({_attr(sc.GEN_AI_REQUEST_MODEL)}, ''), {_attr(sc.GEN_AI_RESPONSE_MODEL)})"
@@ -186,6 +175,8 @@ _REQUEST_SPAN_SQL = {
     "predicted_ttft_ms": _num(sc.PREDICTED_TTFT_MS),
 }
 assert tuple(_REQUEST_SPAN_SQL) == REQUEST_SPANS.names
+# the spans of SGLang, TensorRT-LLM and TGI as their modules map them (collector/clickhouse/engines.py)
+_REQUEST_SPAN_SQL = engines.request_span_exprs(_REQUEST_SPAN_SQL, _FINISH)
 
 # The per-token arrays of tables.DECODE_ARRAYS (t, bs, pf, dc, kv) from the JSON text the exporter writes
 _ARRAYS = {"t": (sc.STEPS_TIME, "Int64"), "bs": (sc.STEPS_BATCH_SIZE, "Int64"),
@@ -223,11 +214,11 @@ _ENGINE_STEP_SQL = {
     "preemptions": _int(sc.PREEMPTIONS), "trace_id": "TraceId", "span_id": "SpanId",
 }
 assert tuple(_ENGINE_STEP_SQL) == ENGINE_STEPS.names
+_ENGINE_STEP_SQL = engines.engine_step_exprs(_ENGINE_STEP_SQL)   # and TGI's batch spans
 
-# the span's phase; vLLM's own llm_request span (no tailtrace.phase) gets vllm_request, as otlp_arrow gives it
-_ROWS = (f"(SELECT *, multiIf(mapContains(SpanAttributes, '{sc.PHASE}'), SpanAttributes['{sc.PHASE}'], "
-         f"SpanName = '{sc.SPAN_VLLM_REQUEST}', '{sc.PHASE_VLLM_REQUEST}', NULL) AS phase, "
-         f"toUnixTimestamp64Nano(Timestamp) AS start_ns FROM {TRACES_TABLE})")
+# the span's phase as otlp_arrow gives it: its tailtrace.phase, else an engine's own span's (vLLM's
+# llm_request: vllm_request; SGLang's, TensorRT-LLM's, TGI's: engines.PHASE_SQL)
+_ROWS = f"(SELECT *, {engines.PHASE_SQL} AS phase, toUnixTimestamp64Nano(Timestamp) AS start_ns FROM {TRACES_TABLE})"
 
 
 def _device_samples_view() -> str:
@@ -280,13 +271,17 @@ def _engine_steps_view() -> str:
     return f"""CREATE OR REPLACE VIEW engine_steps AS
 SELECT {_cols(ENGINE_STEPS, _ENGINE_STEP_SQL)}
 FROM {_ROWS}
-WHERE phase = '{sc.PHASE_ENGINE_STEP}'"""
+WHERE phase IN {_in(engines.ENGINE_STEP_PHASES)}"""
 
 
 def _request_spans_select() -> str:
+    """The _request_spans rows of otel_traces (of the block a materialized view sees): one per span of
+    a fact phase, and the part-facts of the other engines' spans (engines.part_facts_select)."""
     return f"""SELECT {_cols(REQUEST_SPANS, _REQUEST_SPAN_SQL)}
 FROM {_ROWS}
-WHERE phase IN {_in(FACT_PHASES)}"""
+WHERE phase IN {_in(FACT_PHASES)}
+UNION ALL
+{engines.part_facts_select(REQUEST_SPANS, _REQUEST_SPAN_SQL, _ROWS, _cols)}"""
 
 
 def _request_spans_view() -> str:
@@ -365,17 +360,21 @@ _DECODE_NOT_NULL = ("trace_id", "time")
 
 def _decode_steps_select(with_service: bool = False) -> str:
     """decode_steps rows from otel_traces (with `with_service`, a last column service_name: the engine
-    span's service, which the rollup keys by)."""
+    span's service, which the rollup keys by): the plugin's per-token arrays, and SGLang's decode_loop
+    spans (engines.native_decode_steps_select)."""
     arrays = ", ".join(f"JSONExtract(ifNull({_attr(k)}, ''), 'Array(Nullable({t}))') AS {n}"
                        for n, (k, t) in _ARRAYS.items())
     exprs = {c: to_clickhouse(sql) for c, sql in DECODE_STEP_SQL.items()} | {"model": "model"}
     svc = ", service_name" if with_service else ""
-    return f"""SELECT {_cols(DECODE_STEPS, exprs, _DECODE_NOT_NULL)}{svc}
+    # one SELECT over the UNION: a materialized view runs only the first SELECT of a UNION at its top
+    return f"""SELECT * FROM (SELECT {_cols(DECODE_STEPS, exprs, _DECODE_NOT_NULL)}{svc}
 FROM (SELECT TraceId AS trace_id, {_attr(sc.REQUEST_ID)} AS request_id, {_MODEL} AS model,
              nullIf(ServiceName, '') AS service_name, {arrays}
       FROM {TRACES_TABLE}
       WHERE {_PHASE} = '{sc.PHASE_ENGINE}' AND mapContains(SpanAttributes, '{sc.STEPS_TIME}'))
-ARRAY JOIN arrayEnumerate(t) AS i"""
+ARRAY JOIN arrayEnumerate(t) AS i
+UNION ALL
+{engines.native_decode_steps_select(DECODE_STEPS, _ROWS, _cols, _DECODE_NOT_NULL, with_service)})"""
 
 
 def _decode_steps_table(ttl_hours: int) -> str:

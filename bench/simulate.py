@@ -4,6 +4,7 @@
     .venv/bin/python bench/simulate.py --store .tailtrace/demo/tailtrace.duckdb [--runs RUN,RUN]
     .venv/bin/python bench/simulate.py --real 0.5,0.9,1.3 [--duration 60] [--out .tailtrace/bench-sim]
     .venv/bin/python bench/simulate.py --changes [--pairs 3] [--reuse] [--out .tailtrace/bench-sim]
+    .venv/bin/python bench/simulate.py --no-speed --oos STORE#RUN [--loads 0.5,1.3] [--reuse] [--out DIR]
 
 Speed: the Azure conversation trace (data/traces), repeated end to end to 100k and 1M requests, at the
 rate one replica of the model's deployment holds (the model: --model FILE, else one fitted to --store,
@@ -15,6 +16,12 @@ the verdict at 20%) and the engine steps per regime (count, busy time, mean batc
 --load L` (its capacity probe, then the azure-conv window at L x the probed capacity) into a store of its
 own, and the store is judged as with --store; the queue's growth (the least-squares slope of queue time,
 gateway + engine, over arrival time) is printed measured vs simulated beside it.
+Out of sample (--oos STORE#RUN, a demo run at --load 0.9): the same deployment (`tailtrace demo
+--speed`, its own vLLM) replays azure-conv at each load x the fitted run's probed capacity (the fitted
+run's speed scaled by load / 0.9; --duration per load sized for >= 300 requests), and a model fitted on
+the given run predicts each new run's traffic (39 replicates, drawn speed): predicted P50/P99 of
+TTFT, TPOT and E2E with 95% intervals beside the measured ones. Run heavy parts under
+`flock /tmp/tt/heavy.lock`.
 Changes: each known answer of `tailtrace try` (an output cap, a smaller token budget, priority
 classes; CHANGES) is run by `tailtrace try` on the real vLLM CPU build; a model is fitted to its first
 A block, and every A block's traffic is simulated as A and with the change (`--set`); printed per
@@ -137,9 +144,13 @@ def _error(store: str, runs: list[str] | None, growth: bool = False) -> None:
         print("\n".join(calibrate(model, f"store:{store}#{rid}").lines()))
         engine, gateway = deployment_of(model)
         traffic, _ = load_traffic(f"store:{store}#{rid}")
-        sims = [simulate(traffic, model, engine, gateway, 1, seed=s, keep_steps=True) for s in range(3)]
-        print("  engine steps per regime, measured → simulated (seed 0):")
+        own = model.with_speed("measured")
+        sims = [simulate(traffic, own, engine, gateway, 1, seed=s, keep_steps=True) for s in range(3)]
+        print("  engine steps per regime, measured → simulated as recorded (the run's own engine speed, seed 0):")
         print("\n".join(regime_lines(regime_table(steps, sims[0], engine.max_num_seqs))))
+        drawn = simulate(traffic, model.with_speed("drawn"), engine, gateway, 1, seed=0, keep_steps=True)
+        print("  … and with the speed drawn (as predictions are made, seed 0):")
+        print("\n".join(regime_lines(regime_table(steps, drawn, engine.max_num_seqs))))
         if growth:
             arr = measured[rid][:, 0] - measured[rid][0, 0]
             got = [_slope(s.arrival_s[s.ok], (np.nan_to_num(s.gateway_queue_ms) + s.queue_ms)[s.ok]) for s in sims]
@@ -267,6 +278,74 @@ def _changes(pairs: int, out: Path, reuse: bool = False, seeds: int = 5) -> None
               f"{directions} of {decided}")
 
 
+OOS_DURATION = {0.5: 75.0, 1.3: 30.0}  # seconds of trace per load: >= 300 requests of azure-conv each
+
+
+def _oos(spec: str, loads: list[float], out: Path, reuse: bool) -> None:
+    """Fit on the run `spec` (STORE#RUN), replay the same deployment at each load and print predicted
+    (with intervals) vs measured P50/P99 of TTFT, TPOT, E2E (module docstring)."""
+    import json
+
+    from tailtrace.simulate.intervals import interval, replicate_model, SEED_BASE
+
+    store, rid = spec.rsplit("#", 1)
+    url = store if "://" in store else f"duckdb:///{Path(store).resolve()}"
+    demo_json = sorted(Path(store).parent.glob(f"{rid}.json")) if "://" not in store else []
+    query, close = store_query(url)
+    try:
+        model = fit_model(query, store=url, run_id=rid)
+    finally:
+        close()
+    base_speed = json.loads(demo_json[0].read_text())["config"]["speed"] if demo_json else None
+    print(f"fitted on {rid}: {model.source['busy_steps']:,} steps; engine speed over 5-s windows "
+          f"{model.fit['speed']['min']:.2f}x .. {model.fit['speed']['max']:.2f}x")
+    engine, gateway = deployment_of(model)
+    for load in loads:
+        d = out / f"oos-{load:g}"
+        if not reuse:
+            if base_speed is None:
+                print(f"no {rid}.json beside the store (the demo's record of its speed): give --reuse")
+                return
+            dur = OOS_DURATION.get(load, 60.0)
+            speed = base_speed * load / 0.9 * 60.0 / dur  # the same trace offsets per wall second
+            print(f"== tailtrace demo --speed {speed:.6g} --duration {dur:g} --out {d}", flush=True)
+            if _child([sys.executable, "-m", "tailtrace", "demo", "--speed", f"{speed:.6g}", "--duration", str(dur),
+                       "--out", str(d), "--no-progress"]) != 0:
+                print(f"the demo at load {load:g} failed; its logs are in {d}")
+                continue
+        db = f"duckdb:///{(d / 'tailtrace.duckdb').resolve()}"
+        query, close = store_query(db)
+        try:
+            run = [r for r in list_runs(query) if r.run_id and r.kind in TRAFFIC_KINDS and r.run_id.startswith("demo")][-1]
+            rows = query("SELECT outer_ttft_ms, tpot_ms, outer_e2e_ms FROM requests WHERE run_id = ? AND ok",
+                         [run.run_id])
+            n_all = query("SELECT count(*) FROM requests WHERE run_id = ?", [run.run_id])[0][0]
+        finally:
+            close()
+        meas = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=float)
+        traffic, _ = load_traffic(f"store:{db}#{run.run_id}")
+        sims = [simulate(traffic, replicate_model(model, r), engine, gateway, 1, seed=SEED_BASE + r)
+                for r in range(39)]
+        rate = len(traffic) / float(traffic.arrival_s[-1] - traffic.arrival_s[0])
+        print(f"\nload {load:g}: {run.run_id}, {n_all} requests ({len(meas)} ok) at {rate:.2f} req/s offered; "
+              "measured vs predicted (median of 39 replicates, 95% interval)")
+        print(f"  {'figure':10} {'measured':>10} {'predicted':>10} {'error':>7}   {'interval':>22}  inside")
+        for i, name in enumerate(("ttft", "tpot", "e2e")):
+            for q in (0.5, 0.99):
+                mv = meas[:, i][np.isfinite(meas[:, i])]
+                m = float(np.quantile(mv, q))
+                vals = []
+                for sm in sims:
+                    x = getattr(sm, f"{name}_ms")[sm.ok]
+                    x = x[np.isfinite(x)]
+                    vals.append(float(np.quantile(x, q)) if len(x) else None)
+                p = float(np.median([v for v in vals if v is not None]))
+                lo, hi = interval(vals, 0.95)
+                print(f"  {name.upper()} P{q * 100:g}".ljust(12) + f" {m:>10,.0f} {p:>10,.0f} {p / m - 1:>+7.0%}   "
+                      f"{lo:>10,.0f} .. {hi:>8,.0f}  {'yes' if lo <= m <= hi else 'NO'}"
+                      + ("  (target 25% at P99: " + ("met)" if abs(p / m - 1) <= 0.25 else "NOT met)") if q == 0.99 else ""))
+
+
 def main() -> int:
     try:
         return _main()
@@ -287,6 +366,9 @@ def _main() -> int:
     ap.add_argument("--changes", action="store_true", help="try's known-answer changes, measured vs simulated")
     ap.add_argument("--pairs", type=int, default=3, help="--changes: block pairs per try (default 3)")
     ap.add_argument("--reuse", action="store_true", help="--changes: simulate again against the tries already in --out")
+    ap.add_argument("--oos", metavar="STORE#RUN", help="out of sample: fit on this demo run, replay the same "
+                    "deployment at --loads and predict them")
+    ap.add_argument("--loads", default="0.5,1.3", help="--oos: loads x the fitted run's probed capacity (default 0.5,1.3)")
     args = ap.parse_args()
     if args.model:
         model = load_model(args.model)
@@ -301,6 +383,8 @@ def _main() -> int:
         _real([float(x) for x in args.real.split(",")], args.duration, args.out)
     if args.changes:
         _changes(args.pairs, args.out, args.reuse)
+    if args.oos:
+        _oos(args.oos, [float(x) for x in args.loads.split(",")], args.out, args.reuse)
     return 0
 
 

@@ -10,6 +10,16 @@ capacity answer from it says so and counts as no evidence. A run too small to ju
 MIN_REQUESTS answered requests: a P99 over fewer is one request; fewer than MIN_STEPS engine
 steps) is "not checked (why)", never calibrated.
 
+The engine's speed drifts during a run on a shared machine (simulate/law.py `speed_factors`: the
+demo run of issue 45 ran its 5-second windows at 0.76x to 1.53x of the fitted law). On the run the
+model was fitted on, "as recorded" includes that speed: the replay uses the run's own factors in
+time order (StepModel speed mode "measured"), so the check judges the model's queueing, scheduler
+and law rather than the machine's drift. Beside it, each figure's interval over DRAWN replicates
+(refits, resampled residuals and a drawn speed trajectory, as every prediction is made;
+simulate/intervals.py) says whether the measured value lies where the model's predictions would
+put it. A TTFT P50 that lies where the queue builds (the measured P45 and P55 more than CLIFF
+apart) is named: a few requests more or less before the queue's onset move it by half.
+
 Measured figures are read from the store's `requests` columns (outer_ttft_ms, tpot_ms,
 outer_e2e_ms, queue_time_ms, service_time_ms, arrival_time, completion_time: semantics/catalog.py),
 exact linear quantiles as quantile_cont; simulated ones the same over SimResult, each the median
@@ -31,6 +41,9 @@ MIN_REQUESTS = 100
 MIN_STEPS = 200
 DEFAULT_TOLERANCE = 0.2
 SEEDS = (0, 1, 2, 3, 4)
+DRAWN = 19  # replicates of the drawn-speed interval: their lowest and highest, 90%
+DRAWN_LEVEL = 0.9
+CLIFF = 1.5
 # (key, label, judged): a judged figure off by more than the tolerance makes the model uncalibrated
 FIGURES = (("ttft_p50", "TTFT P50", False), ("ttft_p99", "TTFT P99", True), ("ttft_p999", "TTFT P999", False),
            ("tpot_p50", "TPOT P50", False), ("tpot_p99", "TPOT P99", True), ("tpot_p999", "TPOT P999", False),
@@ -46,7 +59,9 @@ class Calibration:
     """The check's result. `state`: "ok" (every judged figure within `tolerance`), "uncalibrated"
     or "not-checked"; `rows`: [{key, figure, measured, simulated, error (simulated/measured − 1,
     None when either is unknown), judged, off}]; `why`: one line (which figure is off and by how
-    much, or why it was not checked); `run`: the traffic spec of the run it was checked on."""
+    much, or why it was not checked); `run`: the traffic spec of the run it was checked on; each row
+    also carries `drawn` ([low, high] over DRAWN replicates with drawn speed, or None) and `inside`;
+    `notes`: lines on the engine's speed and a TTFT P50 at the queue's onset."""
 
     state: str
     tolerance: float
@@ -54,6 +69,7 @@ class Calibration:
     why: str | None = None
     rows: list = field(default_factory=list)
     requests: int = 0
+    notes: list = field(default_factory=list)
 
     @property
     def evidence(self) -> bool:
@@ -63,7 +79,7 @@ class Calibration:
     def to_dict(self) -> dict:
         """As the JSON documents carry it."""
         return {"state": self.state, "evidence": self.evidence, "tolerance": self.tolerance, "run": self.run,
-                "why": self.why, "requests": self.requests, "figures": self.rows}
+                "why": self.why, "requests": self.requests, "figures": self.rows, "notes": self.notes}
 
     def lines(self) -> list[str]:
         """The side-by-side table and its verdict (calibration_lines)."""
@@ -79,13 +95,19 @@ def calibration_lines(d: dict) -> list[str]:
     head = f"  calibration on {d.get('run') or 'no run'}: {LABELS[d['state']]}" + (f" ({d['why']})" if d.get("why") else "")
     if not d.get("figures"):
         return [head]
-    out = [head, f"    {'':18} {'measured':>12} {'simulated':>12} {'error':>8}"]
+    drawn = any(r.get("drawn") for r in d["figures"])
+    out = [head, f"    {'':18} {'measured':>12} {'simulated':>12} {'error':>8}"
+           + (f"   {'drawn speed, 90%':>26}" if drawn else "")]
     for r in d["figures"]:
         err = "n/a" if r["error"] is None else f"{r['error']:+.1%}"
         mark = "  OFF" if r["off"] else ("  *" if r["judged"] else "")
+        iv = r.get("drawn")
+        band = "" if not drawn else ("   " + (f"{_fmt(r['key'], iv[0])} .. {_fmt(r['key'], iv[1])}"
+                                               f"{'' if r.get('inside') else ' OUT'}" if iv else "n/a")).ljust(30)
         out.append(f"    {r['figure']:18} {_fmt(r['key'], r['measured']):>12} {_fmt(r['key'], r['simulated']):>12} "
-                   f"{err:>8}{mark}")
+                   f"{err:>8}{band if drawn else ''}{mark}")
     out.append(f"    (* judged: off by more than {d['tolerance']:.0%} makes every answer of this model uncalibrated)")
+    out += [f"    {n}" for n in d.get("notes") or []]
     return out
 
 
@@ -130,6 +152,8 @@ def figures_of(ok, ttft, tpot, e2e, queue, service, arrival_s, completion_s) -> 
     arr, done = np.asarray(arrival_s, dtype=float), np.asarray(completion_s, dtype=float)[ok]
     done = done[np.isfinite(done)]
     span = float(done.max() - arr.min()) if len(done) and len(arr) else 0.0
+    x = np.asarray(ttft, dtype=float)[ok]
+    f["ttft_p45"], f["ttft_p55"] = _q(x, 0.45), _q(x, 0.55)  # where P50 sits (a cliff at the queue's onset)
     f["throughput_rps"] = len(done) / span if span > 0 else None
     f["drain_s"] = max(float(done.max() - arr.max()), 0.0) if len(done) and len(arr) else None
     return f
@@ -152,17 +176,23 @@ epoch_us(arrival_time), epoch_us(completion_time) FROM requests WHERE {where} AN
     return f, int(ok.sum()), int(steps[0][0] or 0)
 
 
-def _simulated(model, traffic, seeds) -> dict:
+def _per_seed(models, traffic) -> list[dict]:
+    """figures_of each (model, seed) pair's simulation of `traffic` (the model's recorded deployment)."""
     from tailtrace.simulate.cluster import simulate
     from tailtrace.simulate.settings import deployment_of
 
-    engine, gateway = deployment_of(model)
     per = []
-    for s in seeds:
+    for model, s in models:
+        engine, gateway = deployment_of(model)
         r = simulate(traffic, model, engine, gateway, 1, seed=s)
         queue = np.nan_to_num(r.gateway_queue_ms) + r.queue_ms
         per.append(figures_of(r.ok, r.ttft_ms, r.tpot_ms, r.e2e_ms, queue, r.prefill_ms + r.decode_ms, r.arrival_s,
                               r.arrival_s + r.e2e_ms / 1e3))
+    return per
+
+
+def _simulated(model, traffic, seeds) -> dict:
+    per = _per_seed([(model, s) for s in seeds], traffic)
     out = {}
     for k, _, _ in FIGURES:
         v = [p[k] for p in per if p[k] is not None]
@@ -170,10 +200,37 @@ def _simulated(model, traffic, seeds) -> dict:
     return out
 
 
+def _drawn(model, traffic, n: int) -> dict:
+    """{figure: [low, high]} over n replicates as predictions are made (simulate/intervals.py
+    replicate_model: a refit, resampled residuals, the engine's speed drawn), at DRAWN_LEVEL."""
+    from tailtrace.simulate.intervals import SEED_BASE, interval, replicate_model
+
+    per = _per_seed([(replicate_model(model, r).with_speed("drawn"), SEED_BASE + r) for r in range(n)], traffic)
+    return {k: interval([p[k] for p in per], DRAWN_LEVEL) for k, _, _ in FIGURES}
+
+
+def _notes(model, as_recorded: bool, measured: dict) -> list[str]:
+    """The engine's speed over the fitted run, how the replay used it, and a TTFT P50 at a cliff."""
+    out = []
+    sp = (model.fit or {}).get("speed")
+    if sp:
+        out.append(f"the engine's speed over the fitted run: {model.speed.get('window_s', 5):g}-s windows at "
+                   f"{sp['min']:.2f}x .. {sp['max']:.2f}x of the law (P10 {sp['p10']:.2f}, P90 {sp['p90']:.2f}); "
+                   + ("the replay above uses it as measured, the drawn intervals draw it in blocks"
+                      if as_recorded else "another run's speed is not known: the simulated column draws it"))
+    lo, hi = measured.get("ttft_p45"), measured.get("ttft_p55")
+    if lo and hi and hi / lo > CLIFF:
+        out.append(f"TTFT P50 lies where the queue builds (measured P45 {_fmt('ttft_p50', lo)}, P55 "
+                   f"{_fmt('ttft_p50', hi)}): a few requests more or less before its onset move it by half; "
+                   "judge it by the drawn interval")
+    return out
+
+
 def calibrate(model, run: str, *, api: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
-              seeds=SEEDS, over_long: str = "cut") -> Calibration:
+              seeds=SEEDS, over_long: str = "cut", drawn_replicates: int = DRAWN) -> Calibration:
     """Check `model` (StepModel) on the measured run `run` ("store:STORE#RUN"; without #RUN the
-    store's latest traffic run) as the module docstring says. Returns a Calibration; never raises
+    store's latest traffic run) as the module docstring says; `drawn_replicates` (0: none) the
+    replicates of each figure's drawn-speed interval. Returns a Calibration; never raises
     for a run it cannot judge (that is "not-checked", with why). Raises UserError only for a
     tolerance outside (0, 1]."""
     from tailtrace.collector.query.reader import api_query, store_query
@@ -201,18 +258,24 @@ def calibrate(model, run: str, *, api: str | None = None, tolerance: float = DEF
         return Calibration("not-checked", tolerance, name, f"the run's window holds {steps} engine steps; the check "
                            f"needs {MIN_STEPS} or more", requests=answered)
     traffic, _ = fit_to_model_len(traffic, (model.deployment or {}).get("max_model_len"), over_long)
-    sim = _simulated(model, traffic, seeds)
+    # the run the model was fitted on: replayed with its own engine speed (module docstring)
+    as_recorded = bool(model.speed.get("factors")) and run_id is not None and (model.source or {}).get("run_id") == run_id
+    sim = _simulated(model.with_speed("measured" if as_recorded else "drawn"), traffic, seeds)
+    drawn = _drawn(model, traffic, drawn_replicates) if drawn_replicates >= 2 else {}
     rows = []
     for key, label, judged in FIGURES:
         m, s = measured.get(key), sim.get(key)
         err = None if m in (None, 0) or s is None else s / m - 1
+        iv = drawn.get(key)
         rows.append({"key": key, "figure": label, "measured": m, "simulated": s, "error": err, "judged": judged,
-                     "off": bool(judged and err is not None and abs(err) > tolerance)})
+                     "off": bool(judged and err is not None and abs(err) > tolerance), "drawn": iv,
+                     "inside": None if iv is None or m is None else bool(iv[0] <= m <= iv[1])})
+    notes = _notes(model, as_recorded, measured)
     off = sorted((r for r in rows if r["off"]), key=lambda r: -abs(r["error"]))
     if not off:
-        return Calibration("ok", tolerance, name, None, rows, answered)
+        return Calibration("ok", tolerance, name, None, rows, answered, notes)
     w = off[0]
     also = ", ".join(f"{r['figure']} {r['error']:+.0%}" for r in off[1:])
     why = (f"{w['figure']} simulated {_fmt(w['key'], w['simulated'])} against {_fmt(w['key'], w['measured'])} measured "
            f"({w['error']:+.0%}, tolerance ±{tolerance:.0%})" + (f"; also {also}" if also else ""))
-    return Calibration("uncalibrated", tolerance, name, why, rows, answered)
+    return Calibration("uncalibrated", tolerance, name, why, rows, answered, notes)

@@ -279,7 +279,7 @@ class Engine:
         for req, q in chunks:
             pre_tokens += q
             attn += q * (req.computed + q / 2)
-        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1, mixed=True, n=n)
+        ms = self.model.step_ms(n, pre_tokens + self.n_dec, ctx, attn) * self.model.noise(1, mixed=True, n=n, t_s=t)
         self.run = None
         self.step_end = (chunks, n, pre_tokens, ms)
         schedule(t + ms / 1e3, self, self.version)
@@ -292,7 +292,7 @@ class Engine:
         if self.total_blocks is not None:
             k = min(k, self._kv_safe_steps(k))
         ctx = self.sum_base + n * self.G
-        eps = self.model.noise(k, n=n)
+        eps = self.model.noise(k, n=n, t_s=t)
         self.run = (t, k, n, ctx, eps)
         self.step_end = None
         schedule(t + self.model.run_ms(k, n, ctx) * eps / 1e3, self, self.version)

@@ -167,12 +167,14 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
         raise UserError(f"{int(ok.sum())} busy engine steps of {service} to fit on; a fit needs {MIN_STEPS}+ "
                         "(replay more traffic, or a longer run)")
     X, y, mixed = _features(s)[ok], y_all[ok], s["prefill_tokens"][ok] > 0
-    law = fit_law(X, y, mixed, s["n_seqs"][ok], draws=draws, seed=seed)
+    where, params = _time_where("arrival_time", since, until)
+    first = query(f"SELECT epoch_us(min(arrival_time)) FROM requests WHERE {where}", params)
+    t0 = float(first[0][0]) if first and first[0][0] is not None else float(s["t_us"][0])
+    law = fit_law(X, y, mixed, s["n_seqs"][ok], draws=draws, seed=seed, t_s=(s["t_us"][ok] - t0) / 1e6)
     report = {**law.report, "targets": TARGETS}
     ho = report["held_out"]
     report["met"] = {k: (ho[k] is not None and ho[k] <= v) for k, v in TARGETS.items()}
     dep = read_deployment(query, *(_span_window(s["t_us"])))
-    where, params = _time_where("arrival_time", since, until)
     model_name = query(f"SELECT model FROM requests WHERE model IS NOT NULL AND {where} GROUP BY 1 "
                        "ORDER BY count(*) DESC LIMIT 1", params) or [[None]]
     vllm = dep.vllm or {}
@@ -182,7 +184,7 @@ def fit_model(query: Query, *, store: str, run_id: str | None = None, service: s
                      dep.gateway, report,
                      {"store": store, "run_id": run_id, "service": service, "first_step": iso(s["t_us"][0]),
                       "last_step": iso(s["t_us"][-1]), "steps": len(y_all), "busy_steps": int(ok.sum())},
-                     coef_draws=law.draws)
+                     coef_draws=law.draws, speed=law.speed or {})
 
 
 def _span_window(t_us: np.ndarray) -> tuple[str, str]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["BLOCK", "TARGETS", "LawFit", "batch_bucket", "fit_law", "nnls_exact"]
+__all__ = ["BLOCK", "TARGETS", "LawFit", "batch_bucket", "fit_law", "nnls_exact", "speed_factors"]
 
 # the issue's targets for the held-out fit: median |error| decode-only, mixed; summed over 1,000 steps
 TARGETS = {"median_err_decode": 0.05, "median_err_mixed": 0.10, "window_sum_err": 0.02}
@@ -42,6 +42,12 @@ BLOCK = 100
 HELD_OUT_BLOCKS = (2, 5, 8)  # of every ten
 MIN_BUCKET = 30
 QS = np.linspace(0, 1, 201)
+# the engine's speed over the run (speed_factors): windows of SPEED_WINDOW_S, a window's factor shrunk
+# toward 1 by SPEED_PRIOR_MS of expected step time (a nearly idle window says little), drawn in blocks
+# of SPEED_BLOCK windows (simulate/model.py)
+SPEED_WINDOW_S = 5.0
+SPEED_PRIOR_MS = 50.0
+SPEED_BLOCK = 4
 
 
 def batch_bucket(n) -> int:
@@ -54,12 +60,14 @@ class LawFit:
     """`coef` (the law's five terms, ms; the report judges the law times its bucket's mean residual),
     `residuals` (the model file's: "decode", "mixed" and
     "decode_by_batch" / "mixed_by_batch" {bucket: quantiles}, "counts": the steps behind each), `report` (train, held_out, steps off by
-    more than 50%), `draws` (refitted coefficient vectors)."""
+    more than 50%), `draws` (refitted coefficient vectors), `speed` (the model file's speed: window_s,
+    block, factors; {} without the steps' times)."""
 
     coef: list
     residuals: dict
     report: dict
     draws: list
+    speed: dict | None = None
 
 
 def nnls_exact(X: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
@@ -154,11 +162,32 @@ def _effective(pred: np.ndarray, mixed: np.ndarray, bb: np.ndarray, means: dict)
     return pred * f
 
 
+def speed_factors(t_s: np.ndarray, y: np.ndarray, pred: np.ndarray, window_s: float = SPEED_WINDOW_S,
+                  prior_ms: float = SPEED_PRIOR_MS) -> np.ndarray:
+    """The engine's speed per window of `window_s` seconds (index ⌊t_s / window_s⌋, t_s < 0 in the
+    first): (Σ measured + prior_ms) / (Σ expected + prior_ms) of the window's steps (y, pred in ms),
+    1.0 for a window without steps, then scaled so that the expected-time-weighted mean is 1 (the
+    model's total is unchanged). Shape (⌊max t_s / window_s⌋ + 1,).
+
+    Why: on a shared machine the same batch takes 40 ms in one stretch of a run and 122 ms in
+    another (the demo run of issue 45, at the max_num_seqs cap); residuals drawn step by step
+    average that out within a second, while a queue built in a slow stretch lasts. A factor per
+    window, drawn in blocks (simulate/model.py), keeps the drift's time scale."""
+    w = np.maximum((np.asarray(t_s) // window_s).astype(int), 0)
+    n = int(w.max()) + 1 if len(w) else 1
+    sy, sp = np.bincount(w, y, n), np.bincount(w, pred, n)
+    f = (sy + prior_ms) / (sp + prior_ms)
+    return f * (sp.sum() / float((sp * f).sum())) if sp.sum() > 0 else f
+
+
 def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray, *, draws: int = 0,
-            seed: int = 0) -> LawFit:
+            seed: int = 0, t_s: np.ndarray | None = None) -> LawFit:
     """Fit the law (module docstring) to steps in time order: X (m, 5) the terms of simulate/model.py,
     y (m,) measured cycles (ms, > 0), mixed (m,) bool (prefill in the step), n_seqs (m,) the batch.
-    `draws` refits on block-resampled steps (seeded by `seed`)."""
+    `draws` refits on block-resampled steps (seeded by `seed`). With `t_s` (m,) the steps' times (s
+    from the run's first arrival): the engine's speed per window (speed_factors; LawFit.speed), the
+    residuals taken within their window (each step's ratio over its window's factor, rescaled to its
+    bucket's mean), and the factors' spread (report["speed"]: p10, p50, p90, min, max)."""
     m = len(y)
     blk = (np.arange(m) // BLOCK) % 10
     tr = ~np.isin(blk, HELD_OUT_BLOCKS)
@@ -173,6 +202,19 @@ def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray,
     ratio = y / pred
     law_total = float(pred.sum() / y.sum() - 1)
     pred = _effective(pred, mixed, bb, _bucket_means(ratio, mixed, bb))
+    speed = {}
+    if t_s is not None and len(y):
+        # the law's shape stays the one fitted to every step: refitted to the steps over their window's
+        # speed, the demo run's drawn-speed replicates ran 5% fast (slow windows met capped batches)
+        w = np.maximum((t_s // SPEED_WINDOW_S).astype(int), 0)
+        f = speed_factors(t_s, y, pred)
+        within = ratio / f[w]
+        for mx in (False, True):  # each bucket's mean kept (the expected time holds per bucket)
+            for b in set(bb[mixed == mx].tolist()):
+                one = (mixed == mx) & (bb == b)
+                within[one] *= ratio[one].mean() / within[one].mean()
+        ratio = within
+        speed = {"window_s": SPEED_WINDOW_S, "block": SPEED_BLOCK, "factors": f.round(4).tolist()}
     resid = {"decode": _quantiles(ratio[~mixed]) or [1.0], "mixed": _quantiles(ratio[mixed]),
              "decode_by_batch": _by_batch(ratio[~mixed], n_seqs[~mixed]),
              "mixed_by_batch": _by_batch(ratio[mixed], n_seqs[mixed])}
@@ -182,6 +224,10 @@ def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray,
     report = {"train": _report(p_tr[tr], y[tr], mixed[tr]), "held_out": _report(p_tr[~tr], y[~tr], mixed[~tr]),
               "in_sample": _report(pred, y, mixed), "law_total_err": law_total, "excluded_outliers": 0,
               "off_by_half": int((np.abs(pred - y) / y > 0.5).sum()), "hold_out": f"blocks of {BLOCK} steps, 3 in 10"}
+    if speed:
+        f = np.asarray(speed["factors"])
+        report["speed"] = {"p10": float(np.quantile(f, 0.1)), "p50": float(np.median(f)),
+                           "p90": float(np.quantile(f, 0.9)), "min": float(f.min()), "max": float(f.max())}
     rng = np.random.default_rng(seed)
     size = min(BLOCK, max(m // 50, 10))  # at least ~50 blocks: fewer would understate the spread
     nb = -(-m // size)
@@ -190,4 +236,4 @@ def fit_law(X: np.ndarray, y: np.ndarray, mixed: np.ndarray, n_seqs: np.ndarray,
         pick = rng.integers(0, nb, nb)
         idx = np.concatenate([np.arange(b * size, min((b + 1) * size, m)) for b in pick])
         out.append([round(float(c), 6) for c in _solve(X[idx], y[idx])])
-    return LawFit([float(c) for c in coef], resid, report, out)
+    return LawFit([float(c) for c in coef], resid, report, out, speed)

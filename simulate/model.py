@@ -43,7 +43,15 @@ class StepModel:
     power-of-two bucket of the batch (simulate/law.py); `coef_draws`: refits on resampled steps; `overheads`: [[pre_ms, post_ms, in_flight], ...] per measured request, the time
     outside the engine before its first token (network, gateway processing, the API server) and after
     its last, and the requests in flight when it arrived; `identity` (IDENTITY_KEYS), `deployment` (the recorded vLLM config), `gateway` (the
-    recorded gateway config or None), `fit` (the held-out report), `source` (store, run, window)."""
+    recorded gateway config or None), `fit` (the held-out report), `source` (store, run, window);
+    `speed`: {"window_s", "block", "factors"} the engine's speed over the fitted run, one factor per
+    window (measured / expected step time, busy-weighted mean 1; simulate/law.py `speed_factors`).
+
+    Speed modes (`speed_mode`): "drawn" (default) multiplies each step by the factor of its window in
+    a trajectory drawn per seed by circular block bootstrap of `factors` (blocks of `block` windows: a
+    slow stretch stays one draw), so a run's replicates carry the engine's drift, not its mean alone;
+    "measured" uses the fitted run's own factors in time order (that run replayed as recorded); "off"
+    none (a stationary engine)."""
 
     coef_ms: list[float]
     residuals: dict
@@ -54,6 +62,7 @@ class StepModel:
     fit: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     coef_draws: list = field(default_factory=list)
+    speed: dict = field(default_factory=dict)
     schema: str = SCHEMA
 
     def __post_init__(self):
@@ -69,13 +78,48 @@ class StepModel:
             self._buckets[key] = ({k: (v, sum(v) / len(v)) for k, v in by.items()},
                                   (fallback, sum(fallback) / len(fallback)))
         self._bucket_cache: dict = {}
+        sp = self.speed or {}
+        self._factors = [float(x) for x in sp.get("factors") or []]
+        self._window_s = float(sp.get("window_s") or 5.0)
+        self._block = max(int(sp.get("block") or 1), 1)
+        self.speed_mode = "drawn"
+        self._traj: list[float] = []
+        self._traj_rng = random.Random(0)
         self._by_load: dict[int, list] = {}  # bit_length(in flight at arrival) -> [(pre_ms, post_ms)]
         for o in self.overheads:
             self._by_load.setdefault(max(int(o[2]) if len(o) > 2 else 1, 1).bit_length(), []).append((o[0], o[1]))
 
     def seed(self, seed: int) -> None:
-        """Seed the residual and overhead draws (a run is reproducible from its seed)."""
+        """Seed the residual, overhead and speed draws (a run is reproducible from its seed)."""
         self._rng = random.Random(seed)
+        self._traj_rng = random.Random(7919 * seed + 17)
+        self._traj = list(self._factors) if self.speed_mode == "measured" else []
+
+    def with_speed(self, mode: str) -> StepModel:
+        """A copy whose speed mode is `mode` ("drawn", "measured", "off"; class docstring). Raises
+        ValueError on another mode."""
+        import dataclasses
+
+        if mode not in ("drawn", "measured", "off"):
+            raise ValueError(f"speed mode {mode!r}: drawn, measured or off")
+        m = dataclasses.replace(self)
+        m.speed_mode = mode
+        return m
+
+    def speed_at(self, t_s: float | None) -> float:
+        """The engine's speed factor at simulated time `t_s` (s from the first arrival): 1.0 with no
+        factors fitted, mode "off" or t_s None; past the measured run's end in mode "measured", its
+        last factor."""
+        if t_s is None or not self._factors or self.speed_mode == "off":
+            return 1.0
+        i = max(int(t_s / self._window_s), 0)
+        if self.speed_mode == "measured":
+            return self._traj[min(i, len(self._traj) - 1)]
+        f, rng, b = self._factors, self._traj_rng, self._block
+        while len(self._traj) <= i:
+            start = rng.randrange(len(f))
+            self._traj.extend(f[(start + j) % len(f)] for j in range(b))
+        return self._traj[i]
 
     def step_ms(self, n_seqs: int, tokens: int, decode_ctx: float, prefill_attn: float) -> float:
         """One step's cycle in ms (the law above), before its residual."""
@@ -101,18 +145,19 @@ class StepModel:
             self._bucket_cache[key] = hit
         return hit
 
-    def noise(self, k: int = 1, mixed: bool = False, n: int | None = None) -> float:
+    def noise(self, k: int = 1, mixed: bool = False, n: int | None = None, t_s: float | None = None) -> float:
         """A multiplicative residual for one step (k = 1) or the mean over a run of k pure-decode
         steps of batch `n` (None: any batch): a draw from the fitted residuals of its regime and
         batch bucket, pulled toward their mean by 1/sqrt(k) (the spread of a mean of k independent
-        draws), so a run's total is neither noiseless nor k times one draw."""
+        draws), so a run's total is neither noiseless nor k times one draw; times the engine's speed
+        factor at `t_s` (speed_at; the step's start, s)."""
         qs, mean = self._residuals(mixed, n)
         u = self._rng.random() * (len(qs) - 1)
         i = int(u)
         e = qs[i] + (qs[min(i + 1, len(qs) - 1)] - qs[i]) * (u - i)
-        if k <= 1:
-            return e
-        return mean + (e - mean) / math.sqrt(k)
+        if k > 1:
+            e = mean + (e - mean) / math.sqrt(k)
+        return e * self.speed_at(t_s)
 
     def overhead(self, in_flight: int = 1) -> tuple[float, float]:
         """(pre_ms, post_ms) of one measured request that arrived with about as many requests in
@@ -176,8 +221,12 @@ def load_model(path: str | Path) -> StepModel:
         draws = [[float(x) for x in d] for d in doc.get("coef_draws") or []]
         if any(len(d) != len(TERMS) or not all(math.isfinite(x) and x >= 0 for x in d) for d in draws):
             raise ValueError
+        speed = doc.get("speed") or {}
+        if not isinstance(speed, dict) or not all(math.isfinite(float(x)) and float(x) > 0
+                                                  for x in speed.get("factors") or []):
+            raise ValueError
         return StepModel(coef, doc["residuals"], doc.get("overheads") or [], doc["identity"], doc["deployment"],
-                         doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {}, draws)
+                         doc.get("gateway"), doc.get("fit") or {}, doc.get("source") or {}, draws, speed)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError):
         raise UserError(f"{p}: a model file needs coef_ms ({len(TERMS)} non-negative numbers), residuals "
                         "({\"decode\": [positive numbers], \"mixed\": [...]}), overheads ([[pre_ms, post_ms, "

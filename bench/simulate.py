@@ -286,7 +286,7 @@ def _oos(spec: str, loads: list[float], out: Path, reuse: bool) -> None:
     (with intervals) vs measured P50/P99 of TTFT, TPOT, E2E (module docstring)."""
     import json
 
-    from tailtrace.simulate.intervals import interval, replicate_model, SEED_BASE
+    from tailtrace.simulate.intervals import SEED_BASE, interval, replicate_model
 
     store, rid = spec.rsplit("#", 1)
     url = store if "://" in store else f"duckdb:///{Path(store).resolve()}"

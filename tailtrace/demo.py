@@ -136,29 +136,51 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
     return {"db": db, "run_id": result["run_id"], "requests": report["complete"][0], "replay": result, "report": report}
 
 
+CAPACITY_REFITS = 9  # as `simulate capacity` (simulate/cli.py): the range over refits of the law
+
+
 def _simulated_capacity(api: str, run_id: str, slo: str | None, console) -> dict | None:
     """Beside the probe's measured figure: the rate of this run's mix one replica holds at the SLO,
     by `tailtrace simulate capacity` with a model fitted to this run's own steps (docs/simulate.md).
-    Prints one line; returns {"rate_rps", "why", "fit"} or None when no model could be fitted."""
+    Prints one line with its range over CAPACITY_REFITS refits and its calibration mark (UNCALIBRATED
+    with why, or "calibration not checked", as `simulate capacity`); returns {"rate_rps", "range_rps",
+    "why", "calibration", "calibration_why", "fit"} or None when no model could be fitted."""
     from tailtrace.collector.query.reader import api_query
     from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
+    from tailtrace.simulate.calibrate import calibrate
     from tailtrace.simulate.capacity import capacity
     from tailtrace.simulate.fit import fit_model
+    from tailtrace.simulate.intervals import SEED_BASE, replicate_model
+    from tailtrace.simulate.report import answer_mark
     from tailtrace.simulate.settings import deployment_of, load_traffic
 
     try:
         model = fit_model(api_query(api), store=api, run_id=run_id)
         traffic, _ = load_traffic(f"store:#{run_id}", api)
         engine, gateway = deployment_of(model)
-        row = capacity(traffic, model, engine, gateway, parse_slo(slo or DEFAULT_SLO), [1])[0]
+        objectives = parse_slo(slo or DEFAULT_SLO)
+        row = capacity(traffic, model, engine, gateway, objectives, [1])[0]
+        # as `simulate capacity` gives it: a range over refits of the law, and the check on this run
+        rates = [r["rate_rps"] for r in (capacity(traffic, replicate_model(model, i), engine, gateway, objectives, [1],
+                                                  seed=SEED_BASE + i)[0] for i in range(CAPACITY_REFITS))
+                 if r["rate_rps"] is not None]
+        cal = calibrate(model, f"store:#{run_id}", api=api, drawn_replicates=0)
     except UserError as exc:
         console.print(f"[yellow]note:[/] no simulated capacity: {exc}", soft_wrap=True)
         return None
     what = (f"one replica holds ~{row['rate_rps']:.2f} req/s of this mix" if row["rate_rps"] is not None
             else row["why"])
+    if row["rate_rps"] is not None and rates:
+        what += f" (range {min(rates):.2f} .. {max(rates):.2f} over {CAPACITY_REFITS} refits of the law)"
+    mark = answer_mark(cal.to_dict())
+    if mark and cal.why:
+        mark += f": {cal.why}"
+    elif not mark:
+        mark = f"; calibrated on this run (each P99 and the throughput within {cal.tolerance:.0%})"
     console.print(f"simulated at {slo or DEFAULT_SLO} (a model fitted to this run's engine steps, `tailtrace "
-                  f"simulate`): {what}", soft_wrap=True)
-    return {"rate_rps": row["rate_rps"], "why": row["why"], "fit": model.fit["held_out"]}
+                  f"simulate`): {what}{mark}", soft_wrap=True)
+    return {"rate_rps": row["rate_rps"], "range_rps": [min(rates), max(rates)] if rates else None, "why": row["why"],
+            "calibration": cal.state, "calibration_why": cal.why, "fit": model.fit["held_out"]}
 
 
 def _trace_means(cfg: DemoConfig) -> tuple[float, float]:

@@ -17,8 +17,9 @@ the verdict at 20%) and the engine steps per regime (count, busy time, mean batc
 own, and the store is judged as with --store; the queue's growth (the least-squares slope of queue time,
 gateway + engine, over arrival time) is printed measured vs simulated beside it.
 Out of sample (--oos STORE#RUN, a demo run at --load 0.9): the same deployment (`tailtrace demo
---speed`, its own vLLM) replays azure-conv at each load x the fitted run's probed capacity (the fitted
-run's speed scaled by load / 0.9; --duration per load sized for >= 300 requests), and a model fitted on
+--speed`, its own vLLM) replays azure-conv at each load x the fitted run's probed capacity (load x the
+fitted run's offered rate / 0.9, at the speed `demo --load` would pick; OOS_DURATION per load sized for
+>= 300 requests), and a model fitted on
 the given run predicts each new run's traffic (39 replicates, drawn speed): predicted P50/P99 of
 TTFT, TPOT and E2E with 95% intervals beside the measured ones. Run heavy parts under
 `flock /tmp/tt/heavy.lock`.
@@ -296,18 +297,21 @@ def _oos(spec: str, loads: list[float], out: Path, reuse: bool) -> None:
         model = fit_model(query, store=url, run_id=rid)
     finally:
         close()
-    base_speed = json.loads(demo_json[0].read_text())["config"]["speed"] if demo_json else None
+    # the fitted run's probed capacity: its offered rate over its --load (0.9, the demo's default)
+    base_rate = json.loads(demo_json[0].read_text())["summary"]["offered_rate"] / 0.9 if demo_json else None
     print(f"fitted on {rid}: {model.source['busy_steps']:,} steps; engine speed over 5-s windows "
           f"{model.fit['speed']['min']:.2f}x .. {model.fit['speed']['max']:.2f}x")
     engine, gateway = deployment_of(model)
     for load in loads:
         d = out / f"oos-{load:g}"
         if not reuse:
-            if base_speed is None:
-                print(f"no {rid}.json beside the store (the demo's record of its speed): give --reuse")
+            if base_rate is None:
+                print(f"no {rid}.json beside the store (the demo's record of its rate): give --reuse")
                 return
+            from tailtrace.demo import DemoConfig, _speed_for_rate
+
             dur = OOS_DURATION.get(load, 60.0)
-            speed = base_speed * load / 0.9 * 60.0 / dur  # the same trace offsets per wall second
+            speed = _speed_for_rate(DemoConfig(trace="azure-conv", duration_s=dur), load * base_rate)
             print(f"== tailtrace demo --speed {speed:.6g} --duration {dur:g} --out {d}", flush=True)
             if _child([sys.executable, "-m", "tailtrace", "demo", "--speed", f"{speed:.6g}", "--duration", str(dur),
                        "--out", str(d), "--no-progress"]) != 0:

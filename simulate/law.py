@@ -21,6 +21,10 @@ Why these choices (issue 45, measured on the demo's run at its max_num_seqs cap,
   and mixed steps, and within each for every power-of-two bucket of the batch with MIN_BUCKET steps
   or more. A step draws from its own bucket, so the mean of the draws, and the summed time, holds
   per batch size and not only over the run.
+- **The engine's speed per 5-s window** (`speed_factors`, with the steps' times): the same batch took 40 ms in
+  one stretch of the demo run and 122 ms in another (other processes on a shared box). Kept as factors
+  the simulator replays (the fitted run) or draws in blocks (predictions; simulate/model.py), and taken
+  out of the step residuals, which would otherwise spread it step by step where it averages out.
 - **Refits on resampled steps** (block bootstrap, blocks of up to BLOCK consecutive steps so
   that a slow stretch stays one draw, and at least ~50 blocks): `draws` coefficient vectors, the law's own uncertainty, which the
   prediction intervals (simulate/intervals.py) carry.

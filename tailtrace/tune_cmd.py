@@ -75,6 +75,10 @@ def _tune(args) -> int:
     from tailtrace.simulate.tune_render import tune_lines
 
     tol = check_tolerance(args.tolerance)
+    if args.confirm:
+        from tailtrace.tune_confirm import check_confirm_budget
+
+        check_confirm_budget(args.budget, args.block_s)
     knobs = check_knobs(args.knobs) if args.knobs is not None else None
     if args.slo:
         parse_slo(args.slo)

@@ -5,7 +5,28 @@ and the prediction set beside the measurement (simulate/vet.py `confirm_rows`)."
 
 from __future__ import annotations
 
-__all__ = ["confirm_winner"]
+__all__ = ["check_confirm_budget", "confirm_winner"]
+
+
+def check_confirm_budget(budget_s: float | None, block_s: float) -> None:
+    """Refuse (UserError, before anything is searched or started) a `--confirm --budget` that holds
+    fewer block pairs than try's exact sign-flip test needs to call any difference at 5%
+    (experiment/stats.py MIN_DECIDING_PAIRS: 6, 2 / 2^6 = 3.1%): such a run could only end
+    inconclusive, however clear the measurement (measured: 5 pairs of a 0.32x TTFT P99, interval
+    0.17 .. 0.60, read inconclusive). `budget_s` seconds (None: try's default pairs), `block_s` seconds."""
+    from tailtrace.experiment.sequential import pairs_for_budget
+    from tailtrace.experiment.stats import MIN_DECIDING_PAIRS
+    from tailtrace.experiment.trial import pair_seconds
+    from tailtrace.plumbing.errors import UserError
+
+    if budget_s is None:
+        return
+    pair_s = pair_seconds(block_s)
+    if pairs_for_budget(budget_s, pair_s) < MIN_DECIDING_PAIRS:
+        need = MIN_DECIDING_PAIRS * pair_s
+        raise UserError(f"--budget {budget_s:g} s holds {int(budget_s // pair_s)} block pairs of --block-s {block_s:g} "
+                        f"(about {pair_s:.0f} s a pair); try's test calls a difference only from "
+                        f"{MIN_DECIDING_PAIRS} pairs: give --budget {need / 60:.1f}m or more, or a shorter --block-s")
 
 
 def confirm_winner(args, doc: dict, spec: str, model=None, calibration=None) -> list[str]:

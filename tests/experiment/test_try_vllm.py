@@ -116,21 +116,59 @@ def test_null_change_from_a_traced_run_replays_it_and_finds_no_change(stack, tmp
     assert doc["metrics"] and all(m["mde"] is None or m["mde"] > 0 for m in doc["metrics"])
 
 
-@pytest.mark.xfail(strict=False, reason="issue 46 follow-up (2026-12-05): with try's new 6 pairs the flood built no "
-                   "gateway backlog on this box (block TTFT P99 44-88 ms); the verdict was better (interval < 1) but the "
-                   "tail's gateway-queue shift read +8.7 ms: the traffic must be re-sized to overload the 2 slots")
 def test_priority_classes_cut_the_interactive_tail_under_a_batch_flood(stack, tmp_path):
-    # interactive: 5/s, 8 tokens; batch: 7.5/s, 64 tokens, past what 2 slots serve: a FIFO backlog
-    rows = [(i * 0.2, 32, 8, "interactive") for i in range(60)]
-    rows += [(0.05 + i / 7.5, 32, 64, "batch") for i in range(90)]
+    # a burst of 24 batch requests (64 tokens) at 0.5 s, then 55 interactive ones (8 tokens) spread over 8 s,
+    # through 2 slots: the burst is a backlog of about 12 batch service times, whatever the machine's speed
+    # (a slower box serves it slower, and the backlog waits as many service times). FIFO (A): an interactive
+    # request that arrives behind it waits the backlog; with classes (B) it waits for one slot to free, at
+    # most one batch service time: B/A of the interactive tail ~1/10 on any box. A steady flood at a rate
+    # (7.5 batch/s) built no backlog on a quiet box (block TTFT P99 44-88 ms) and too much on a busy one.
+    rows = [(0.5 + i * 0.01, 32, 64, "batch") for i in range(24)]
+    rows += [(i * 0.15, 32, 8, "interactive") for i in range(55)]
     doc = _trial(stack, tmp_path, _csv(tmp_path / "flood.csv", rows), ["gateway:--priority-classes=on"],
                  priority="interactive", slo="ttft_p99=1s")
     ttft = next(m for m in doc["metrics"] if m["metric"] == "ttft" and m["quantile"] == 0.99)
-    assert ttft["verdict"] == "better" and ttft["ratio_high"] < 1, ttft
+    print({k: ttft[k] for k in ("a_ms", "b_ms", "ratio", "ratio_low", "ratio_high", "verdict", "a_blocks_ms",
+                                "b_blocks_ms") if k in ttft})
+    assert ttft["verdict"] == "better" and ttft["ratio_high"] < 0.5, ttft
     assert ttft["diff_high_ms"] < 0
     tail = next(t for t in doc["tail_phases"] if t["metric"] == "ttft")
     shift = {p["column"]: p["shift_ms"] for p in tail["phases"]}
-    assert shift["gateway_queue_ms"] < 0  # the interactive tail waited less at the gateway
+    print(shift)
+    # the interactive tail waited less at the gateway: by most of what A's tail waited there
+    assert shift["gateway_queue_ms"] < -0.5 * ttft["a_ms"], (shift, ttft["a_ms"])
+
+
+def test_two_engines_of_one_configuration_read_as_no_change(stack, tmp_path):
+    """The two-engine set-up carries no bias of its own: a null change with B on an engine of its own
+    (--two-engines: the same vLLM arguments, started beside the baseline's) reads no difference on TTFT,
+    TPOT and E2E, P50 and P99: each interval holds 1 at 99%."""
+    rows = [(i * 0.12, 32 + (i * 37) % 160, 8 + (i * 5) % 17, "interactive") for i in range(60)]
+    doc = _trial(stack, tmp_path, _csv(tmp_path / "null2.csv", rows), two_engines=True, level=0.99,
+                 slo="ttft_p99=2s,tpot_p99=100ms")
+    assert doc["engines"] == "two" and all(b["discarded"] is None for b in doc["block_runs"])
+    # each arm was served by its own engine: the gateway's upstream of every request of the arm's blocks
+    got = sql_api(stack.api_url, "SELECT run_id, upstream, count(*) FROM requests WHERE run_id IN ({}) GROUP BY 1, 2"
+                  .format(", ".join("?" for _ in doc["block_runs"])), [b["run_id"] for b in doc["block_runs"]])
+    arm = {b["run_id"]: b["arm"] for b in doc["block_runs"]}
+    ups: dict[str, set] = {"A": set(), "B": set()}
+    for run, up, n in got:
+        ups[arm[run]].add(up)
+    port_a = stack.vllm_url.rsplit(":", 1)[1]
+    assert len(ups["A"]) == len(ups["B"]) == 1 and ups["A"] != ups["B"], ups
+    assert next(iter(ups["A"])).rstrip("/").endswith(f":{port_a}"), ups
+    rows_out = []
+    for metric in ("ttft", "tpot", "e2e"):
+        for q in (0.5, 0.99):
+            m = next(r for r in doc["metrics"] if r["metric"] == metric and r["quantile"] == q)
+            rows_out.append((metric, q, m["a_ms"], m["b_ms"], m["ratio"], m["ratio_low"], m["ratio_high"], m["verdict"]))
+    print(rows_out)
+    # no systematic difference: never better/worse, every 99% interval holds 1. Not asserted: medians within
+    # 10% (at load 10-15 from other work the TTFT P50 ratio read 1.74, interval 0.25..12: the engines' own
+    # TTFT medians were alike, the difference after the first token, between engine and client)
+    for metric, q, _, _, ratio, low, high, verdict in rows_out:
+        assert verdict in ("same", "inconclusive"), (metric, q, verdict)
+        assert low < 1 < high, (metric, q, low, high)
 
 
 def test_an_output_cap_cuts_the_e2e_tail_of_long_answers(stack, tmp_path):

@@ -280,7 +280,7 @@ def _into_pages(monkeypatch, name: str, mutant: types.ModuleType) -> None:
     """Put the mutant's functions, and its classes' methods, in place of the originals wherever the
     loaded dashboard modules hold them, so that the app's pages (which import them by name) run it."""
     orig = importlib.import_module(name)
-    mods = [m for n, m in list(sys.modules.items()) if n.startswith("dashboard") and m is not None]
+    mods = [m for n, m in list(sys.modules.items()) if n.startswith(("tailtrace.dashboard", "dashboard")) and m is not None]
     for attr, new in vars(mutant).items():
         old = getattr(orig, attr, None)
         if new is old or attr.startswith("__"):
@@ -332,7 +332,7 @@ def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch
         monkeypatch.setattr(duckdb_store, "REFRESH_REQUESTS", [stmt.replace(old, new) for stmt in refresh])
         path = tmp_path / "mutant.duckdb"
         truth = _build(path)
-    elif where.startswith("dashboard."):  # the pages' `data` with the mutant's functions in it
+    elif where.startswith("tailtrace.dashboard."):  # the pages' `data` with the mutant's functions in it
         mutant = _mutant(where, old, new)
         mods["tailtrace.dashboard.data"] = types.SimpleNamespace(**{
             **vars(mods["tailtrace.dashboard.data"]), **{k: v for k, v in vars(mutant).items() if not k.startswith("__")}})
@@ -342,6 +342,6 @@ def test_each_wrong_definition_breaks_the_agreement(built, tmp_path, monkeypatch
                             mods["tailtrace.collector.export.prometheus"], monkeypatch)
     assert errors, f"the mutation '{what}' went unnoticed"
     if what in PAGE_MUTATIONS:
-        if where.startswith("dashboard."):
+        if where.startswith("tailtrace.dashboard."):
             _into_pages(monkeypatch, where, mutant)
         assert _page_disagreements(path, truth, monkeypatch), f"the mutation '{what}' went unnoticed by the pages"

@@ -20,15 +20,18 @@ LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 def _copy(tmp: Path) -> Path:
     """The packages' Python files and pyproject.toml, copied under `tmp` (nothing else is needed)."""
     for pkg in PACKAGES:
-        shutil.copytree(ROOT / pkg, tmp / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.txt", "*.json"))
+        shutil.copytree(ROOT / pkg, tmp / pkg, symlinks=True,  # tailtrace/<part> stays a link to ../<part>
+                        ignore=shutil.ignore_patterns("__pycache__", "*.txt", "*.json"))
     shutil.copy(ROOT / "pyproject.toml", tmp / "pyproject.toml")
     return tmp
 
 
 def _lint(tree: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"], check=False, cwd=tree,
-                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"], check=False, cwd=tree,
+                          env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}, capture_output=True,
+                          text=True, timeout=300)
+    done.stdout = " ".join(done.stdout.split())  # rich wraps long lines at the terminal's width
+    return done
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +48,26 @@ def test_the_floors_hold_and_an_upward_import_breaks_them(tree):
     assert "2 kept, 0 broken" in ok.stdout
     # the catalog at the bottom importing the dashboard at the top: the floors contract must fail on it
     probe = tree / "semantics" / "_upward_probe.py"
-    probe.write_text("from dashboard import data  # an upward import\n")
+    probe.write_text("from tailtrace.dashboard import data  # an upward import\n")
     try:
         bad = _lint(tree)
     finally:
         probe.unlink()
     assert bad.returncode != 0
     assert "floors: imports only look down BROKEN" in bad.stdout, bad.stdout[-2000:]
-    assert "semantics._upward_probe -> dashboard" in bad.stdout, bad.stdout[-2000:]
+    assert "tailtrace.semantics._upward_probe -> tailtrace.dashboard" in bad.stdout, bad.stdout[-2000:]
 
 
 @pytest.mark.integration
 def test_a_sideways_import_inside_the_collector_breaks_its_contract(tree):
     probe = tree / "collector" / "store" / "_sideways_probe.py"
-    probe.write_text("from collector.processor import otlp_arrow  # the store looking up at the processor\n")
+    probe.write_text("from tailtrace.collector.processor import otlp_arrow  # the store looking up at the processor\n")
     try:
         bad = _lint(tree)
     finally:
         probe.unlink()
     assert bad.returncode != 0 and "collector: its rooms only look down" in bad.stdout
-    assert "collector.store._sideways_probe -> collector.processor.otlp_arrow" in bad.stdout, bad.stdout[-2000:]
+    assert "tailtrace.collector.store._sideways_probe -> tailtrace.collector.processor.otlp_arrow" in bad.stdout, bad.stdout[-2000:]
 
 
 def test_no_module_is_in_an_import_circle():

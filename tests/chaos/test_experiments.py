@@ -99,8 +99,16 @@ def test_admission_queue_is_the_time_the_requests_ahead_held_the_slot(vllm_serve
         print("  ", *(None if p[k] is None else round(p[k], 1) for k in
                      ("expected_ms", "client_expected_ms", "gateway_queue_ms", "error_ms", "network_in_ms", "gateway_ms")))
     assert len(per) == 11 and all(p["gateway_queue_ms"] is not None for p in per), per
-    # it did queue: the k-th request waited about k slot holds, each > 10 ms on this model
-    assert res.injected_ms > 40 and per[-1]["expected_ms"] > 4 * per[0]["expected_ms"] > 0, per
+    # it did queue, by as much as the run's own control says a slot is held (not a fixed number of ms: a
+    # faster box holds the slot less, and CI once read 32.1 ms against a fixed bound of 40). With one slot,
+    # FIFO, request k of the burst waits about k (hold - spacing); the median queued one (k = 6 of 11)
+    # about 6 (hold - spacing). The control's hold is its engine time (frontend, queue, prefill, decode:
+    # less than the slot's hold, which adds the gateway's way out), so the prediction is a floor
+    hold = vllm_collector.sql("SELECT median(coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + prefill_ms + "
+                              "decode_ms) FROM requests WHERE run_id = ? AND ok", [res.details["run_ids"]["control"]])[0][0]
+    floor = 6 * (hold - res.details["burst_spacing_ms"])
+    print(f"control engine hold {hold:.1f} ms, queue floor {floor:.1f} ms, injected {res.injected_ms:.1f} ms")
+    assert res.injected_ms > 0.5 * max(floor, 0.0) and per[-1]["expected_ms"] > 4 * per[0]["expected_ms"] > 0, (floor, per)
     # request by request: most within max(2 ms, 5%) plus what the two observers of the truth (the
     # edge proxy and the client process) disagree on for that request: that disagreement is how
     # late one of them was scheduled, so how uncertain the truth itself was. One may be off by a

@@ -33,6 +33,7 @@ from tailtrace.instrument.gateway.ladder import DEFER, OUTPUT, SHED, Ladder, Tra
 from tailtrace.instrument.gateway.limits import cap_output
 from tailtrace.instrument.gateway.meter import EngineMeter
 from tailtrace.semantics.catalog import STATUS_REJECTED
+from tailtrace.semantics.queue_order import expected_work
 from tailtrace.semantics.slo import parse_slo
 from tailtrace.semantics.ttft_predict import drain_s, predict_ttft_s, retry_after_s
 
@@ -152,8 +153,8 @@ class GatewayControl:
             return None
         asked = _max_tokens(body)
         p50 = self.meter.output_p50()
-        expected = asked if asked is not None else p50  # never 0: unknown is +inf (behind the known)
-        work = prompt_tokens + (expected if expected is not None else math.inf)
+        expected = asked if asked is not None else p50
+        work = expected_work(prompt_tokens, asked, p50)  # the one SJF rule (semantics/queue_order.py)
         plan = Plan(priority, prompt_tokens, asked, work)
         self._probe_tokens = prompt_tokens if self._probe_tokens is None else \
             self._probe_tokens + 0.05 * (prompt_tokens - self._probe_tokens)

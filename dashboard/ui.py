@@ -365,7 +365,7 @@ def build_context() -> Context | None:
     models = sb.multiselect("Model", info["models"], key="tt_models", placeholder="all models",
                             default=[linked_model] if linked_model in info["models"] else None)
     services = sb.multiselect("Service", info["services"], key="tt_services", placeholder="all services",
-                              help="The vLLM server (service.name) that served the request.")
+                              help="The engine server (service.name) that served the request.")
     prios = sb.multiselect("Priority class", info["priorities"], key="tt_prios", placeholder="all classes")
     side_src = BudgetedSource(cached, side_s)
     # a secondary figure, within the side budget: without it (a timeout, a failure) no replica filter

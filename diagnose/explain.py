@@ -18,9 +18,10 @@ from tailtrace.diagnose.objectives import Verdict, evaluate
 from tailtrace.diagnose.report import DOMINANT_MIN_SHARE, Report
 from tailtrace.diagnose.runs import RunScope, resolve_runs
 from tailtrace.diagnose.source import Query, Scope, sql_time
-from tailtrace.diagnose.tail import phase_split, resolve_window, tail_set
+from tailtrace.diagnose.tail import phase_split, resolve_window, scope_engines, tail_set
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.catalog import ENGINE_STATS_OFF_WHY, FAILED_POPULATION, LAYER_NONE, LAYERS
+from tailtrace.semantics.engines import ENGINE_VLLM, engine_words
 from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
 
 __all__ = ["capacity_line", "explain"]
@@ -172,8 +173,11 @@ def _explain_metric(query: Query, scope: Scope, since, until, runs: RunScope, de
         top.dominant = (max(top.share, top.score or 0.0) >= DOMINANT_MIN_SHARE
                         and top.confidence in ("high", "medium"))
     if deployment.vllm is None and has_engine:
-        notes.append("the engine's configuration is not recorded in the store (a plugin before it, or vLLM's own "
-                     "spans): the actions' current values are unknown ('?')")
+        others = [e for e in scope_engines(query, ts.where, ts.params) if e != ENGINE_VLLM]
+        notes.append("the engine's configuration is not recorded in the store ("
+                     + (f"{engine_words(others)}'s own spans do not carry it" if others
+                        else "a plugin before it, or vLLM's own spans")
+                     + "): the actions' current values are unknown ('?')")
     return Report(scope_d, ts, phases, _layers(phases), findings,
                   capacity_mod.capacity(query, ts, since, until, store_window), notes, trace, deployment=deployment.to_dict())
 

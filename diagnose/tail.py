@@ -36,8 +36,18 @@ from tailtrace.semantics.catalog import (
     reference_profile,
     ttft_phases,
 )
+from tailtrace.semantics.engines import for_engines
 
-__all__ = ["MetricPhase", "metric_phases", "not_measured_why", "phase_split", "resolve_window", "tail_set"]
+__all__ = [
+    "MetricPhase",
+    "engines_of",
+    "metric_phases",
+    "not_measured_why",
+    "phase_split",
+    "resolve_window",
+    "scope_engines",
+    "tail_set",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +63,20 @@ class MetricPhase:
     raw: str | None = None
 
 
+
+
+def scope_engines(query: Query, where: str, params) -> tuple[str, ...]:
+    """The engines (semantics.engines ENGINE_* names, via semantics.catalog.SOURCES) whose telemetry
+    filled the `requests` rows matching `where` (a WHERE clause with `params`); () when none (no
+    engine spans: only the client's and the gateway's). Surfaces say a vLLM-worded label of these
+    engines (semantics.engines.for_engines)."""
+    return engines_of(r[0] for r in query(f"SELECT DISTINCT source FROM requests WHERE {where}", list(params)))
+
+
+def engines_of(sources) -> tuple[str, ...]:
+    """The engines whose telemetry the `requests.source` values `sources` are (None, unknown: none)."""
+    by_key = {s.key: s.engine for s in SOURCES}
+    return tuple(sorted({by_key[k] for k in sources if k in by_key}))
 
 
 def not_measured_why(column: str, engine_why: str | None = None, sources: tuple = ()) -> str:
@@ -180,14 +204,14 @@ FROM pop, q"""
         WHERE {ts.tail_where} GROUP BY 1""", [*ref.values(), *ref.values(), *ts.tail_params])
     holds = {int(i): int(k) for i, k in most if i is not None}
     # the engines whose own tracing filled the rows: a phase an engine does not emit says so
-    sources = () if all(measured) else tuple(r[0] for r in query(
-        f"SELECT DISTINCT source FROM requests WHERE {ts.where}", list(ts.params)))
+    sources = tuple(r[0] for r in query(f"SELECT DISTINCT source FROM requests WHERE {ts.where}", list(ts.params)))
+    engines = engines_of(sources)  # a label worded for vLLM names these
     out = []
     for i, (p, s, m) in enumerate(zip(phases, tail_c, measured), start=1):
         if p.column == INFERENCE.column and not m:
             continue  # no engine of the scope times prefill and decode as one: no such phase (0 in every sum)
         ex = float(s or 0.0) - ts.n_tail * ref[p.column]
-        out.append(PhaseShare(p.column, p.label, p.layer.key, ref[p.column],
+        out.append(PhaseShare(p.column, for_engines(p.label, engines), p.layer.key, ref[p.column],
                               float(s or 0.0) / ts.n_tail if ts.n_tail else 0.0, ex,
                               ex / ts.excess_ms if ts.excess_ms else 0.0, holds.get(i, 0), bool(m),
                               None if m else not_measured_why(p.raw or p.column, engine_why, sources)))

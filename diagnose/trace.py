@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tailtrace.diagnose.report import Evidence, TailSet, TraceReport
 from tailtrace.diagnose.source import Query, iso
-from tailtrace.diagnose.tail import metric_phases
+from tailtrace.diagnose.tail import engines_of, metric_phases
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.catalog import (
     INFERENCE,
@@ -17,6 +17,7 @@ from tailtrace.semantics.catalog import (
     phase_by_column,
     waterfall_phases,
 )
+from tailtrace.semantics.engines import for_engines
 
 __all__ = ["WATERFALL", "explain_trace"]
 
@@ -57,6 +58,8 @@ def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float
                         "\"SELECT trace_id FROM requests\"` show them")
     r = dict(zip([*_COLS, "arrival_us", "completion_us", INFERENCE.column], rows[0]))
     evidence = [Evidence("the request's row", {k: r[k] for k in _COLS if k != "trace_id"}, sql, [tid, trace_id])]
+    # the engine whose telemetry the row is: a label worded for vLLM names it (semantics.engines)
+    engines = engines_of(x[0] for x in query("SELECT source FROM requests WHERE trace_id = ?", [r["trace_id"]]))
     phases, at = [], 0.0
     for col, label, layer in _BARS:
         v = r.get(col)
@@ -64,7 +67,7 @@ def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float
             v = r.get("network_ms")  # an older gateway: one network figure
         if v is None:
             continue
-        phases.append({"column": col, "label": label, "layer": layer.key, "start_ms": at, "ms": float(v)})
+        phases.append({"column": col, "label": for_engines(label, engines), "layer": layer.key, "start_ms": at, "ms": float(v)})
         at += max(0.0, float(v))
     steps, sev = _steps(query, r)
     evidence.append(sev)
@@ -73,7 +76,7 @@ def explain_trace(query: Query, trace_id: str, ts: TailSet, ref: dict[str, float
     evidence.append(Evidence("the scope's median prompt and output tokens", {"median_prompt": med_in,
                                                                              "median_output": med_out},
                              med_sql, list(ts.params)))
-    cause = _cause(r, steps, ref, med_in, med_out)
+    cause = _cause(r, steps, ref, med_in, med_out, engines)
     request = {k: r[k] for k in _COLS}
     request["arrival_time"], request["completion_time"] = iso(r["arrival_us"]), iso(r["completion_us"])
     return TraceReport(r["trace_id"], request, phases, steps, cause, evidence)
@@ -96,7 +99,7 @@ FROM decode_steps WHERE trace_id = ? AND time >= make_timestamp(?) - INTERVAL 1 
                        "step), ITL with and without prefill in the batch (ms)", d, sql, params)
 
 
-def _cause(r: dict, steps: dict, ref: dict[str, float], med_in, med_out) -> dict:
+def _cause(r: dict, steps: dict, ref: dict[str, float], med_in, med_out, engines=()) -> dict:
     """The phase holding the request (semantics.catalog.TAIL_RULE: its largest excess over the
     median's profile), and why."""
     profile = {p.column: ref.get(p.column, 0.0) for p in metric_phases("e2e")}
@@ -104,7 +107,8 @@ def _cause(r: dict, steps: dict, ref: dict[str, float], med_in, med_out) -> dict
     ex = {c: float(r.get(c) or 0.0) - v for c, v in profile.items()}
     total = float(r.get("outer_e2e_ms") or 0.0) - sum(ref.values())
     prompt, out = float(r.get("prompt_tokens") or 0), float(r.get("output_tokens") or 0)
-    layer, cause, why = phase_by_column(col).layer, col, f"{phase_by_column(col).label} holds most of its excess"
+    layer, cause, why = (phase_by_column(col).layer, col,
+                         f"{for_engines(phase_by_column(col).label, engines)} holds most of its excess")
     if col == "prefill_ms" and med_in and prompt > 4 * float(med_in):
         layer, cause, why = LAYER_SHAPE, "request_shape", f"a long prompt: {prompt:.0f} tokens (median {float(med_in):.0f})"
     elif col == "decode_ms":
@@ -119,7 +123,7 @@ def _cause(r: dict, steps: dict, ref: dict[str, float], med_in, med_out) -> dict
         else:
             layer, cause, why = LAYER_COMPUTE, "compute_slowdown", "its decode steps were slow for their batch"
     elif col == "queue_ms":
-        cause, why = "engine_queue", "it waited in vLLM's scheduler queue"
+        cause, why = "engine_queue", for_engines("it waited in vLLM's scheduler queue", engines)
     elif col == "preempted_ms":
         cause, why = "preemption", f"preempted {r.get('preemptions') or 0} time(s) (KV-cache pressure)"
     elif col == "gateway_queue_ms":

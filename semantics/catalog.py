@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.engines import ENGINE_SGLANG, ENGINE_TGI, ENGINE_TRTLLM, ENGINE_VLLM
 
 __all__ = [
     "CLIENT_LEFT_STATUSES",
@@ -337,7 +338,7 @@ class Source:
     e2e: str
     ttft: str
     null_columns: tuple[str, ...]
-    engine: str = "vLLM"  # the engine whose telemetry it is: "not measured (engine X does not emit it)"
+    engine: str = ENGINE_VLLM  # the engine whose telemetry it is: "not measured (engine X does not emit it)"
 
 
 SOURCE_PLUGIN = Source(
@@ -364,19 +365,19 @@ SOURCE_SGLANG = Source(
     ttft="SGLang's `gen_ai.latency.time_to_first_token`: from that receipt to the first output token",
     # prefill is its queue-inclusive prefill less the prefill_waiting slice; the time a retracted request
     # waits again is inside its decode (SGLang has no slice for it)
-    null_columns=("preempted_ms",), engine="SGLang")
+    null_columns=("preempted_ms",), engine=ENGINE_SGLANG)
 SOURCE_TRTLLM = Source(
     "trtllm-native", "TensorRT-LLM's own tracing (trtllm-serve --otlp_traces_endpoint)",
     e2e="TensorRT-LLM's `gen_ai.latency.e2e` on its llm_request span", ttft="its `gen_ai.latency.time_to_first_token`",
     null_columns=("frontend_ms", "prefill_ms", "decode_ms", "preempted_ms", "preemptions", "cached_tokens"),
-    engine="TensorRT-LLM")
+    engine=ENGINE_TRTLLM)
 SOURCE_TGI = Source(
     "tgi-native", "TGI's own tracing (text-generation-launcher --otlp-endpoint)",
     e2e="TGI's `total_time` on the router's request span (a Rust Duration string)",
     ttft="not emitted by TGI (its span has no first-token time)",
     # inference_time is prefill + decode unsplit: service_time_ms, never prefill_ms or decode_ms
     null_columns=("prefill_ms", "decode_ms", "preempted_ms", "preemptions", "cached_tokens", "finish_reason",
-                  "ttft_ms", "prompt_tokens", "output_tokens", "tpot_ms"), engine="TGI")
+                  "ttft_ms", "prompt_tokens", "output_tokens", "tpot_ms"), engine=ENGINE_TGI)
 SOURCES: tuple[Source, ...] = (SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, SOURCE_SGLANG, SOURCE_TRTLLM, SOURCE_TGI)
 
 

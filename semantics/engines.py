@@ -1,5 +1,6 @@
 """What other serving engines' own telemetry looks like, as tailtrace reads it: span names, attribute
-keys, phases the collector gives their spans, and their Prometheus namespaces. Data only.
+keys, phases the collector gives their spans, their Prometheus namespaces, and the engines' names every
+surface says (ENGINE_*; `for_engines` words a vLLM-worded label for a scope's engines).
 
 Read in each engine's source (docs/engines.md cites file and commit):
 - SGLang (sgl-project/sglang, PyPI sglang 0.5.23: `srt/observability/trace.py`, `req_time_stats.py`):
@@ -22,6 +23,10 @@ Read in each engine's source (docs/engines.md cites file and commit):
 from __future__ import annotations
 
 __all__ = [
+    "ENGINE_SGLANG",
+    "ENGINE_TGI",
+    "ENGINE_TRTLLM",
+    "ENGINE_VLLM",
     "NATIVE_FRONTEND_PHASES",
     "NATIVE_INFERENCE_PHASES",
     "NATIVE_QUEUE_PHASES",
@@ -52,7 +57,31 @@ __all__ = [
     "TGI_REQUEST_SPANS",
     "TGI_SERVICE_PREFIX",
     "TRTLLM_SCOPE",
+    "engine_words",
+    "for_engines",
 ]
+
+# ---------------------------------------------------------------- the engines' names (every surface's)
+ENGINE_VLLM = "vLLM"
+ENGINE_SGLANG = "SGLang"
+ENGINE_TRTLLM = "TensorRT-LLM"
+ENGINE_TGI = "TGI"
+_ORDER = (ENGINE_VLLM, ENGINE_SGLANG, ENGINE_TRTLLM, ENGINE_TGI)
+
+
+def engine_words(engines) -> str:
+    """The engines of a scope as one name: "vLLM", "SGLang/TGI" (several, in _ORDER), "" (none known).
+    `engines`: engine names (ENGINE_*; duplicates and None ignored)."""
+    names = {e for e in engines if e}
+    return "/".join(sorted(names, key=lambda e: (_ORDER.index(e) if e in _ORDER else len(_ORDER), e)))
+
+
+def for_engines(text: str, engines) -> str:
+    """`text` (a label or sentence written for vLLM, tailtrace's own stack: "vLLM frontend", "vLLM's
+    scheduler") said of the scope's `engines` instead: "SGLang frontend", "TGI's scheduler",
+    "vLLM/SGLang frontend" for a mixed fleet. Unchanged when no engine is known (no engine spans)."""
+    words = engine_words(engines)
+    return text.replace(ENGINE_VLLM, words) if words else text
 
 # ---------------------------------------------------------------- SGLang
 SGLANG_SCOPE = "sglang server"           # trace.py: trace.get_tracer("sglang server")

@@ -55,7 +55,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "output:N, defer-batch, shed), driven by the TTFT predicted against --slo", unset="no ladder"),
     Knob("queue_order", "gateway", "--queue-order",
          "order within each admission queue: fifo, or sjf (least prompt + output tokens first, aged by --max-wait)"),
-    Knob("replicas", "deployment", "more vLLM replicas behind the gateway (--upstream URL ...)",
+    Knob("replicas", "deployment", "more engine replicas behind the gateway (--upstream URL ...)",
          "engines serving the traffic"),
     Knob("drain_upstream", "gateway", "remove the upstream from --upstream (or fix it)",
          "take one replica out of rotation"),

@@ -16,7 +16,9 @@ from tailtrace.diagnose.detectors.context import prefill_tok_per_s as _prefill_r
 from tailtrace.diagnose.detectors.context import replicas as _replicas
 from tailtrace.diagnose.detectors.context import target_ms as _target
 from tailtrace.diagnose.report import Evidence, Finding
+from tailtrace.diagnose.tail import scope_engines
 from tailtrace.semantics.catalog import LAYER_SCHEDULING
+from tailtrace.semantics.engines import for_engines
 
 # Arrivals in the seconds before a tail request (each of these windows; the one with the highest
 # rate speaks) against the throughput sustained over the scope.
@@ -118,8 +120,9 @@ FROM w"""
                                    actions=_saturated_actions(ctx, int(_f(srow["cap"])))))
     if not out and ctx.share(ex) >= 0.1:
         out.append(ctx.finding(LAYER_SCHEDULING, "engine_queue", "the engine queue",
-                               f"the tail queued {ex / ts.n_tail:.1f} ms more than the median in vLLM's scheduler, "
-                               "with neither a burst nor a saturated batch ahead of it",
+                               for_engines(f"the tail queued {ex / ts.n_tail:.1f} ms more than the median in "
+                                           "vLLM's scheduler, with neither a burst nor a saturated batch ahead of it",
+                                           scope_engines(ctx.query, ts.where, ts.params)),
                                ex, "low", [qev, bev], examples, "queue_ms",
                                actions=_saturated_actions(ctx, None, "engine_queue")))
     return out

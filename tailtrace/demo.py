@@ -126,11 +126,13 @@ def run_demo(cfg: DemoConfig, console=None) -> dict:
         if not cfg.dashboard:
             console.print(f"see it:    .venv/bin/tailtrace dashboard --db {db} --host {cfg.host} --port "
                           f"{cfg.dashboard_port}   (then http://{cfg.host}:{cfg.dashboard_port})", soft_wrap=True)
-        from tailtrace.tune_cmd import demo_tune  # ends with the tuned configuration (search only: seconds)
-
-        report["tune"] = demo_tune(stack.api_url, result["run_id"], cfg.slo, db, diagnosis, console)
     finally:
         stack.stop()
+    # ends with the tuned configuration (search only: seconds), from the file the stopped collector let go
+    # of: its API caps an answer at 10,000 rows, fewer than a long run's engine steps
+    from tailtrace.tune_cmd import demo_tune
+
+    report["tune"] = demo_tune(db, result["run_id"], cfg.slo, diagnosis, console)
     if cfg.dashboard:
         _serve_dashboard(cfg, db, console)
     return {"db": db, "run_id": result["run_id"], "requests": report["complete"][0], "replay": result, "report": report}

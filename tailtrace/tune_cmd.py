@@ -148,17 +148,22 @@ def _confirm_cmd(args, doc: dict) -> str | None:
     return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 1200"
 
 
-def demo_tune(api: str, run_id: str, slo: str | None, db, diagnosis, console) -> dict | None:
-    """Print the demo report's last lines (`tune_brief` over the running collector's API `api`, guided by
-    `diagnosis`, the demo's explain Report or None) with the command that confirms the winner on the
-    store `db`. Returns the search document (None when it could not run)."""
+def demo_tune(db, run_id: str, slo: str | None, diagnosis, console, *, max_configs: int = 120,
+              replicates: int = 19) -> dict | None:
+    """Print the demo report's last lines: `tune_brief` over the DuckDB store file `db` (read after the
+    demo's collector has stopped and let go of it: the whole run, where the collector's `/api/sql`
+    caps an answer at 10,000 rows and a long run's engine steps and requests are more), guided by
+    `diagnosis` (the demo's explain Report or None), with the command that confirms the winner on
+    `db`. Returns the search document (None when it could not run: one line says why, e.g. the file
+    still held by a collector)."""
     from rich.markup import escape
 
-    from tailtrace.collector.query.reader import api_query
+    from tailtrace.collector.query.reader import db_query
 
-    confirm = f".venv/bin/tailtrace tune --db {db} --run-id {run_id} --confirm --budget 1200"
-    lines, doc = tune_brief(lambda: (api_query(api), lambda: None), lambda rid: f"store:#{rid}", api, run_id, slo,
-                            diagnosis.to_dict() if diagnosis is not None else None, confirm, api=api)
+    confirm = f".venv/bin/tailtrace tune --db {db} --run-id {run_id}" + (f" --slo {slo}" if slo else "")
+    lines, doc = tune_brief(lambda: db_query(db), lambda rid: f"store:{db}#{rid}", f"duckdb:///{db}", run_id, slo,
+                            diagnosis.to_dict() if diagnosis is not None else None,
+                            confirm + " --confirm --budget 1200", max_configs=max_configs, replicates=replicates)
     console.print()
     for line in lines:
         console.print(escape(line), soft_wrap=True)

@@ -3,7 +3,8 @@
 `tailtrace collect --scrape URL` stores an engine's `/metrics` in `metric_points`, its `source` the
 engine (collector/scrape: `vllm:`, `sglang:`, `trtllm_`, `tgi_` namespaces). This module reads the few
 series that have a counterpart in `requests` — preemptions (SGLang: retractions), queue time, finished
-requests, vLLM's admission rejections by reason — and `crosscheck` holds tailtrace's counts to them.
+requests, E2E and TTFT, vLLM's admission rejections by reason — and `crosscheck` holds tailtrace's counts
+to them.
 A counter over a window is its last value minus its last value before the window (0 when the window
 holds the engine's first scrape: counted since the engine started). Gauges (batch size, waiting by
 reason) are their last value. Surfaces: the dashboard's Engine page, tests/diagnose/test_engine_metrics.py.
@@ -18,18 +19,34 @@ from tailtrace.semantics.catalog import SOURCE_SGLANG, SOURCE_TGI, SOURCE_TRTLLM
 
 __all__ = ["COUNTERS", "GAUGES", "Check", "counter", "crosscheck", "gauge_last"]
 
-# quantity -> {metric_points.source: metric names (the engine's exposed names; Dynamo's `trtllm:` too)}
+# quantity -> {metric_points.source: metric names (the engine's exposed names; Dynamo's `trtllm:` too, and
+# trtllm-serve's unprefixed ones as published: semantics.engines.TRTLLM_UNPREFIXED)}
 COUNTERS: dict[str, dict[str, tuple[str, ...]]] = {
     "preemptions": {"vllm": ("vllm:num_preemptions_total",), "sglang": ("sglang:num_retracted_requests_total",)},
     "queue_count": {"vllm": ("vllm:request_queue_time_seconds_count",), "sglang": ("sglang:queue_time_seconds_count",),
-                    "trtllm": ("trtllm_request_queue_time_seconds_count", "trtllm:request_queue_time_seconds_count"),
+                    "trtllm": ("trtllm_request_queue_time_seconds_count", "trtllm:request_queue_time_seconds_count",
+                               "request_queue_time_seconds_count"),
                     "tgi": ("tgi_request_queue_duration_count",)},
     "queue_sum_s": {"vllm": ("vllm:request_queue_time_seconds_sum",), "sglang": ("sglang:queue_time_seconds_sum",),
-                    "trtllm": ("trtllm_request_queue_time_seconds_sum", "trtllm:request_queue_time_seconds_sum"),
+                    "trtllm": ("trtllm_request_queue_time_seconds_sum", "trtllm:request_queue_time_seconds_sum",
+                               "request_queue_time_seconds_sum"),
                     "tgi": ("tgi_request_queue_duration_sum",)},
     "finished": {"vllm": ("vllm:request_success_total",),
-                 "trtllm": ("trtllm_request_success_total", "trtllm:request_success_total"),
+                 "trtllm": ("trtllm_request_success_total", "trtllm:request_success_total", "request_success_total"),
                  "tgi": ("tgi_request_success",)},
+    # the engine's own E2E and TTFT histograms (count; E2E's sum in s): the same quantity as the E2E
+    # and TTFT its spans carry, for an engine's own tracing (not the vLLM plugin's, which starts earlier)
+    "e2e_count": {"vllm": ("vllm:e2e_request_latency_seconds_count",),
+                  "sglang": ("sglang:e2e_request_latency_seconds_count",),
+                  "trtllm": ("trtllm_e2e_request_latency_seconds_count", "e2e_request_latency_seconds_count"),
+                  "tgi": ("tgi_request_duration_count",)},
+    "e2e_sum_s": {"vllm": ("vllm:e2e_request_latency_seconds_sum",),
+                  "sglang": ("sglang:e2e_request_latency_seconds_sum",),
+                  "trtllm": ("trtllm_e2e_request_latency_seconds_sum", "e2e_request_latency_seconds_sum"),
+                  "tgi": ("tgi_request_duration_sum",)},
+    "ttft_count": {"vllm": ("vllm:time_to_first_token_seconds_count",),
+                   "sglang": ("sglang:time_to_first_token_seconds_count",),
+                   "trtllm": ("trtllm_time_to_first_token_seconds_count", "time_to_first_token_seconds_count")},
     # vLLM's frontend admission (--max-num-queued-reqs/-tokens), by `reason`
     "admission_rejections": {"vllm": ("vllm:admission_rejections_total",)},
     # the number of times each finished request was preempted, summed (a histogram's _sum)
@@ -100,7 +117,8 @@ def crosscheck(query: Query, request_source: str, since: str, until: str) -> lis
     """tailtrace's counts over the `requests` rows of `request_source` (requests.source) arriving in
     [since, until] held to the same engine's counters over that window, for each count both have:
     preemptions (SGLang's retractions), requests with a measured queue and their queue time, finished
-    requests, vLLM's admission rejections per reason. [] when the store holds none of its counters."""
+    requests, for an engine's own tracing its E2E (count, and sum within 1 ms per request) and TTFT
+    (count), vLLM's admission rejections per reason. [] when the store holds none of its counters."""
     src = _ENGINE_OF.get(request_source)
     if src is None:
         return []
@@ -113,6 +131,17 @@ def crosscheck(query: Query, request_source: str, since: str, until: str) -> lis
         theirs = counter(query, src, what, since, until).get(None)
         if theirs is not None:
             out.append(Check(what, theirs, float(mine), abs(theirs - float(mine)) <= tol))
+    if request_source != "plugin":  # the plugin's E2E and TTFT start before the engine's histograms do
+        n_e2e, s_e2e, n_ttft = query(f"""SELECT count(e2e_ms), coalesce(sum(e2e_ms), 0), count(ttft_ms)
+            FROM requests WHERE {where}""", [request_source, since, until])[0]
+        for what, mine in (("e2e_count", n_e2e), ("ttft_count", n_ttft)):
+            theirs = counter(query, src, what, since, until).get(None)
+            if theirs is not None:
+                out.append(Check(what, theirs, float(mine), theirs == float(mine)))
+        theirs = counter(query, src, "e2e_sum_s", since, until).get(None)
+        if theirs is not None:
+            out.append(Check("e2e_sum_s", theirs, float(s_e2e) / 1000,
+                             abs(theirs - float(s_e2e) / 1000) <= 1e-3 * max(n_e2e, 1)))
     theirs = counter(query, src, "queue_sum_s", since, until).get(None)
     if theirs is not None:
         out.append(Check("queue_sum_s", theirs, float(sq) / 1000, abs(theirs - float(sq) / 1000) <= 1e-3 * max(nq, 1)))

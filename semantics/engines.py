@@ -57,6 +57,8 @@ __all__ = [
     "TGI_REQUEST_SPANS",
     "TGI_SERVICE_PREFIX",
     "TRTLLM_SCOPE",
+    "TRTLLM_UNPREFIXED",
+    "TRTLLM_UNPREFIXED_LABEL",
     "engine_words",
     "for_engines",
 ]
@@ -139,3 +141,11 @@ NATIVE_TOTAL_PHASES = (*NATIVE_FRONTEND_PHASES, *NATIVE_QUEUE_PHASES, *NATIVE_IN
 # metric-name prefix -> the `source` of its metric_points rows (collector/scrape: kind "auto")
 PROM_NAMESPACES = (("vllm:", "vllm"), ("sglang:", "sglang"), ("trtllm_", "trtllm"), ("trtllm:", "trtllm"),
                    ("tgi_", "tgi"))
+# trtllm-serve's request metrics as published without a namespace: its MetricsCollector before the
+# `trtllm_` prefix (tensorrt_llm/metrics/collector.py; the prefix is there @ 050f80def8df) exposed these
+# families bare, labelled engine_type/model_name (real /metrics text: NVIDIA/TensorRT-LLM PR #5785,
+# vllm-project/aibrix issues #2004 and #2008, 2026-03; tests/collector/engine_fixtures/published/).
+# A family of these names with an `engine_type` label is TensorRT-LLM's (collector/scrape, kind auto).
+TRTLLM_UNPREFIXED = ("request_success", "e2e_request_latency_seconds", "time_to_first_token_seconds",
+                     "time_per_output_token_seconds", "request_queue_time_seconds")
+TRTLLM_UNPREFIXED_LABEL = "engine_type"

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from tailtrace.semantics.engines import PROM_NAMESPACES
+from tailtrace.semantics.engines import PROM_NAMESPACES, TRTLLM_UNPREFIXED, TRTLLM_UNPREFIXED_LABEL
 from tailtrace.semantics.throttle import throttle_reasons_label
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "dcgm_device_rows",
     "detect_kind",
     "is_dcgm_blank",
+    "is_trtllm_unprefixed",
     "parse_exposition",
 ]
 
@@ -83,6 +84,21 @@ def detect_kind(names) -> str:
     return kind
 
 
+_SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
+
+
+def is_trtllm_unprefixed(families) -> bool:
+    """Whether prometheus-client `families` hold trtllm-serve's request metrics as it published them
+    without a namespace (semantics.engines.TRTLLM_UNPREFIXED: `e2e_request_latency_seconds` ...,
+    labelled `engine_type`), which no namespace names."""
+    for fam in families:
+        for s in fam.samples:
+            base = next((s.name[: -len(x)] for x in _SUFFIXES if s.name.endswith(x)), s.name)
+            if (base in TRTLLM_UNPREFIXED or fam.name in TRTLLM_UNPREFIXED) and TRTLLM_UNPREFIXED_LABEL in s.labels:
+                return True
+    return False
+
+
 def parse_exposition(
     text: str,
     scrape_time_s: float,
@@ -107,6 +123,8 @@ def parse_exposition(
     families = list(text_string_to_metric_families(text))
     if kind == "auto":
         kind = detect_kind(f.name for f in families)
+        if kind == "prometheus" and is_trtllm_unprefixed(families):
+            kind = "trtllm"  # trtllm-serve before its `trtllm_` prefix (its published /metrics)
     declared_counters = set(_COUNTER_TYPE.findall(text))
     ex = re.compile("|".join(exclude)) if exclude else None
     scrape_dt = utc_naive(scrape_time_s)

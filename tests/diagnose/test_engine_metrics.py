@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tailtrace.collector.processor.enrich import scrape_sink, traces_to_batch
 from tailtrace.collector.scrape import Scraper, parse_target
@@ -85,8 +86,6 @@ def test_each_engines_metrics_land_in_its_own_namespace(store, served):
 def test_tailtraces_counts_from_spans_agree_with_each_engines_counters(store, served):
     for fixture in ("sglang-0.5.23.otlp.bin", "trtllm-1.x.otlp.bin", "tgi-3.x.otlp.bin"):
         for body in bodies(fixture):
-            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
             store.submit(traces_to_batch(ExportTraceServiceRequest.FromString(body))).result(30)
     for name in ("sglang-0.5.23.metrics.txt", "trtllm-1.x.metrics.txt", "tgi-3.x.metrics.txt"):
         _scrape(store, served, name)
@@ -106,6 +105,59 @@ def test_tailtraces_counts_from_spans_agree_with_each_engines_counters(store, se
     # TGI's "35.2min" was refused: NULL, never 0 — one queue fewer than the engine measured
     assert got["tgi-native"]["queue_count"] == (3.0, 2.0, False)
     assert "preemptions" not in got["trtllm-native"] and "preemptions" not in got["tgi-native"]
+    # E2E and TTFT: the engine's histograms hold the same requests' own E2E and TTFT its spans carry
+    assert got["trtllm-native"]["e2e_count"] == (3.0, 3.0, True) and got["trtllm-native"]["ttft_count"] == (3.0, 3.0, True)
+    assert got["trtllm-native"]["e2e_sum_s"][2] and got["trtllm-native"]["e2e_sum_s"][0] == pytest.approx(2.1416)
+    assert got["tgi-native"]["e2e_count"] == (3.0, 3.0, True) and "ttft_count" not in got["tgi-native"]
+    assert got["tgi-native"]["e2e_sum_s"][2] and got["tgi-native"]["e2e_sum_s"][1] == pytest.approx(1.9464074)
+
+
+# trtllm-serve's /prometheus/metrics as published (engine_fixtures/published/: NVIDIA/TensorRT-LLM PR #5785,
+# vllm-project/aibrix #2004 and #2008): its request metrics without the `trtllm_` prefix. Before, kind auto
+# filed them under `prometheus` and no TensorRT-LLM counter read them.
+PUB = FIX / "published"
+
+
+@pytest.mark.parametrize(("name", "quantity", "value"), [
+    ("trtllm-aibrix2004.metrics.txt", "e2e_sum_s", 3.4878239994868636),
+    ("trtllm-pr5785.metrics.txt", "ttft_count", 2.0),
+])
+def test_trtllm_serves_published_metrics_are_read_as_tensorrt_llms(store, served, name, quantity, value):
+    texts, base = served
+    texts[name] = (PUB / name).read_bytes()
+    st = Scraper([f"{base}/{name}"], scrape_sink(store))
+    parsed = st.scrape_once(parse_target(f"{base}/{name}"))   # kind auto
+    store.read_query("SELECT 1")
+    assert parsed.kind == "trtllm" and st.status()[0].kind == "trtllm"
+    assert counter(_query(store), "trtllm", quantity, *ALL) == {None: value}
+    # the names kept as exposed, the labels as published
+    names = {r[0]: r[1] for r in store.read_query(
+        "SELECT name, json_extract_string(labels, '$.engine_type') FROM metric_points WHERE source = 'trtllm' "
+        "AND name NOT IN ('up', 'scrape_duration_seconds', 'scrape_samples_scraped')")}
+    assert all(not n.startswith("trtllm") for n in names) and set(names.values()) == {"undefined"}
+
+
+def test_published_trtllm_text_is_held_to_spans_and_a_difference_said(store, served):
+    """The published E2E sum (another deployment's requests, aibrix #2004) beside the span fixture's
+    three requests: the check is made on the engine's published value and reads as disagreeing, never
+    as agreement (that deployment's spans are not here)."""
+    for body in bodies("trtllm-1.x.otlp.bin"):
+        store.submit(traces_to_batch(ExportTraceServiceRequest.FromString(body))).result(30)
+    texts, base = served
+    texts["pub"] = (PUB / "trtllm-aibrix2004.metrics.txt").read_bytes()
+    Scraper([f"{base}/pub"], scrape_sink(store)).scrape_once(parse_target(f"{base}/pub"))
+    store.read_query("SELECT 1")
+    got = {c.what: (c.engine, c.tailtrace, c.agree) for c in crosscheck(_query(store), "trtllm-native", *ALL)}
+    assert got["e2e_sum_s"] == (3.4878239994868636, pytest.approx(2.1416), False)
+    assert "e2e_count" not in got and "finished" not in got   # not in the published lines: no check
+
+
+def test_the_bare_names_without_trtllms_label_stay_unclaimed():
+    from tailtrace.collector.scrape.parse import parse_exposition
+
+    text = ("# TYPE request_queue_time_seconds histogram\nrequest_queue_time_seconds_count{app=\"x\"} 3\n"
+            "request_queue_time_seconds_sum{app=\"x\"} 0.5\n")
+    assert parse_exposition(text, 1_796_500_000.0).kind == "prometheus"
 
 
 # vLLM 0.32's names, labels and types (vllm/v1/metrics/loggers.py: vllm:admission_rejections{model_name,

@@ -40,6 +40,10 @@ SITE = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/sglvenv/lib/python3.11/s
 OUT = Path(__file__).with_name("sglang-0.5.23.otlp.bin")
 METRICS_OUT = Path(__file__).with_name("sglang-0.5.23.metrics.txt")
 BODIES: list[bytes] = []
+SGLANG_METRICS_HEADER = """# source: SGLANG'S OWN OUTPUT. prometheus_client's text of SGLang 0.5.23's own SchedulerMetricsCollector
+#   (PyPI sglang==0.5.23, sglang/srt/observability/metrics_collector.py) in the run that sent sglang-0.5.23.otlp.bin, driven by
+#   a stand-in scheduler (make_sglang.py): only these comment lines were added.
+"""
 
 
 class _Sink(http.server.BaseHTTPRequestHandler):
@@ -217,7 +221,7 @@ def main() -> None:
     print(f"{OUT}: {len(BODIES)} bodies, {sum(map(len, BODIES))} bytes")
     from prometheus_client import generate_latest
 
-    METRICS_OUT.write_bytes(generate_latest())
+    METRICS_OUT.write_bytes(SGLANG_METRICS_HEADER.encode() + generate_latest())
     print(f"{METRICS_OUT}: {METRICS_OUT.stat().st_size} bytes")
 
 

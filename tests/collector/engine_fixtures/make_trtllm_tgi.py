@@ -141,6 +141,23 @@ def tgi() -> None:
     _write(HERE / "tgi-3.x.otlp.bin", exp)
 
 
+# the fixtures' headers: what they are and why built (docs/engines.md)
+TRTLLM_METRICS_HEADER = """# source: BUILT FROM SOURCE, not an engine's output. trtllm-serve's /prometheus/metrics after the three
+#   requests of trtllm-1.x.otlp.bin: the families, help, labels and buckets its MetricsCollector declares
+#   (NVIDIA/TensorRT-LLM tensorrt_llm/metrics/collector.py @ 050f80def8df236e326949c8bd9dee10fd896a83,
+#   prefix "trtllm_"), written by prometheus_client as trtllm-serve writes them; the values are the span
+#   fixture's (make_trtllm_tgi.py). Why built: TensorRT-LLM needs a GPU, and no published /metrics text
+#   of the same run as the spans exists. Published real text (unprefixed names): published/trtllm-*.txt.
+"""
+TGI_METRICS_HEADER = """# source: BUILT FROM SOURCE, not an engine's output. TGI's /metrics after the three requests of
+#   tgi-3.x.otlp.bin: names, help, the 35 buckets 0.0001 x 1.5^k and counters without `_total` as
+#   router/src/server.rs configures metrics-exporter-prometheus (huggingface/text-generation-inference
+#   @ db931fcf42da018a3657580c64bf2720f167f9ab), written out by hand (make_trtllm_tgi.py). Why built: no
+#   published `curl /metrics` of TGI was found (its repository, docs and issue threads searched
+#   2026-12-06: the docs list the names only, issue #2184 shows an empty body) and TGI needs a GPU.
+"""
+
+
 def trtllm_metrics() -> None:
     """trtllm-serve's /prometheus/metrics after the three requests of trtllm(): the metrics its
     MetricsCollector declares (tensorrt_llm/metrics/collector.py @ 050f80def8df236e326949c8bd9dee10fd896a83:
@@ -174,7 +191,7 @@ def trtllm_metrics() -> None:
     running.labels(**labels).set(0)
     waiting.labels(**labels).set(0)
     kv.labels(**labels).set(0.125)
-    (HERE / "trtllm-1.x.metrics.txt").write_bytes(generate_latest(reg))
+    (HERE / "trtllm-1.x.metrics.txt").write_bytes(TRTLLM_METRICS_HEADER.encode() + generate_latest(reg))
 
 
 # TGI's /metrics after the three requests of tgi(). metrics-exporter-prometheus
@@ -213,7 +230,7 @@ def tgi_metrics() -> None:
         "tgi_batch_current_size 0"),
         "# HELP tgi_queue_size Current queue size\n# TYPE tgi_queue_size gauge\ntgi_queue_size 0",
     ]
-    (HERE / "tgi-3.x.metrics.txt").write_text("\n\n".join(parts) + "\n")
+    (HERE / "tgi-3.x.metrics.txt").write_text(TGI_METRICS_HEADER + "\n\n".join(parts) + "\n")
 
 
 if __name__ == "__main__":

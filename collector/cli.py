@@ -173,7 +173,7 @@ def _print(out: dict, fmt: str) -> None:
         import csv
         import json
 
-        w = csv.writer(sys.stdout)
+        w = csv.writer(sys.stdout, lineterminator="\n")  # "\r\n" would ride into a shell's $(...)
         w.writerow(cols)
         for r in rows:
             w.writerow(["" if v is None else (json.dumps(v) if isinstance(v, (list, dict)) else v) for v in r])

@@ -181,3 +181,29 @@ def check_ladder(slo: str | None, ladder: str | None, max_concurrency: int | Non
         if b is not None and (b.value or max_concurrency // 2) >= max_concurrency:
             raise UserError(f"{ladder_flag} {b.spec}: a batch step must lower {concurrency_flag} ({max_concurrency}); "
                             "give batch:N with N below it")
+
+
+# the gateway's look between arrivals (instrument/gateway/control.py `tick`), so that the ladder steps
+# back up, and releases what it held, on a quiet gateway; simulate ticks on the same clock
+TICK_S = 0.25
+
+
+def worst_ratio(objectives, margin: float, ttft_s: float | None, tpot_s: float | None,
+                output_tokens: float | None) -> float | None:
+    """The ladder's input: the worst over `objectives` (semantics.slo Objectives on ttft, tpot or
+    e2e) of predicted / (`margin` x bound), > 1 meaning over the margin; None when no objective could
+    be predicted. Predicted TTFT is `ttft_s` (semantics/ttft_predict.py), TPOT the recent median
+    `tpot_s`, E2E = TTFT + (output - 1) x TPOT with `output_tokens` (None or inf: E2E not
+    predicted). Seconds in, a ratio out."""
+    ratios = []
+    for o in objectives:
+        if o.metric == "ttft":
+            v = ttft_s
+        elif o.metric == "tpot":
+            v = tpot_s
+        else:  # e2e
+            v = None if ttft_s is None or tpot_s is None or output_tokens is None or not math.isfinite(output_tokens) \
+                else ttft_s + max(output_tokens - 1, 0) * tpot_s
+        if v is not None:
+            ratios.append(v * 1000 / (margin * o.limit_ms))
+    return max(ratios) if ratios else None

@@ -116,6 +116,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig, model, on_finish, on_reject, index: int = 0):
         self.cfg, self.model, self.index = cfg, model, index
         self.on_finish, self.on_reject = on_finish, on_reject
+        self.on_first = None                     # called back with (req, time_s) at a request's first token
         self.fcfs = cfg.scheduling_policy == "fcfs"
         self.waiting: deque | list = deque() if self.fcfs else []
         self.waiting_tokens = 0
@@ -325,6 +326,8 @@ class Engine:
                     req.generated += 1
                     if req.first_token is None:
                         req.first_token = t
+                        if self.on_first is not None:
+                            self.on_first(req, t)
                     if req.generated >= req.output:
                         self._release(req, t)
                     else:

@@ -108,7 +108,22 @@ def summarize(r, objectives: list[Objective]) -> dict:
             "queue_ms": {"mean": _mean(queue[ok]), "p99": _q(queue[ok], 0.99)},
             "service_ms": {"mean": _mean(service[ok]), "p99": _q(service[ok], 0.99)},
             "preemptions": int(r.preemptions.sum()), "tails": tails, "steps": r.steps, "events": r.events,
-            "wall_s": r.wall_s}
+            "wall_s": r.wall_s, "ladder": ladder_summary(r)}
+
+
+def ladder_summary(r) -> dict | None:
+    """What the gateway's degradation ladder did in arm `r` (None without a ladder): {"transitions",
+    "down", "up", "max_level", "capped", "deferred", "shed" (requests), "degraded_share"}, counted as
+    the gateway's `requests.degradation` column reads."""
+    if r.degradation is None:
+        return None
+    d = [x or "" for x in r.degradation]
+    count = lambda a: sum(a in x.split(",") for x in d)
+    lv = r.ladder_level[np.isfinite(r.ladder_level)]
+    return {"transitions": len(r.transitions), "down": sum(t[2] > t[1] for t in r.transitions),
+            "up": sum(t[2] < t[1] for t in r.transitions), "max_level": int(lv.max()) if len(lv) else 0,
+            "capped": count("capped"), "deferred": count("deferred"), "shed": count("shed"),
+            "degraded_share": sum(x not in ("", "none") for x in d) / len(d) if d else None}
 
 
 def comparison_doc(a: dict, b: dict | None, *, slo: str, changes: list[str], replicas: int, rate_x: float,
@@ -148,6 +163,11 @@ def _arm_lines(name: str, s: dict, iv: dict | None = None, obj_iv: dict | None =
                f"service {format_ms(s['service_ms']['mean'])} mean, {format_ms(s['service_ms']['p99'])} P99")
     if s["goodput_share"] is not None:
         out.append(f"    goodput at the SLO: {s['goodput_rps']:.2f} req/s ({s['goodput_share']:.0%} of requests)")
+    lad = s.get("ladder")
+    if lad:
+        out.append(f"    degradation ladder: {lad['transitions']} transitions ({lad['down']} down, {lad['up']} up), "
+                   f"level up to {lad['max_level']}; capped {lad['capped']:,}, deferred {lad['deferred']:,}, "
+                   f"shed {lad['shed']:,} ({lad['degraded_share']:.1%} of requests degraded)")
     for t in s["tails"]:
         parts = ", ".join(f"{p['phase'].lower()} {format_ms(p['mean_ms'])}" for p in t["phases"]
                           if p["mean_ms"] is not None)

@@ -32,11 +32,41 @@ def _int_or_none(v: str) -> int | None:
     return None if v.lower() in ("none", "off", "unlimited") else int(v)
 
 
+def _queue_order(v: str) -> str:
+    from tailtrace.semantics.queue_order import QUEUE_ORDERS
+
+    if v.lower() not in QUEUE_ORDERS:
+        raise ValueError(" or ".join(QUEUE_ORDERS))
+    return v.lower()
+
+
+def _seconds(v: str) -> float:
+    x = float(v.rstrip("s"))
+    if not x > 0 or x == float("inf"):
+        raise ValueError("seconds > 0")
+    return x
+
+
+def _share(v: str) -> float:
+    x = float(v)
+    if not 0 < x <= 1:
+        raise ValueError("a share in (0, 1]")
+    return x
+
+
+def _text_or_none(v: str) -> str | None:
+    return None if v.lower() in ("none", "off") else v
+
+
 ENGINE_KNOBS = {"max_num_seqs": int, "max_num_batched_tokens": int, "enable_chunked_prefill": _bool,
                 "long_prefill_token_threshold": int, "scheduling_policy": str, "kv_cache_blocks": int,
                 "max_num_queued_reqs": _int_or_none, "max_num_queued_tokens": _int_or_none}
 GATEWAY_KNOBS = {"max_concurrency": _int_or_none, "queue_interactive": _int_or_none, "queue_batch": _int_or_none,
-                 "priority_classes": _bool, "max_output_tokens": _int_or_none}
+                 "priority_classes": _bool, "max_output_tokens": _int_or_none,
+                 # the gateway's order and degradation ladder (simulate/gateway_model.py), its settings' names
+                 "queue_order": _queue_order, "max_wait_s": _seconds, "slo": _text_or_none, "ladder": _text_or_none,
+                 "ladder_margin": _share, "ladder_hold_s": _seconds}
+_CONTROL = ("queue_order", "max_wait_s", "slo", "ladder", "ladder_margin", "ladder_hold_s")
 
 
 def deployment_of(model) -> tuple[EngineConfig, GatewaySpec | None]:
@@ -56,6 +86,11 @@ def deployment_of(model) -> tuple[EngineConfig, GatewaySpec | None]:
     gw = GatewaySpec(max_concurrency=g.get("max_concurrency"), queue_interactive=g.get("queue_interactive"),
                      queue_batch=g.get("queue_batch"), priority_classes=str(g.get("priority_classes", "on")) != "off",
                      max_output_tokens=g.get("max_output_tokens"))
+    control = {k: g[k] for k in _CONTROL if g.get(k) is not None}
+    try:  # the recorded order and ladder; one the gateway could not have run is left out (the defaults)
+        gw = dataclasses.replace(gw, **control)
+    except (ValueError, TypeError, UserError):
+        pass
     return eng, gw
 
 
@@ -83,7 +118,10 @@ def apply_sets(engine: EngineConfig, gateway: GatewaySpec | None, sets: list[str
     except ValueError as exc:
         raise UserError(f"--set: {exc}") from None
     if g_changes:
-        gateway = dataclasses.replace(gateway or GatewaySpec(), **g_changes)
+        try:
+            gateway = dataclasses.replace(gateway or GatewaySpec(), **g_changes)
+        except (ValueError, UserError) as exc:
+            raise UserError(f"--set {' '.join(f'{k}={v}' for k, v in g_changes.items())}: {exc}") from None
     return engine, gateway, done
 
 

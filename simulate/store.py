@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tailtrace.plumbing.errors import UserError
 from tailtrace.plumbing.otlp_values import set_any_value
 from tailtrace.semantics import semconv as sc
+from tailtrace.semantics.catalog import STATUS_REJECTED
 
 __all__ = ["check_store_out", "write_store"]
 
@@ -60,6 +61,18 @@ class _Spans:
         return sid
 
 
+def _ladder_attrs(r, i: int) -> dict:
+    """The gateway span's record of the ladder (as instrument/gateway/control.py `record` puts it):
+    level at arrival, what was done, the TTFT predicted; nothing where the arm had no ladder/SLO."""
+    out = {}
+    if r.predicted_ttft_ms is not None and np.isfinite(r.predicted_ttft_ms[i]):
+        out[sc.PREDICTED_TTFT_MS] = float(r.predicted_ttft_ms[i])
+    if r.degradation is not None and r.degradation[i] is not None:
+        out[sc.LADDER_LEVEL] = int(r.ladder_level[i])
+        out[sc.DEGRADATION] = str(r.degradation[i])
+    return out
+
+
 def _request(b: _Spans, r, i: int, t0: float, run_id: str, model_name: str, gateway: bool) -> None:
     tid = secrets.token_bytes(16)
     a = t0 + float(r.arrival_s[i])
@@ -70,8 +83,12 @@ def _request(b: _Spans, r, i: int, t0: float, run_id: str, model_name: str, gate
         end = a + 0.001
         c = b.add("loadgen", sc.SPAN_CLIENT, a, end, tid, cattrs, error=True)
         if gateway:
-            b.add("gateway", "POST /v1/completions", a, end, tid, {sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "error"},
-                  parent=c, error=True)
+            lad = _ladder_attrs(r, i)
+            shed = lad.get(sc.DEGRADATION) == "shed"
+            attrs = {sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: STATUS_REJECTED if shed else "error", **lad}
+            if shed:
+                attrs[sc.REJECTION] = sc.REJECTION_SHED
+            b.add("gateway", "POST /v1/completions", a, end, tid, attrs, parent=c, error=True)
         return
     ttft, e2e = float(r.ttft_ms[i]) / 1e3, float(r.e2e_ms[i]) / 1e3
     first = a + ttft
@@ -83,7 +100,8 @@ def _request(b: _Spans, r, i: int, t0: float, run_id: str, model_name: str, gate
     parent = b.add("loadgen", sc.SPAN_CLIENT, a, a + e2e, tid, cattrs)
     if gateway:
         gq = float(np.nan_to_num(r.gateway_queue_ms[i])) / 1e3
-        g = b.add("gateway", "POST /v1/completions", a, a + e2e, tid, {sc.PHASE: sc.PHASE_GATEWAY}, parent=parent)
+        g = b.add("gateway", "POST /v1/completions", a, a + e2e, tid, {sc.PHASE: sc.PHASE_GATEWAY, **_ladder_attrs(r, i)},
+                  parent=parent)
         b.add("gateway", sc.SPAN_GATEWAY_ADMISSION, a, a + gq, tid, {sc.PHASE: sc.PHASE_GATEWAY_QUEUE}, parent=g)
         parent = b.add("gateway", sc.SPAN_GATEWAY_UPSTREAM, a + gq, fin, tid, {sc.PHASE: sc.PHASE_UPSTREAM}, parent=g)
     eattrs = {sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: f"sim-{run_id}-{i}", sc.GEN_AI_REQUEST_MODEL: model_name,

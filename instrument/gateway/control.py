@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -33,6 +32,7 @@ from tailtrace.instrument.gateway.ladder import DEFER, OUTPUT, SHED, Ladder, Tra
 from tailtrace.instrument.gateway.limits import cap_output
 from tailtrace.instrument.gateway.meter import EngineMeter
 from tailtrace.semantics.catalog import STATUS_REJECTED
+from tailtrace.semantics.ladder import TICK_S, worst_ratio
 from tailtrace.semantics.queue_order import expected_work
 from tailtrace.semantics.slo import parse_slo
 from tailtrace.semantics.ttft_predict import drain_s, predict_ttft_s, retry_after_s
@@ -40,7 +40,6 @@ from tailtrace.semantics.ttft_predict import drain_s, predict_ttft_s, retry_afte
 __all__ = ["GatewayControl", "Plan"]
 
 log = logging.getLogger("tailtrace.gateway")
-TICK_S = 0.25  # the ladder's own look between arrivals (so it steps back up on a quiet gateway)
 
 
 @dataclass(eq=False)
@@ -129,20 +128,7 @@ class GatewayControl:
                               prompt_tokens=prompt_tokens)
         if ttft is None and ahead == 0 and self.meter.in_flight == 0:
             ttft = 0.0  # an idle gateway: nothing is ahead, whatever the rates
-        ratios = []
-        tpot = self.meter.tpot_s()
-        margin = self.config.ladder_margin
-        for o in self.objectives:
-            if o.metric == "ttft":
-                v = ttft
-            elif o.metric == "tpot":
-                v = tpot
-            else:  # e2e
-                v = None if ttft is None or tpot is None or output is None or not math.isfinite(output) else \
-                    ttft + max(output - 1, 0) * tpot
-            if v is not None:
-                ratios.append(v * 1000 / (margin * o.limit_ms))
-        return ttft, (max(ratios) if ratios else None)
+        return ttft, worst_ratio(self.objectives, self.config.ladder_margin, ttft, self.meter.tpot_s(), output)
 
     # ------------------------------------------------------------------ per request
     def plan(self, priority: str, queue_class: str, body: dict, prompt_tokens: int) -> Plan | None:

@@ -135,6 +135,13 @@ def grid(model, traffic, knobs, hints: dict | None = None) -> tuple[dict, dict]:
             vals = [None] + sorted({max(int(x), 1) for x in (*q, *h)} | ({cur} if cur else set()))
         elif k == "enable_chunked_prefill":
             vals = [True, False]
+        elif k == "queue_order":  # the gateway's order (simulate/gateway_model.py)
+            vals = ["fifo", "sjf"]
+        elif k == "ladder":  # an output cap at the P50 output (then shedding), or shedding alone
+            p50 = max(int(np.quantile(np.asarray(traffic.output), 0.5)), 1)
+            vals = [None, f"output:{p50}", f"output:{p50},shed", "shed", *h]
+        elif k == "max_wait_s":
+            vals = sorted({5.0, 30.0, 120.0, *(float(x) for x in h)})
         elif k in ("kv_cache_blocks", "max_num_queued_reqs", "max_num_queued_tokens", "queue_interactive",
                    "queue_batch"):
             base = cur or (rec["max_num_seqs"] if k != "max_num_queued_tokens" else rec["max_num_batched_tokens"])
@@ -169,7 +176,12 @@ class _Search:
         self.wall = 0.0
 
     def changes(self, cfg: dict) -> list[str]:
-        return [f"{k}={_txt(v)}" for k, v in cfg.items() if v != self.rec.get(k)]
+        out = [f"{k}={_txt(v)}" for k, v in cfg.items() if v != self.rec.get(k)]
+        if cfg.get("ladder") and not cfg.get("slo", self.rec.get("slo")):  # a ladder holds the objectives searched for
+            from tailtrace.semantics.slo import format_slo
+
+            out.append(f"slo={format_slo(self.objectives)}")
+        return out
 
     def run(self, cfg: dict, n: int) -> dict | None:
         """The entry of `cfg` at `n` replicas (simulated once), None when vLLM refuses it."""

@@ -96,7 +96,8 @@ from tailtrace.dashboard.queries.overview import (  # noqa: F401 - gathered for 
     summary,
     throughput_timeline,
 )
-from tailtrace.dashboard.queries.queue_service import (
+from tailtrace.dashboard.queries.queue_service import (  # noqa: F401 - gathered for the pages: data.<name>
+    engine_phases,
     phase_columns,
     phases_timeline,
     tail_breakdown,

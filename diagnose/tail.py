@@ -31,6 +31,7 @@ from tailtrace.semantics.catalog import (
     REFERENCE_BAND,
     SOURCES,
     UNATTRIBUTED,
+    engines_of,
     holding_index_sql,
     phase_by_column,
     reference_profile,
@@ -40,7 +41,6 @@ from tailtrace.semantics.engines import for_engines
 
 __all__ = [
     "MetricPhase",
-    "engines_of",
     "metric_phases",
     "not_measured_why",
     "phase_split",
@@ -71,12 +71,6 @@ def scope_engines(query: Query, where: str, params) -> tuple[str, ...]:
     engine spans: only the client's and the gateway's). Surfaces say a vLLM-worded label of these
     engines (semantics.engines.for_engines)."""
     return engines_of(r[0] for r in query(f"SELECT DISTINCT source FROM requests WHERE {where}", list(params)))
-
-
-def engines_of(sources) -> tuple[str, ...]:
-    """The engines whose telemetry the `requests.source` values `sources` are (None, unknown: none)."""
-    by_key = {s.key: s.engine for s in SOURCES}
-    return tuple(sorted({by_key[k] for k in sources if k in by_key}))
 
 
 def not_measured_why(column: str, engine_why: str | None = None, sources: tuple = ()) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tailtrace.diagnose.report import Evidence, TailSet, TraceReport
 from tailtrace.diagnose.source import Query, iso
-from tailtrace.diagnose.tail import engines_of, metric_phases
+from tailtrace.diagnose.tail import metric_phases
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.catalog import (
     INFERENCE,
@@ -13,6 +13,7 @@ from tailtrace.semantics.catalog import (
     LAYER_COMPUTE,
     LAYER_SCHEDULING,
     LAYER_SHAPE,
+    engines_of,
     holding_phase,
     phase_by_column,
     waterfall_phases,

@@ -59,6 +59,7 @@ __all__ = [
     "MetricPhase",
     "Phase",
     "Source",
+    "engines_of",
     "format_ms",
     "holding_index_sql",
     "holding_phase",
@@ -379,6 +380,14 @@ SOURCE_TGI = Source(
     null_columns=("prefill_ms", "decode_ms", "preempted_ms", "preemptions", "cached_tokens", "finish_reason",
                   "ttft_ms", "prompt_tokens", "output_tokens", "tpot_ms"), engine=ENGINE_TGI)
 SOURCES: tuple[Source, ...] = (SOURCE_PLUGIN, SOURCE_VLLM_NATIVE, SOURCE_SGLANG, SOURCE_TRTLLM, SOURCE_TGI)
+
+
+def engines_of(sources) -> tuple[str, ...]:
+    """The engines (Source.engine: semantics.engines ENGINE_*) whose telemetry the `requests.source`
+    values `sources` are; None and unknown values name none. Sorted; a label worded for vLLM is said
+    of them with semantics.engines.for_engines."""
+    by_key = {s.key: s.engine for s in SOURCES}
+    return tuple(sorted({by_key[k] for k in sources if k in by_key}))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ ui.header("Queue vs service", "gateway and infrastructure Â· engine scheduling Â
           "Queue time = gateway queue + engine queue + preempted; service time = prefill + decode. "
           "Unattributed = outermost E2E minus every phase (shown, never hidden).")
 
-phases = data.phase_columns(ctx.schema)
+phases = data.engine_phases(ctx.src, ctx.filters, data.phase_columns(ctx.schema))  # labels name the engines
 first, last = data.bounds(ctx.src, ctx.filters)
 tl = data.phases_timeline(ctx.src, ctx.filters, phases, data.bucket_ms(first, last))
 st.plotly_chart(charts.stacked_phases(tl, phases), key="qs_stack")

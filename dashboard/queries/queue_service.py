@@ -9,6 +9,7 @@ import pandas as pd
 from tailtrace.collector.query.reader import DataSource
 from tailtrace.dashboard.queries.common import PHASES, Filters, _and, _bucket_expr, _f
 from tailtrace.semantics import catalog
+from tailtrace.semantics.engines import for_engines
 
 
 # ------------------------------------------------------------------------------------------ queue vs service
@@ -16,6 +17,14 @@ def phase_columns(schema: dict[str, list[str]]) -> list[tuple[str, str, str]]:
     """The PHASES the store's `requests` table has."""
     have = set(schema.get("requests", ()))
     return [ph for ph in PHASES if ph[0] in have]
+
+
+def engine_phases(src: DataSource, f: Filters, phases: Sequence[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """`phases` (phase_columns) with each label said of the engines whose telemetry filled the
+    filtered requests (semantics.engines.for_engines: "SGLang frontend", not "vLLM frontend")."""
+    w, p = f.requests_where()
+    engines = catalog.engines_of(src.df(f"SELECT DISTINCT source FROM requests {w}", p)["source"])
+    return [(c, for_engines(label, engines), layer) for c, label, layer in phases]
 
 
 def phases_timeline(src: DataSource, f: Filters, phases: Sequence[tuple[str, str, str]],

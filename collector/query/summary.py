@@ -15,6 +15,7 @@ from tailtrace.semantics.catalog import (
     LATENCY_POPULATION,
     QUANTILES,
     UNATTRIBUTED,
+    engines_of,
     holding_phase,
     phase_by_column,
     quantile_label,
@@ -22,6 +23,7 @@ from tailtrace.semantics.catalog import (
     reference_profile_sql,
 )
 from tailtrace.semantics.catalog import PHASES as CATALOG_PHASES
+from tailtrace.semantics.engines import for_engines
 
 __all__ = [
     "LAYER_OF_PHASE",
@@ -63,17 +65,19 @@ def _where(run_id: str | None, latency: bool = False) -> tuple[str, list]:
 
 
 def phase_percentiles(query: Query, run_id: str | None = None) -> list[dict]:
-    """Per phase: label, column, n (non-NULL rows), p50, p90, p99, p999 (ms, exact), over the run's
-    `ok` requests."""
+    """Per phase: label (said of the rows' engines: semantics.engines.for_engines), column, n (non-NULL
+    rows), p50, p90, p99, p999 (ms, exact), over the run's `ok` requests."""
     where, params = _where(run_id, latency=True)
     parts = []
     for _, col in PHASES:
         parts.append(f"count({col}), " + ", ".join(f"quantile_cont({col}, {q})" for q in QUANTILES))
     row = query(f"SELECT {', '.join(parts)} FROM requests {where}", params)[0]
+    # a label worded for vLLM names the engines whose telemetry the rows are ("SGLang frontend")
+    engines = engines_of(r[0] for r in query(f"SELECT DISTINCT source FROM requests {where}", params))
     out, w = [], 1 + len(QUANTILES)
     for i, (label, col) in enumerate(PHASES):
         n, *qs = row[w * i: w * i + w]
-        out.append({"phase": label, "column": col, "n": n,
+        out.append({"phase": for_engines(label, engines), "column": col, "n": n,
                     **{quantile_label(q).lower(): v for q, v in zip(QUANTILES, qs)}})
     return out
 

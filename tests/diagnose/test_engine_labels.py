@@ -101,3 +101,15 @@ def test_the_names_are_said_once():
     assert engine_words(["TGI", "vLLM", None, "SGLang", "vLLM"]) == "vLLM/SGLang/TGI"
     assert for_engines("vLLM frontend", ["TGI"]) == "TGI frontend"
     assert for_engines("vLLM frontend", []) == "vLLM frontend"   # no engine spans: tailtrace's own stack
+
+
+def test_the_run_summarys_phase_table_names_the_engine(tmp_path):
+    """collector.query.summary.phase_percentiles (the demo's and the report's phase table) over TGI rows."""
+    from tailtrace.collector.query import summary
+
+    query, close = db_query(_store(tmp_path, *bodies(ENGINES["tgi"])))
+    try:
+        phases = [r["phase"] for r in summary.phase_percentiles(query)]
+    finally:
+        close()
+    assert "TGI frontend" in phases and not any("vLLM" in p for p in phases)

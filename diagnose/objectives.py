@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from tailtrace.diagnose.source import METRICS, Query
+from tailtrace.diagnose.tail import engines_not_emitting
 from tailtrace.semantics.catalog import LATENCY_POPULATION, quantile_label
 from tailtrace.semantics.slo import Objective
 
@@ -24,6 +25,9 @@ _WHY_NOT = {
     "e2e": "no ok request in the scope",
     "itl": "no decode step of the scope's requests (the plugin's per-token timings are off or absent)",
 }
+
+# the engine's own column behind a request metric: an engine that never emits it names itself
+_ENGINE_COLUMN = {"ttft": "ttft_ms", "tpot": "tpot_ms"}
 
 
 @dataclass
@@ -73,6 +77,13 @@ def evaluate(query: Query, objectives: list[Objective], where: str, params: list
         v, n = query(f"""SELECT quantile_cont(itl_ms, {float(o.q)!r}), count(itl_ms) FROM decode_steps
 WHERE itl_ms IS NOT NULL AND trace_id IN (SELECT trace_id FROM requests WHERE {where})""", params)[0]
         out.append(_verdict(o, v, n))
+    missing = [v for v in out if v.value_ms is None and v.metric in _ENGINE_COLUMN]
+    if missing:  # an engine of the scope that never emits it says why, by name
+        sources = [r[0] for r in query(f"SELECT DISTINCT source FROM requests WHERE {where}", params)]
+        for v in missing:
+            engines = engines_not_emitting(_ENGINE_COLUMN[v.metric], sources)
+            if engines:
+                v.why = f"{v.why[:-1]}; {engines})" if v.why.endswith(")") else f"{v.why} ({engines})"
     out.sort(key=lambda v: (v.ratio is None, -(v.ratio or 0.0), v.objective))
     return out
 

@@ -41,6 +41,7 @@ from tailtrace.semantics.engines import for_engines
 
 __all__ = [
     "MetricPhase",
+    "engines_not_emitting",
     "metric_phases",
     "not_measured_why",
     "phase_split",
@@ -73,6 +74,19 @@ def scope_engines(query: Query, where: str, params) -> tuple[str, ...]:
     return engines_of(r[0] for r in query(f"SELECT DISTINCT source FROM requests WHERE {where}", list(params)))
 
 
+def engines_not_emitting(column: str, sources) -> str | None:
+    """The reason "engine TGI does not emit it" ("engines TGI, TensorRT-LLM do not emit it") when every value of
+    `sources` (the scope's `requests.source`; None ignored) is an engine's own tracing that leaves
+    `column` NULL (semantics.catalog.Source.null_columns); else None."""
+    by_key = {s.key: s for s in SOURCES}
+    known = [by_key.get(k) for k in sources if k is not None]
+    if known and all(s is not None and column in s.null_columns for s in known):
+        engines = sorted({s.engine for s in known})
+        return (f"engine {engines[0]} does not emit it" if len(engines) == 1
+                else f"engines {', '.join(engines)} do not emit it")
+    return None
+
+
 def not_measured_why(column: str, engine_why: str | None = None, sources: tuple = ()) -> str:
     """Why `column` of `requests` can be NULL for every request of a scope (the layer that measures
     it). `engine_why`: the deployment's own reason its engine phases are missing (vLLM's stats kept
@@ -80,12 +94,9 @@ def not_measured_why(column: str, engine_why: str | None = None, sources: tuple 
     `sources`: the scope's `requests.source` values; when every one is an engine's own tracing that
     does not emit `column` (semantics.catalog.Source.null_columns), that is the reason:
     "engine TGI does not emit it"."""
-    by_key = {s.key: s for s in SOURCES}
-    known = [by_key.get(k) for k in sources if k is not None]
-    if known and all(s is not None and column in s.null_columns for s in known):
-        engines = sorted({s.engine for s in known})
-        return (f"engine {engines[0]} does not emit it" if len(engines) == 1
-                else f"engines {', '.join(engines)} do not emit it")
+    why = engines_not_emitting(column, sources)
+    if why:
+        return why
     try:
         phase = phase_by_column(column)
     except KeyError:

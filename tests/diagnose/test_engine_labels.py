@@ -113,3 +113,18 @@ def test_the_run_summarys_phase_table_names_the_engine(tmp_path):
     finally:
         close()
     assert "TGI frontend" in phases and not any("vLLM" in p for p in phases)
+
+
+def test_a_ttft_objective_over_tgi_rows_says_tgi_does_not_emit_it(tmp_path):
+    """TGI's spans carry no first-token time: the TTFT objective is not measured, and says whose."""
+    from tailtrace.diagnose.objectives import evaluate
+    from tailtrace.semantics.slo import parse_slo
+
+    query, close = db_query(_store(tmp_path, *bodies(ENGINES["tgi"])))
+    try:
+        got = {v.metric: v for v in evaluate(query, parse_slo("ttft_p99=2s,tpot_p99=100ms,e2e_p99=10s"), "1=1", [])}
+    finally:
+        close()
+    assert got["ttft"].value_ms is None and got["ttft"].why.endswith("; engine TGI does not emit it)")
+    assert got["tpot"].value_ms is None and "engine TGI does not emit it" in got["tpot"].why
+    assert got["e2e"].value_ms is not None and got["e2e"].why is None

@@ -44,7 +44,7 @@ from tailtrace.simulate.limits import check_vllm_config
 from tailtrace.simulate.report import METRICS, objective_rows
 from tailtrace.simulate.settings import ENGINE_KNOBS, GATEWAY_KNOBS, apply_sets, deployment_of
 
-__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "confirmable", "grid", "search"]
+__all__ = ["DEFAULT_KNOBS", "MODELLED", "SCHEMA", "check_knobs", "check_objectives", "confirmable", "grid", "search"]
 
 SCHEMA = "tailtrace.tune/1"
 MODELLED = (*ENGINE_KNOBS, *GATEWAY_KNOBS, "replicas")
@@ -60,11 +60,21 @@ def check_knobs(knobs) -> list[str]:
     UserError, one line naming the modelled knobs, for one the simulator does not model."""
     names = [k.strip().lstrip("-").replace("-", "_") for k in (knobs.split(",") if isinstance(knobs, str) else knobs)]
     names = [k for k in names if k]
+    if not names:
+        raise UserError(f"--knobs {knobs!r}: names no knob; the simulator models {', '.join(MODELLED)}")
     bad = [k for k in names if k not in MODELLED]
-    if bad or not names:
-        raise UserError(f"--knobs {','.join(bad) or repr(knobs)}: not modelled by the simulator; it models "
-                        f"{', '.join(MODELLED)}")
+    if bad:
+        raise UserError(f"--knobs {','.join(bad)}: not modelled by the simulator; it models {', '.join(MODELLED)}")
     return list(dict.fromkeys(names))
+
+
+def check_objectives(objectives) -> None:
+    """Raise UserError, one line, for an objective (semantics.slo Objectives) the simulator does not
+    predict (ITL: per-token times are not kept); the search judges TTFT, TPOT and E2E only."""
+    unsim = [o.label for o in objectives if o.metric not in METRICS]
+    if unsim:
+        raise UserError(f"--slo {', '.join(unsim)}: not simulated (per-token times are not kept); tune takes "
+                        f"objectives on {', '.join(METRICS)}")
 
 
 def _txt(v) -> str:
@@ -291,10 +301,7 @@ def search(model, traffic, objectives, knobs=None, replicas=(1,), seed: int = 0,
 
     names = check_knobs(list(knobs) if knobs is not None else [*DEFAULT_KNOBS, *(hints or {})])
     hints = {k: v for k, v in (hints or {}).items() if k in MODELLED}
-    unsim = [o.label for o in objectives if o.metric not in METRICS]
-    if unsim:
-        raise UserError(f"--slo {', '.join(unsim)}: not simulated (per-token times are not kept); tune takes "
-                        f"objectives on {', '.join(METRICS)}")
+    check_objectives(objectives)
     counts = sorted({int(n) for n in replicas} | ({int(hints["replicas"])} if "replicas" in hints else set()))
     if knobs is not None and "replicas" not in names:  # --knobs without replicas: the recorded count only
         counts = counts[:1]

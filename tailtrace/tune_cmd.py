@@ -12,6 +12,8 @@ from tailtrace.plumbing.argtypes import SEED, bounded_int, bounded_list
 
 __all__ = ["demo_tune", "register", "store_spec", "tune_brief"]
 
+MAX_CONFIGS, REPLICATES, TOLERANCE = 240, 39, "0.2"  # the defaults (a confirm command carries what differs)
+
 
 def register(sub) -> None:
     """Add `tune` to the `tailtrace` sub-parsers (cheap: nothing heavy imported)."""
@@ -35,12 +37,12 @@ def register(sub) -> None:
                    "priority_classes and the knobs the diagnosis proposes)")
     p.add_argument("--replicas", type=bounded_list(bounded_int(1, 64), 16), default=[1], metavar="N[,N…]",
                    help="replica counts to try, fewest first (default 1)")
-    p.add_argument("--max-configs", type=bounded_int(1, 20000), default=240, metavar="N",
-                   help="configurations to simulate at most (default 240)")
-    p.add_argument("--replicates", type=bounded_int(2, 1000), default=39, metavar="N",
-                   help="refits of the step law for the winner's intervals (default 39: a 95%% interval)")
-    p.add_argument("--tolerance", default="0.2", metavar="SHARE",
-                   help="the calibration check's tolerance, in (0, 1] (default 0.2)")
+    p.add_argument("--max-configs", type=bounded_int(1, 20000), default=MAX_CONFIGS, metavar="N",
+                   help=f"configurations to simulate at most (default {MAX_CONFIGS})")
+    p.add_argument("--replicates", type=bounded_int(2, 1000), default=REPLICATES, metavar="N",
+                   help=f"refits of the step law for the winner's intervals (default {REPLICATES}: a 95%% interval)")
+    p.add_argument("--tolerance", default=TOLERANCE, metavar="SHARE",
+                   help=f"the calibration check's tolerance, in (0, 1] (default {TOLERANCE})")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--only-if-missed", action="store_true",
                    help="stop when every objective is met as recorded (default: search for the cheapest that keeps them)")
@@ -70,7 +72,7 @@ def _tune(args) -> int:
     from tailtrace.collector.query.reader import open_store
     from tailtrace.semantics.slo import DEFAULT_SLO, parse_slo
     from tailtrace.simulate.calibrate import check_tolerance
-    from tailtrace.simulate.tune import check_knobs, search
+    from tailtrace.simulate.tune import check_knobs, check_objectives, search
     from tailtrace.simulate.tune_inputs import model_and_traffic
     from tailtrace.simulate.tune_render import tune_lines
 
@@ -80,8 +82,8 @@ def _tune(args) -> int:
 
         check_confirm_budget(args.budget, args.block_s)
     knobs = check_knobs(args.knobs) if args.knobs is not None else None
-    if args.slo:
-        parse_slo(args.slo)
+    if args.slo:  # refused before the model is fitted and checked (seconds on a long run)
+        check_objectives(parse_slo(args.slo))
     if args.json:
         from tailtrace.loadgen.cli import check_writable
 
@@ -102,7 +104,7 @@ def _tune(args) -> int:
                  calibration=got["calibration"], hints=hints, max_configs=args.max_configs,
                  only_if_missed=args.only_if_missed, replicates=args.replicates, traffic_name=got["name"])
     doc["model"], doc["notes"], doc["hints"] = got["how"], notes, {k: str(v) for k, v in hints.items()}
-    confirm = _confirm_cmd(args, doc)
+    confirm = _confirm_cmd(args, doc, run.run_id, knobs)
     lines = tune_lines(doc, None if args.confirm else confirm)
     if args.confirm and not doc.get("stopped"):
         from tailtrace.tune_confirm import confirm_winner
@@ -134,18 +136,31 @@ def _diagnosis(query, run_id: str, slo: str | None) -> tuple[dict, str | None]:
     return hints, (f"the diagnosis proposes: {', '.join(f'{k}={v}' for k, v in hints.items())}" if hints else None)
 
 
-def _confirm_cmd(args, doc: dict) -> str | None:
-    """The command that measures the winner (None when there is nothing try can set)."""
+def _confirm_cmd(args, doc: dict, run_id: str, knobs: list[str] | None) -> str | None:
+    """The command that measures the winner (None when there is nothing try can set): every flag that
+    shapes the search carried (the run it searched, knobs as check_knobs read them, replicas, the
+    configurations and refits, tolerance, seed, the diagnosis or not), so that its search finds the
+    same winner; each value quoted for the shell."""
+    from shlex import quote
+
     from tailtrace.simulate.tune import confirmable
 
     if not confirmable(doc):
         return None
-    where = f"--db {args.db}" if args.db else (f"--store {args.store}" if args.store else f"--api {args.api}")
-    extra = f" --run-id {args.run_id}" if args.run_id else ""
-    extra += f" --slo {args.slo}" if args.slo else ""
-    extra += f" --knobs {args.knobs}" if args.knobs else ""
-    extra += f" --model {args.model}" if args.model else ""
-    return f"tailtrace tune {where}{extra} --seed {args.seed} --confirm --budget 1200"
+    parts = ["tailtrace tune"]
+    if args.db or args.store or args.api:  # none: the same default ($TAILTRACE_API_URL, else the default API)
+        parts.append(f"--db {quote(str(args.db))}" if args.db else
+                     (f"--store {quote(args.store)}" if args.store else f"--api {quote(args.api)}"))
+    parts += [f"--slo {quote(args.slo)}"] if args.slo else []
+    parts.append(f"--run-id {quote(run_id)}")
+    parts += [f"--knobs {quote(','.join(knobs))}"] if knobs else []
+    parts += [f"--model {quote(args.model)}"] if args.model else []
+    parts += [f"--replicas {','.join(map(str, args.replicas))}"] if list(args.replicas) != [1] else []
+    parts += [f"--max-configs {args.max_configs}"] if args.max_configs != MAX_CONFIGS else []
+    parts += [f"--replicates {args.replicates}"] if args.replicates != REPLICATES else []
+    parts += [f"--tolerance {quote(str(args.tolerance))}"] if str(args.tolerance) != TOLERANCE else []
+    parts += ["--no-diagnosis"] if args.no_diagnosis else []
+    return " ".join([*parts, f"--seed {args.seed} --confirm --budget 1200"])
 
 
 def demo_tune(db, run_id: str, slo: str | None, diagnosis, console, *, max_configs: int = 120,
@@ -156,14 +171,19 @@ def demo_tune(db, run_id: str, slo: str | None, diagnosis, console, *, max_confi
     `diagnosis` (the demo's explain Report or None), with the command that confirms the winner on
     `db`. Returns the search document (None when it could not run: one line says why, e.g. the file
     still held by a collector)."""
+    from shlex import quote
+
     from rich.markup import escape
 
     from tailtrace.collector.query.reader import db_query
 
-    confirm = f".venv/bin/tailtrace tune --db {db} --run-id {run_id}" + (f" --slo {slo}" if slo else "")
+    # the search's own settings carried: the command's search finds the same winner, then measures it
+    confirm = (f".venv/bin/tailtrace tune --db {quote(str(db))} --run-id {quote(run_id)}"
+               + (f" --slo {quote(slo)}" if slo else "")
+               + f" --max-configs {max_configs} --replicates {replicates} --seed 0 --confirm --budget 1200")
     lines, doc = tune_brief(lambda: db_query(db), lambda rid: f"store:{db}#{rid}", f"duckdb:///{db}", run_id, slo,
-                            diagnosis.to_dict() if diagnosis is not None else None,
-                            confirm + " --confirm --budget 1200", max_configs=max_configs, replicates=replicates)
+                            diagnosis.to_dict() if diagnosis is not None else None, confirm,
+                            max_configs=max_configs, replicates=replicates)
     console.print()
     for line in lines:
         console.print(escape(line), soft_wrap=True)

@@ -85,8 +85,9 @@ def test_the_demo_ending_tunes_a_run_longer_than_the_api_answers_from_the_whole_
     assert lines[0].startswith("tuned by simulation (30 configurations in ") and lines[0].endswith("meets every objective")
     assert lines[1].startswith("  predicted: TTFT P99 ") and any(x.startswith("  apply: vllm: --max-num-seqs 16 → ")
                                                                    for x in lines)
+    # the command's search is this one (its configurations and refits carried), then try measures the winner
     assert lines[-1] == (f"confirm it by measurement: .venv/bin/tailtrace tune --db {db} --run-id {run} --slo {SLO} "
-                         "--confirm --budget 1200")
+                         "--max-configs 30 --replicates 5 --seed 0 --confirm --budget 1200")
 
 
 def test_the_demo_ending_while_a_writer_holds_the_store_is_one_line_why(long_run):

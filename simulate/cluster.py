@@ -255,14 +255,16 @@ def simulate(traffic: Traffic, model, engine_cfg: EngineConfig, gateway: Gateway
     ok = status == "ok"
     if np.any(ok & np.isnan(e2e)):  # cannot happen unless the model loses a request: refuse to report it
         raise RuntimeError("simulation ended with requests unanswered")
-    level = degradation = None
+    level = degradation = predicted = None
+    lv, dg, pr, transitions = g.record(n)
     if g.ladder is not None:
-        level = np.array([g.level.get(k, np.nan) for k in range(n)], dtype=float)
-        degradation = np.array([g.degradation.get(k) for k in range(n)], dtype=object)
-    predicted = np.array([g.predicted_s.get(k, np.nan) * 1e3 for k in range(n)]) if g.objectives else None
+        level = np.array([lv.get(k, np.nan) for k in range(n)], dtype=float)
+        degradation = np.array([dg.get(k) for k in range(n)], dtype=object)
+    if g.control is not None:
+        predicted = np.array([pr.get(k, np.nan) * 1e3 for k in range(n)])
     return SimResult(status, traffic.arrival_s, ttft, tpot, e2e, gq, qms, pre_ms, dec, preempt, replica,
                      traffic.prompt, np.asarray(outs, dtype=np.int64), traffic.priority, ladder_level=level,
-                     degradation=degradation, predicted_ttft_ms=predicted, transitions=g.transitions,
+                     degradation=degradation, predicted_ttft_ms=predicted, transitions=transitions,
                      steps=sum(e.steps for e in engines),
                      events=sum(e.events for e in engines), wall_s=wall,
                      span_s=max(last[0] - (arr[0] if arr else 0.0), 0.0),

@@ -4,12 +4,12 @@ summaries (1,500 in, 300 out), one replica of 8 sequences behind a gateway limit
 is known (tests/simulate/test_tune.py's); this mix holds about 30 req/s (TTFT P50 starts to climb at
 ~30, the queue grows without bound past ~32).
 
-The order and the ladder are the gateway's own code (semantics/queue_order.py, semantics/ladder.py,
-the gateway's EngineMeter and semantics/ttft_predict.py); these tests hold what the simulator does
-with them to the gateway's guarantees: SJF lowers P50 and P90 TTFT at a cost to the long requests,
-ageing bounds how long a request waits behind younger shorter ones, `shed` holds the served TTFT
-P99 near its objective at 1.5x where FIFO's is many times over, and a load at 0.8x never moves the
-ladder.
+The order and the ladder are the gateway's own code (semantics/queue_order.py and the gateway's
+GatewayControl with its EngineMeter, ladder and semantics/ttft_predict.py, on the simulated clock);
+these tests hold what the simulator does with them to the gateway's guarantees: SJF lowers P50 and
+P90 TTFT at a cost to the long requests, ageing bounds how long a request waits behind younger
+shorter ones, `shed` holds the served TTFT P99 near its objective at 1.5x where FIFO's is many times
+over, `defer-batch` holds back only batch requests, and a load at 0.8x never moves the ladder.
 """
 
 from __future__ import annotations
@@ -124,6 +124,21 @@ def test_an_output_step_caps_the_requests_it_admits_and_the_ladder_steps_back_up
     for up in ups:  # the hold-down: no step up within hold_s of the last step down before it
         last_down = max(t[0] for t in downs if t[0] <= up[0])
         assert up[0] - last_down >= 10.0 - 1e-9
+
+
+def test_defer_batch_holds_only_batch_requests_back_and_the_interactive_ones_gain():
+    rng = np.random.default_rng(5)
+    n = 3000
+    long, batch = rng.random(n) < 0.2, rng.random(n) < 0.3
+    traffic = Traffic(np.cumsum(rng.exponential(1 / (1.3 * CAPACITY_RPS), n)), np.where(long, 1500, 100),
+                      np.where(long, 300, 20), batch.astype(int))
+    without = _run(traffic, slo="ttft_p99=1s")
+    held = _run(traffic, slo="ttft_p99=1s", ladder="defer-batch")
+    deferred = np.array(["deferred" in (d or "") for d in held.degradation])
+    assert deferred.sum() > 200 and not deferred[~batch].any()  # measured: 840, every one of class batch
+    assert held.ok.all()  # held back, never refused
+    assert _q(held, 0.99, ~batch) < 0.85 * _q(without, 0.99, ~batch)  # measured: 415 ms against 563 ms
+    assert np.nanmean(held.gateway_queue_ms[deferred]) > np.nanmean(without.gateway_queue_ms[deferred])
 
 
 def test_a_steady_load_at_0_8x_capacity_never_moves_the_ladder():

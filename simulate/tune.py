@@ -157,8 +157,10 @@ def grid(model, traffic, knobs, hints: dict | None = None) -> tuple[dict, dict]:
             base = cur or (rec["max_num_seqs"] if k != "max_num_queued_tokens" else rec["max_num_batched_tokens"])
             vals = ([None] if cur is None and k != "kv_cache_blocks" else []) + _ints(base, (1 / 2, 1, 2, 4), 1,
                                                                                          1 << 24, h)
-        else:  # pragma: no cover (MODELLED is the keys above)
-            vals = [cur]
+        else:  # slo, ladder_margin, ladder_hold_s: modelled (`simulate --set`), no grid here; named, said so
+            skipped[k] = (f"tune has no grid for it: compare values with `tailtrace simulate --set {k}=…` "
+                          f"(recorded: {_txt(cur)})")
+            continue
         if cur not in vals:
             vals = [cur, *vals]
         out[k] = vals

@@ -16,7 +16,8 @@ NO_STEPS_WHY = ("the simulator's step-time model is fitted to vLLM's per-step st
 
 def tune_run(query, run_id: str | None):
     """The run to tune (collector.query.runs.Run): `run_id`, else the latest traffic run. Raises
-    UserError naming the runs present when there is no such run or none at all."""
+    UserError naming the runs present when there is no such run or none at all, and for a run without
+    request times (no window to fit on)."""
     from tailtrace.collector.query.runs import latest_traffic_run, list_runs, runs_present
 
     runs = list_runs(query)
@@ -24,6 +25,9 @@ def tune_run(query, run_id: str | None):
         hit = next((r for r in runs if r.run_id == run_id), None)
         if hit is None:
             raise UserError(f"no run {run_id!r} in the store; runs present: {runs_present(runs)}")
+        if hit.window() is None:  # no arrival or no completion time among its requests: no window of steps
+            raise UserError(f"cannot tune: run {run_id}'s {hit.requests:,} requests carry no arrival or no "
+                            "completion time (none completed?), so it has no window of engine steps to fit on")
         return hit
     run = latest_traffic_run(runs)
     if run is None or run.window() is None:

@@ -82,6 +82,8 @@ def _tune(args) -> int:
 
         check_confirm_budget(args.budget, args.block_s)
     knobs = check_knobs(args.knobs) if args.knobs is not None else None
+    if knobs is not None and "replicas" not in knobs and len(args.replicas) > 1:  # --replicas 1,2 asks for them
+        knobs.append("replicas")
     if args.slo:  # refused before the model is fitted and checked (seconds on a long run)
         check_objectives(parse_slo(args.slo))
     if args.json:

@@ -36,8 +36,7 @@ CLICKHOUSE_MISSING: tuple[str, ...] = ()
 
 
 class SqlApiUnreachable(UserError):
-    """The collector's SQL API could not be reached (no answer). Carries `url` and `cause`, the
-    HTTP client's exception."""
+    """The collector's SQL API could not be reached (no answer); `url`, `cause` (the HTTP client's exception)."""
 
     def __init__(self, url: str, cause: Exception):
         super().__init__(f"cannot reach the collector's SQL API at {url} ({type(cause).__name__}: {cause or 'no answer'})")
@@ -56,10 +55,8 @@ class QueryTimeout(DataError, TimeoutError):
     """A statement ran past its time budget. Carries `sql` and `timeout_s`."""
 
     def __init__(self, sql: str, timeout_s: float):
-        super().__init__(f"query interrupted after {timeout_s:g} s (time budget); narrow the time range "
-                         f"or add a LIMIT")
-        self.sql = sql
-        self.timeout_s = timeout_s
+        super().__init__(f"query interrupted after {timeout_s:g} s (time budget); narrow the time range or add a LIMIT")
+        self.sql, self.timeout_s = sql, timeout_s
 
 
 @dataclass
@@ -86,6 +83,13 @@ class Table:
 
         return {"columns": self.columns, "types": self.types, "truncated": self.truncated,
                 "rows": [[to_json_value(v) for v in r] for r in self.rows]}
+
+    def whole(self, where: str) -> list[tuple]:
+        """The rows, all of them. Raises UserError naming `where` when a row cap (the collector's `--max-rows`) cut them."""
+        if self.truncated:
+            raise UserError(f"{where} cut its answer at {len(self.rows):,} rows (the collector's --max-rows): the rest "
+                            "would be lost; read the store itself (--db FILE or --store URL) or raise its --max-rows")
+        return self.rows
 
 
 def post_sql(api: str, sql: str, params: Sequence | None = None, *, timeout_s: float = 60.0,
@@ -151,8 +155,9 @@ def iso(epoch_us: float | None) -> str | None:
 def sql_api(api: str, query: str, params=None, timeout_s: float = 60.0) -> list:
     """Rows (lists) of one read-only query through the collector's `/api/sql` at `api` (base URL;
     the bearer token of `TAILTRACE_API_TOKEN` is sent when set). Raises `UserError` when the API
-    cannot be reached or answers anything but 200 (its message quoted)."""
-    return [list(r) for r in _api_table(api, query, params, timeout_s=timeout_s).rows]
+    cannot be reached or answers anything but 200 (its message quoted), and when the API's row cap
+    cut the answer (`Table.whole`: a reader of every row never goes on with part of them)."""
+    return [list(r) for r in _api_table(api, query, params, timeout_s=timeout_s).whole(api)]
 
 
 # ------------------------------------------------------------------------------------------ sources
@@ -183,16 +188,15 @@ class DataSource:
         raise NotImplementedError(f"{type(self).__name__} reads frames only")
 
     def as_query(self, *, native: bool = False, timeout_s: float = 60.0) -> Query:
-        """`query(sql, params) -> rows` over `table`, no row cap, each statement within `timeout_s`
-        seconds: lists of JSON values (as
-        `/api/sql` answers), or tuples of Python values with `native`. A failed statement raises
-        UserError "store query failed on <label>: <why>" (the readers above treat a missing table
-        as "not measured")."""
+        """`query(sql, params) -> rows` over `table`, every row (a cut answer raises: `Table.whole`), each
+        statement within `timeout_s` seconds: lists of JSON values (as `/api/sql` answers), or tuples of
+        Python values with `native`. A failed statement raises UserError "store query failed on <label>:
+        <why>" (the readers above treat a missing table as "not measured")."""
         from tailtrace.collector.query.api import to_json_value
 
         def query(sql: str, params: Sequence | None = None) -> list:
             try:
-                rows = self.table(sql, list(params or []), timeout_s=timeout_s).rows
+                rows = self.table(sql, list(params or []), timeout_s=timeout_s).whole(self.label)
             except DataError as exc:
                 raise UserError(f"store query failed on {self.label}: {' '.join(str(exc).split())[:300]}") from None
             return rows if native else [[to_json_value(v) for v in r] for r in rows]
@@ -245,8 +249,7 @@ class DuckDBSource(DataSource):
 
     kind = "db"
 
-    def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None,
-                 con=None):
+    def __init__(self, path: str | Path, *, threads: int | None = None, memory_limit: str | None = None, con=None):
         from tailtrace.collector.store.duckdb_store import open_readonly
 
         self.path, self.label, self._lock = Path(path), f"store file {path}", threading.Lock()

@@ -171,3 +171,23 @@ def test_export_parquet_api_and_db(tmp_path):
         n = duckdb.sql(f"SELECT count(*), min(hour) FROM read_parquet('{tmp_path / d}/spans/**/*.parquet', "
                        "hive_partitioning = true)").fetchall()[0]
         assert n == (4, "2025-10-09T08")
+
+
+@pytest.mark.integration
+def test_a_reader_of_every_row_refuses_an_answer_the_row_cap_cut(coll):
+    """The collector's --max-rows (5 here) cuts /api/sql's answers; `sql_api` and the API source's
+    `query` (which simulate, replay store: and tune read through) must not go on with 5 of 12 rows."""
+    from tailtrace.collector.query.reader import ApiSource, sql_api
+    from tailtrace.plumbing.errors import UserError
+
+    assert sql_api(coll.api_url, "SELECT count(*) FROM spans") == [[12]]
+    assert len(sql_api(coll.api_url, "SELECT span_id FROM spans LIMIT 5")) == 5  # exactly at the cap: whole
+    with pytest.raises(UserError, match=r"cut its answer at 5 rows .*--max-rows"):
+        sql_api(coll.api_url, "SELECT span_id FROM spans")
+    src = ApiSource(coll.api_url)
+    try:
+        with pytest.raises(UserError, match=r"collector API .* cut its answer at 5 rows"):
+            src.as_query()("SELECT span_id FROM spans")
+        assert src.query("SELECT span_id FROM spans").truncated  # the dashboard's frames still say they are cut
+    finally:
+        src.close()

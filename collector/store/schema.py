@@ -237,6 +237,31 @@ _PER_TRACE = per_trace_sql(DIRTY)
 # A column that an alias of the same SELECT shadows is written qualified (f.preempted_ms,
 # b2.preempted_ms): ClickHouse resolves a bare name to the alias (collector/clickhouse/dialect.py).
 
+def _not_negative(ms: str) -> str:
+    """SQL: the duration `ms` (an expression, milliseconds), or NULL where it is negative: a duration
+    found by difference (the residual, a network time bounded by spans) is negative only when the
+    phases do not tile what the outer layer saw (its client left first); an impossible value is
+    refused, never stored nor averaged (DESIGN.md, "Missing is not zero"). Below -1 ns (-1e-6 ms,
+    under the timestamps' resolution) it is refused; above, float rounding of 0 reads 0."""
+    return f"CASE WHEN ({ms}) < -1e-6 THEN NULL WHEN ({ms}) < 0 THEN 0.0 ELSE ({ms}) END"
+
+
+# network_ms where its hops were not stamped: the spans that bound them (b2 below)
+_NETWORK_MS = """ CASE
+            WHEN network_in_ms IS NOT NULL OR network_out_ms IS NOT NULL
+                THEN coalesce(network_in_ms, 0) + coalesce(network_out_ms, 0)
+            -- a gateway that stamped no stream (an older one, or a failure before any byte): its span
+            -- bounds the upstream exchange
+            WHEN g IS NULL THEN c - r
+            WHEN c IS NULL AND (u IS NULL OR r IS NULL) THEN NULL
+            ELSE coalesce(c - g, 0) + coalesce(u - r, 0)
+        END"""
+# unattributed_ms: the outermost measured E2E less every phase (the final SELECT below)
+_RESIDUAL_MS = """coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0)
+        + coalesce(a, 0) + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
+        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0) + coalesce(inference_ms, 0))"""
+
+
 # `requests` rows from the per-trace aggregate `_agg` (_PER_TRACE, materialized by the refresh).
 # The engine layer is the plugin's (R and its phase spans) whenever any of its spans is there; else
 # vLLM's own span (N) fills the engine columns: e (engine E2E, ms) and e_start, its request id,
@@ -319,15 +344,8 @@ WITH {{offsets}}, x AS (
     FROM h
 ), b2 AS (
     SELECT *,
-        CASE
-            WHEN network_in_ms IS NOT NULL OR network_out_ms IS NOT NULL
-                THEN coalesce(network_in_ms, 0) + coalesce(network_out_ms, 0)
-            -- a gateway that stamped no stream (an older one, or a failure before any byte): its span
-            -- bounds the upstream exchange
-            WHEN g IS NULL THEN c - r
-            WHEN c IS NULL AND (u IS NULL OR r IS NULL) THEN NULL
-            ELSE coalesce(c - g, 0) + coalesce(u - r, 0)
-        END AS network_ms
+        -- by difference where no hop was stamped: a client that left first makes it negative (refused)
+        {_not_negative(_NETWORK_MS)} AS network_ms
     FROM b
 )
 SELECT
@@ -344,10 +362,10 @@ SELECT
     decode_ms,
     -- an abandoned request's phases do not tile what its outermost layer saw (the engine goes on
     -- after the client left): not measured rather than a negative residual
+    -- a client that timed out (its span ended, the engine went on) likewise: more measured than it
+    -- saw, a negative residual, refused
     CASE WHEN coalesce(c_status, g_status, r_status) IN {sql_in(CLIENT_LEFT_STATUSES)} THEN NULL ELSE
-    coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0) + coalesce(a, 0)
-        + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
-        + coalesce(b2.preempted_ms, 0) + coalesce(decode_ms, 0) + coalesce(inference_ms, 0)) END AS unattributed_ms,
+    {_not_negative(_RESIDUAL_MS)} END AS unattributed_ms,
     ttft_s * 1000 AS ttft_ms,
     CASE WHEN output_tokens > 1 THEN decode_ms / (output_tokens - 1) END AS tpot_ms,
     e AS e2e_ms, c_ttft AS client_ttft_ms, c AS client_e2e_ms,

@@ -96,8 +96,8 @@ rate_ok = s["requests"] >= MIN_RATE_REQUESTS and s["arrival_span_s"] >= MIN_RATE
 ui.metric_row([
     ("Requests", f"{s['requests']:,}", "requests that completed in the window (completion time = arrival + outer E2E)"),
     ("OK requests", f"{s['completed']:,}",
-     (f"ended ok as the outermost traced layer saw them; {s['requests'] - s['completed']:,} failed. Latency "
-      "percentiles are over these")),
+     (f"ended ok as the outermost traced layer saw them; {s['failed']:,} failed, {s['client_left']:,} left by "
+      "their client (cancelled or aborted: no failure). Latency percentiles are over these")),
     ("Arrival rate (req/s)", ui.fmt_rate(s["request_rate_rps"], "") if rate_ok else "n/a",
      "the offered load: requests / (last − first arrival)" if rate_ok else
      (f"not measured: {s['requests']:,} requests over {s['arrival_span_s']:.1f} s of arrivals, too few (under "

@@ -36,7 +36,8 @@ ui.metric_row([
     ("Longest queue (mean)", str(by_queue["replica"]),
      f"mean queue time {ui.fmt_ms(by_queue['queue_mean_ms'])} (gateway queue + engine queue + preempted)"),
     ("Most failed", str(by_failed["replica"]) if by_failed["failed"] else "none",
-     f"{int(by_failed['failed']):,} of {int(by_failed['requests']):,} requests not ok" if by_failed["failed"] else
+     f"{int(by_failed['failed']):,} of {int(by_failed['requests']):,} requests failed (a client's cancel is none)"
+     if by_failed["failed"] else
      "no replica has a failed request in the selection"),
 ])
 

@@ -177,7 +177,9 @@ def step_summary(src: DataSource, f: Filters, schema: dict[str, list[str]], metr
 def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, list[str]] | None = None) -> dict:
     """Throughput and SLO figures of the filtered requests (`schema`: `src.schema()`, read when None).
 
-    Keys: requests, completed (`ok`), good, input_tokens, output_tokens (sums), first_time, last_time (arrivals), arrival_span_s
+    Keys: requests, completed (`ok`), failed (catalog.FAILED_POPULATION: not ok, not left by the
+    client), client_left (`cancelled` or `abort`: the client's leaving, no failure), good,
+    input_tokens, output_tokens (sums), first_time, last_time (arrivals), arrival_span_s
     (last - first arrival), serving_s (first arrival -> last `completion_time`, the store's arrival +
     outer E2E),
     request_rate_rps (arrivals / arrival_span_s: the offered load), throughput_rps (completed),
@@ -191,6 +193,8 @@ def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, l
     w, p = f.requests_where()
     cond, cp = slo.condition()
     r = src.df(f"SELECT count(*) AS n, count(*) FILTER (WHERE ok) AS completed, "
+               f"count(*) FILTER (WHERE {catalog.FAILED_POPULATION}) AS failed, "
+               f"count(*) FILTER (WHERE status IN {catalog.sql_in(catalog.CLIENT_LEFT_STATUSES)}) AS client_left, "
                f"count(*) FILTER (WHERE {cond}) AS good, min(arrival_time) AS first_time, "
                f"max(arrival_time) AS last_time, max(completion_time) AS last_done, sum(prompt_tokens) AS input_tokens, "
                # (not AS output_tokens: ClickHouse would read the goodput condition's output_tokens as this sum)
@@ -204,7 +208,8 @@ def summary(src: DataSource, f: Filters, slo: GoodputBounds, schema: dict[str, l
         return (lambda x: (x or 0.0) / span) if span > 0 else (lambda x: None)
 
     return {
-        "requests": n, "completed": int(r["completed"]), "good": int(r["good"]),
+        "requests": n, "completed": int(r["completed"]), "failed": int(r["failed"]),
+        "client_left": int(r["client_left"]), "good": int(r["good"]),
         "input_tokens": int(_f(r["input_tokens"]) or 0), "output_tokens": int(_f(r["output_tokens_sum"]) or 0),
         "first_time": first,
         "last_time": last, "arrival_span_s": arrivals, "serving_s": serving, "request_rate_rps": per(arrivals)(n),

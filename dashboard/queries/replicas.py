@@ -46,7 +46,8 @@ def replica_table(src: DataSource, f: Filters) -> pd.DataFrame:
     """One row per replica that served a selected request, the slowest first.
 
     Columns: replica (NO_REPLICA for the selected requests without an engine span, always last),
-    requests, failed (not `ok`), share (requests / selected requests, 0..1), per metric of
+    requests, failed (catalog.FAILED_POPULATION: not `ok` and not left by its client, `cancelled` or
+    `abort`, as explain counts them), share (requests / selected requests, 0..1), per metric of
     REPLICA_METRICS its exact quantiles of REPLICA_QUANTILES as `<metric>_p50_ms`, `<metric>_p99_ms`
     (ms, None where the replica has no value), queue_mean_ms and queue_p99_ms (queue time), and
     e2e_p99_x (the replica's P99 E2E over the median of the replicas' P99 E2E; None with fewer than
@@ -59,8 +60,8 @@ def replica_table(src: DataSource, f: Filters) -> pd.DataFrame:
     ok = f"FILTER (WHERE {catalog.LATENCY_POPULATION})"
     quant = ", ".join(f"quantile_cont(s.{c}, {levels}) {ok} AS q_{c}" for c in REPLICA_METRICS.values())
     d = src.df(
-        f"WITH s AS (SELECT trace_id, ok, {', '.join(cols)} FROM requests {w}) "
-        f"SELECT q.replica AS replica, count(*) AS requests, count(*) FILTER (WHERE NOT coalesce(s.ok, false)) "
+        f"WITH s AS (SELECT trace_id, ok, status, {', '.join(cols)} FROM requests {w}) "
+        f"SELECT q.replica AS replica, count(*) AS requests, count(*) FILTER (WHERE {catalog.FAILED_POPULATION}) "
         f"AS failed, {quant}, avg(s.{_QUEUE}) {ok} AS queue_mean_ms, quantile_cont(s.{_QUEUE}, 0.99) {ok} "
         f"AS queue_p99_ms FROM s LEFT JOIN request_replicas q ON q.trace_id = s.trace_id GROUP BY q.replica", p)
     total = int(d["requests"].sum()) if len(d) else 0

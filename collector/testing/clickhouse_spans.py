@@ -187,13 +187,50 @@ def duckdb_store(path, req):
     return path
 
 
+_TEMPLATE: list = []   # this process's schema-only chdb store (its directory), made by the first new_chdb_store
+
+
+def _schema_only_store():
+    """The directory of a chdb store with `clickhouse init`'s statements applied and no rows, made once
+    per process in a temporary directory (removed at exit; chdb holds one directory at a time, so it
+    is closed again)."""
+    if not _TEMPLATE:
+        import atexit
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        root = Path(tempfile.mkdtemp(prefix="tailtrace-chdb-schema-"))
+        atexit.register(shutil.rmtree, root, True)
+        store = parse_store_url(f"chdb://{root / 'ch'}")
+        client = connect_clickhouse(store, create=True)
+        try:
+            for stmt in init_statements(store.database):
+                client.command(stmt)
+        finally:
+            client.close()
+        _TEMPLATE.append(root / "ch")
+    return _TEMPLATE[0]
+
+
 def new_chdb_store(directory):
     """(StoreUrl, client) of a fresh chdb store at `directory` with the schema applied (`clickhouse
-    init`'s statements); the caller closes the client."""
+    init`'s statements); the caller closes the client. A missing or empty `directory` gets a copy of
+    this process's schema-only store (the same files as running the statements there: ~0.02 s instead
+    of ~4-6 s for the 39 statements on a 2-core box); a directory with files in it gets the statements."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    fresh = not directory.exists() or not any(directory.iterdir())
+    if fresh:
+        import shutil
+
+        shutil.copytree(_schema_only_store(), directory, symlinks=True, dirs_exist_ok=True)
     store = parse_store_url(f"chdb://{directory}")
     client = connect_clickhouse(store, create=True)
-    for stmt in init_statements(store.database):
-        client.command(stmt)
+    if not fresh:
+        for stmt in init_statements(store.database):
+            client.command(stmt)
     return store, client
 
 

@@ -20,10 +20,12 @@ test: $(STAMP) $(SYSSTAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
-# Every test that starts no process (no collector, vLLM, Prometheus, browser or subprocess): a few
-# minutes; tests/conftest.py marks and guards the tiers.
+# Every test that starts no process (no collector, vLLM, Prometheus, browser or subprocess) and is not
+# inherently long: under 3 minutes on this 2-core box, in UNIT_WORKERS processes (pytest-xdist, each
+# test file whole in one, so module fixtures are built once); tests/conftest.py marks and guards the tiers.
+UNIT_WORKERS ?= 2
 test-unit: $(STAMP)
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-slow: $(STAMP) $(SYSSTAMP)
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)

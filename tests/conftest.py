@@ -101,6 +101,10 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    # `make test-unit` runs in two processes (pytest-xdist), which send each report as UTF-8: a
+    # test's captured output holding a lone surrogate (a log line quoting an unencodable key) would
+    # stop the whole worker, so such characters are written as escapes
+    rep.sections = [(k, v.encode("utf-8", "backslashreplace").decode("utf-8")) for k, v in rep.sections]
     started = _ProcessGuard.started.get(item.nodeid)
     if call.when in ("setup", "call") and started and not rep.failed:
         rep.outcome = "failed"

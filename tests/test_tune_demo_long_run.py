@@ -27,6 +27,9 @@ NOISE = np.linspace(0.97, 1.03, 201).round(5).tolist()
 N_REQUESTS = 10_500  # over the API's 10,000-row cap, as the requests and engine steps of a long demo are
 SLO = "ttft_p99=120ms,tpot_p99=100ms"  # TTFT P99 ~190 ms as recorded (max_num_seqs 16 queues): missed
 
+# inherently long (a simulated 10,500-request run and a tune over it: ~23 s of CPU here): out of `make test-unit`
+pytestmark = pytest.mark.integration
+
 
 def _long_run_store(path) -> tuple[str, int]:
     """(run id, engine steps written) of a store holding one simulated run of N_REQUESTS at 60 req/s

@@ -18,7 +18,7 @@ from tailtrace.collector.clickhouse import load
 from tailtrace.collector.clickhouse.query import run_readonly
 from tailtrace.collector.clickhouse.store_url import connect_clickhouse, parse_store_url
 from tailtrace.collector.store.tables import DECODE_STEPS, ENGINE_STEPS, REQUESTS
-from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store
+from tailtrace.collector.testing.clickhouse_spans import build_spans, duckdb_store, new_chdb_store
 from tests.clickhouse.test_equality import _diff, _requests, _steps
 from tests.clickhouse.test_rollups import _compare, _on_ch, _on_duck, _readers
 
@@ -32,6 +32,14 @@ def _err(capsys) -> str:
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     return err
+
+
+def _schema_only(directory) -> str:
+    """The URL of a new chdb store at `directory` with `clickhouse init`'s schema and no rows (a copy of the
+    one made once per process: test_load_gives_the_same_rows_as_duckdb runs `clickhouse init` itself)."""
+    store, client = new_chdb_store(directory)
+    client.close()
+    return store.text
 
 
 SCRAPED = "http://127.0.0.1:9400/metrics"   # a scrape target's rows in metric_points (source = the target)
@@ -120,8 +128,7 @@ def test_load_gives_the_same_rows_as_duckdb(duck_path, tmp_path, capsys):
 
 def test_a_load_in_small_parts_gives_the_same_rows(duck_path, tmp_path, monkeypatch):
     """Parts of 97 rows: each table in many inserts (each part's file removed once inserted), the same rows."""
-    url = f"chdb://{tmp_path / 'ch'}"
-    assert main(["clickhouse", "init", "--url", url]) == 0
+    url = _schema_only(tmp_path / "ch")
     inserted = []
     real_flush = load._Parts.flush
 
@@ -145,9 +152,7 @@ def test_a_load_in_small_parts_gives_the_same_rows(duck_path, tmp_path, monkeypa
 
 
 def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):
-    url = f"chdb://{tmp_path / 'ch'}"
-    assert main(["clickhouse", "init", "--url", url]) == 0
-    capsys.readouterr()
+    url = _schema_only(tmp_path / "ch")
     assert main(["clickhouse", "load", "--url", url, "--from", str(tmp_path / "none.duckdb")]) == 2
     assert "no DuckDB file at" in _err(capsys)
     foreign = tmp_path / "foreign.duckdb"
@@ -172,8 +177,7 @@ def test_bad_sources_and_targets_are_one_line(duck_path, tmp_path, capsys):
     con = duckdb.connect(str(steps_only))
     con.execute("DELETE FROM spans")
     con.close()
-    again = f"chdb://{tmp_path / 'ch3'}"
-    assert main(["clickhouse", "init", "--url", again]) == 0
+    again = _schema_only(tmp_path / "ch3")
     assert main(["clickhouse", "load", "--url", again, "--from", str(steps_only)]) == 0
     capsys.readouterr()
     assert main(["clickhouse", "load", "--url", again, "--from", str(steps_only)]) == 2

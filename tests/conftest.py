@@ -2,8 +2,9 @@
 tiny local model, tailtrace's plugin on, started once per test session) and the test tiers.
 
 Tiers: a test that starts a process (a collector, vLLM, Prometheus, a browser, a `tailtrace`
-command, any subprocess) carries the `integration` marker; `make test-unit` runs the others
-(`-m "not integration"`), CI runs all. `slow` tests (vLLM, Prometheus, a browser) and tests that use
+command, any subprocess) carries the `integration` marker, as does a test inherently long on a 2-core
+box (marked by hand, docs/operations.md names them); `make test-unit` runs the others
+(`-m "not integration"`, in 2 processes: pytest-xdist), CI runs all. `slow` tests (vLLM, Prometheus, a browser) and tests that use
 a fixture of `PROCESS_FIXTURES` are marked `integration` here at collection; any other test that
 starts a process fails at once (`_ProcessGuard`: nothing starts) until it is marked. Plain helpers live in tests/helpers.py.
 """

@@ -142,9 +142,12 @@ def test_priority_classes_cut_the_interactive_tail_under_a_batch_flood(stack, tm
 def test_two_engines_of_one_configuration_read_as_no_change(stack, tmp_path):
     """The two-engine set-up carries no bias of its own: a null change with B on an engine of its own
     (--two-engines: the same vLLM arguments, started beside the baseline's) reads no difference on TTFT,
-    TPOT and E2E, P50 and P99: each interval holds 1 at 99%."""
+    TPOT and E2E, P50 and P99: each interval holds 1 at 99.9%.
+
+    Six intervals are read at once: at 99% each, a null run has one of six exclude 1 by chance alone in
+    about 6% of runs (a CI run failed so); at 99.9% about 0.6% (Bonferroni, 6 x 0.1%)."""
     rows = [(i * 0.12, 32 + (i * 37) % 160, 8 + (i * 5) % 17, "interactive") for i in range(60)]
-    doc = _trial(stack, tmp_path, _csv(tmp_path / "null2.csv", rows), two_engines=True, level=0.99,
+    doc = _trial(stack, tmp_path, _csv(tmp_path / "null2.csv", rows), two_engines=True, level=0.999,
                  slo="ttft_p99=2s,tpot_p99=100ms")
     assert doc["engines"] == "two" and all(b["discarded"] is None for b in doc["block_runs"])
     # each arm was served by its own engine: the gateway's upstream of every request of the arm's blocks
@@ -163,12 +166,12 @@ def test_two_engines_of_one_configuration_read_as_no_change(stack, tmp_path):
             m = next(r for r in doc["metrics"] if r["metric"] == metric and r["quantile"] == q)
             rows_out.append((metric, q, m["a_ms"], m["b_ms"], m["ratio"], m["ratio_low"], m["ratio_high"], m["verdict"]))
     print(rows_out)
-    # no systematic difference: never better/worse, every 99% interval holds 1. Not asserted: medians within
+    # no systematic difference: never better/worse, every 99.9% interval holds 1. Not asserted: medians within
     # 10% (at load 10-15 from other work the TTFT P50 ratio read 1.74, interval 0.25..12: the engines' own
     # TTFT medians were alike, the difference after the first token, between engine and client)
     for metric, q, _, _, ratio, low, high, verdict in rows_out:
-        assert verdict in ("same", "inconclusive"), (metric, q, verdict)
-        assert low < 1 < high, (metric, q, low, high)
+        assert verdict in ("same", "inconclusive"), (metric, q, verdict, rows_out)
+        assert low < 1 < high, (metric, q, low, high, rows_out)
 
 
 def test_an_output_cap_cuts_the_e2e_tail_of_long_answers(stack, tmp_path):

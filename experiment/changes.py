@@ -16,6 +16,7 @@ from tailtrace.semantics.knobs import KNOBS, TRY_FLAGS
 __all__ = ["Arm", "Change", "action_change", "check_gateway_args", "known_changes", "parse_change"]
 
 _BARE = {"--enable-prefix-caching", "--no-enable-prefix-caching"}  # flags that take no value
+_LADDER_METRICS = ("ttft", "tpot", "e2e")  # the objectives the gateway's ladder predicts (not ITL: per step)
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,11 @@ class Arm:
     gateway: list[str] = field(default_factory=list)
     client: dict = field(default_factory=dict)
 
-    def with_changes(self, changes: list[Change]) -> Arm:
-        """A copy with `changes` applied (a flag given again replaces the earlier one)."""
+    def with_changes(self, changes: list[Change], slo: str | None = None) -> Arm:
+        """A copy with `changes` applied (a flag given again replaces the earlier one). A gateway
+        given `--ladder` and no `--slo` is held to `slo` (try's objectives; default
+        semantics.slo.DEFAULT_SLO), less the objectives it cannot predict (ITL): the ladder needs
+        objectives, and the ones the trial judges are the ones it should hold."""
         out = Arm(list(self.vllm), list(self.gateway), dict(self.client))
         for c in changes:
             if c.where == "client":
@@ -148,6 +152,13 @@ class Arm:
                 continue
             args = out.vllm if c.where == "vllm" else out.gateway
             args[:] = _without(args, c.flag) + c.argv()
+        names = {a.split("=", 1)[0] for a in out.gateway}
+        if "--ladder" in names and "--slo" not in names:
+            from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, parse_slo
+
+            held = [o for o in parse_slo(slo or DEFAULT_SLO) if o.metric in _LADDER_METRICS]
+            if held:  # none: the gateway's own refusal (--ladder without --slo) names it
+                out.gateway += ["--slo", format_slo(held)]
         return out
 
 

@@ -198,8 +198,8 @@ def _try(args) -> int:
     base = Arm().with_changes([parse_change(c, "--base") for c in args.base])
     from tailtrace.experiment.changes import check_gateway_args
 
-    check_gateway_args(base.gateway, "--base")
-    check_gateway_args(base.with_changes(changes).gateway)
+    check_gateway_args(base.with_changes([], args.slo).gateway, "--base")
+    check_gateway_args(base.with_changes(changes, args.slo).gateway)
     if args.json:
         from tailtrace.loadgen.cli import check_writable
 

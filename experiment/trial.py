@@ -179,7 +179,7 @@ def try_change(cfg: TrialConfig, console, stack=None) -> TrialResult:
 
     urls = _check_input(cfg)
     plan = _plan(cfg)
-    arms = {"A": cfg.base, "B": cfg.base.with_changes(cfg.changes)}
+    arms = {"A": cfg.base.with_changes([], cfg.slo), "B": cfg.base.with_changes(cfg.changes, cfg.slo)}
     traffic, n_req, notes = _cut_traffic(cfg)
     if n_req < 50:  # compare's rule: a quantile q needs 0.5 / (1 - q) requests per block
         notes.append(f"each block holds {n_req} requests: P99 needs 50+ per block, P999 500+ (raise --block-s, "

@@ -75,6 +75,7 @@ TRY_FLAGS: dict[tuple[str, str], str] = {
     ("gateway", "--queue-interactive"): "queue_interactive",
     ("gateway", "--queue-batch"): "queue_batch",
     ("gateway", "--truncate"): "truncate",
+    ("gateway", "--slo"): "slo",  # the ladder's objectives (a laddered arm without it holds try's --slo)
     ("client", "--concurrency-cap"): "client_concurrency",
     ("client", "--max-output-tokens"): "max_output_tokens",
 }

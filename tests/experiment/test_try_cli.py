@@ -49,6 +49,26 @@ def test_bad_try_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
     assert not (tmp_path / "traffic.csv").exists()  # nothing written
 
 
+def test_a_laddered_gateway_arm_is_held_to_the_trials_objectives():
+    """`--change gateway:--ladder=shed` alone used to be refused (the gateway's ladder needs --slo):
+    the arm's gateway is now held to try's --slo, less ITL (the gateway cannot predict it); an
+    explicit gateway:--slo wins; an arm without a ladder gets no --slo."""
+    from tailtrace.experiment.changes import check_gateway_args
+    from tailtrace.semantics.slo import DEFAULT_SLO
+
+    ladder = [parse_change("gateway:--ladder=output:64,shed")]
+    b = Arm().with_changes(ladder, "ttft_p99=1s,itl_p99=50ms,e2e_p90=9s")
+    assert b.gateway == ["--ladder", "output:64,shed", "--slo", "ttft_p99=1s,e2e_p90=9s"]
+    check_gateway_args(b.gateway)  # the gateway takes it
+    assert Arm().with_changes(ladder).gateway[-2:] == ["--slo", DEFAULT_SLO]
+    own = Arm().with_changes([*ladder, parse_change("gateway:--slo=ttft_p99=3s")], "ttft_p99=1s")
+    assert own.gateway == ["--ladder", "output:64,shed", "--slo", "ttft_p99=3s"]
+    assert Arm().with_changes([parse_change("gateway:--max-concurrency=4")], "ttft_p99=1s").gateway == \
+        ["--max-concurrency", "4"]
+    with pytest.raises(UserError, match="--ladder"):  # only ITL: nothing the ladder can hold, the gateway says so
+        check_gateway_args(Arm().with_changes(ladder, "itl_p99=50ms").gateway)
+
+
 def test_changes_apply_over_the_base_and_actions_become_changes(tmp_path):
     base = Arm().with_changes([parse_change("vllm:--max-num-seqs=64"), parse_change("gateway:--max-concurrency=8")])
     b = base.with_changes([parse_change("vllm:--max-num-seqs=16"), parse_change("client:--max-output-tokens=64"),

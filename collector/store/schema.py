@@ -258,6 +258,10 @@ _NETWORK_MS = """ CASE
             WHEN c IS NULL AND (u IS NULL OR r IS NULL) THEN NULL
             ELSE coalesce(c - g, 0) + coalesce(u - r, 0)
         END"""
+# gateway_ms: the gateway's span (over the last attempt: the client's earlier attempts and its waits
+# between them are no phase's, unattributed_ms holds them) less its admission wait and upstream call
+_GATEWAY_MS = """CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_last_start) / 1e6 - coalesce(a, 0)
+             ELSE g - coalesce(a, 0) - coalesce(u, 0) END"""
 # unattributed_ms: the outermost measured E2E less every phase (the final SELECT below)
 _RESIDUAL_MS = """coalesce(c + cq, g_crit, e) - (coalesce(cq, 0) + coalesce(network_ms, 0) + coalesce(gateway_ms, 0)
         + coalesce(a, 0) + coalesce(frontend_ms, 0) + coalesce(queue_ms, 0) + coalesce(prefill_ms, 0)
@@ -338,10 +342,9 @@ WITH {{offsets}}, x AS (
              WHEN cg_out IS NULL AND gr_out IS NULL THEN NULL
              WHEN cg_out < 0 OR gr_out < 0 THEN NULL
              ELSE coalesce(cg_out, 0) + coalesce(gr_out, 0) END AS network_out_ms,
-        -- over the last attempt: the client's earlier attempts and its waits between them are no
-        -- phase's (unattributed_ms holds them)
-        CASE WHEN s_end IS NOT NULL AND u_start IS NOT NULL THEN (u_start - g_last_start) / 1e6 - coalesce(a, 0)
-             ELSE g - coalesce(a, 0) - coalesce(u, 0) END AS gateway_ms,
+        -- (by difference: an upstream call that outlived the gateway's span, its client gone, makes it
+        -- negative: refused)
+        {_not_negative(_GATEWAY_MS)} AS gateway_ms,
         (g_end - s_end) / 1e6 AS gateway_after_ms
     FROM h
 ), b2 AS (

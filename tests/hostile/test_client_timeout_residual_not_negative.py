@@ -65,3 +65,32 @@ def test_a_client_timeout_stores_no_negative_duration(tmp_path):
     # nothing negative is averaged: the mean residual is the finished request's own
     avg, _ = rows_on_both(tmp_path / "avg", b.req, "SELECT avg(unattributed_ms), min(network_ms) FROM requests")
     assert avg == [[duck[2][3], 1.5]], avg
+
+
+def test_a_gateway_time_by_difference_is_never_negative(tmp_path):
+    """gateway_ms is the gateway's span less its admission wait and its upstream call. A gateway that
+    stamped no stream (an older one) and closed its span when the client left, while its upstream call
+    went on until the engine stopped, left 139 - 0.5 - 167.5 = -29 ms: refused (NULL), on both engines;
+    a request that finished keeps its gateway time."""
+    t0 = time.time_ns() - 120 * 10**9
+    left, finished = os.urandom(16), os.urandom(16)
+    b = TraceBuilder()
+    ms = lambda x: t0 + int(x * MS)
+    c = b.span("loadgen", sc.SPAN_CLIENT, ms(0), ms(100), trace_id=left, status_code=2,
+               attrs={sc.PHASE: sc.PHASE_CLIENT, sc.CLIENT_ERROR: "timeout"}).span_id
+    g = b.span("gateway", "POST /v1/completions", ms(1), ms(140), trace_id=left, parent=c, status_code=2,
+               attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "abort"}).span_id
+    b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, ms(1.5), ms(2), trace_id=left, parent=g,
+           attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
+    b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, ms(2.5), ms(170), trace_id=left, parent=g, status_code=2,
+           attrs={sc.PHASE: sc.PHASE_UPSTREAM, sc.STATUS: "abort"})
+    r = b.span("vllm", sc.SPAN_LLM_REQUEST, ms(3), ms(168), trace_id=left, parent=g,
+               attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "gw-" + left.hex()[:6], sc.STATUS: "abort"}).span_id
+    b.span("vllm", sc.SPAN_LLM_DECODE, ms(3), ms(168), trace_id=left, parent=r, attrs={sc.PHASE: sc.PHASE_DECODE})
+    full_tree(b, finished, t0=t0 + 5_000 * MS)
+    sql = "SELECT trace_id, status, gateway_ms, round(decode_ms, 3) FROM requests ORDER BY arrival_time"
+    duck, ch = rows_on_both(tmp_path, b.req, sql)
+    for rows in (duck, ch):
+        (lid, lstatus, lgw, ldec), (fid, _, fgw, _) = rows
+        assert (lid, lstatus, ldec) == (left.hex(), "error", 165.0) and lgw is None, rows
+        assert fid == finished.hex() and fgw is not None and fgw >= 0, rows

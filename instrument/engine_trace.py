@@ -31,24 +31,54 @@ __all__ = ["MonoClock", "RequestTimeline", "Segment", "SpanSink", "StepInfo", "T
 class MonoClock:
     """Converts `time.monotonic()` seconds to wall-clock Unix nanoseconds.
 
-    The offset is measured once (the tightest of several bracketing reads), as DESIGN.md asks;
-    CLOCK_MONOTONIC is system-wide on Linux, so it also converts the engine core's stamps.
+    The offset is measured as DESIGN.md asks (the tightest of several bracketing reads);
+    CLOCK_MONOTONIC is system-wide on Linux, so it also converts the engine core's stamps. It is
+    measured again when the wall clock steps: a VM paused and resumed (live migration, a snapshot)
+    or an NTP step moves the wall clock against CLOCK_MONOTONIC, and one offset kept from the start
+    put every later engine phase off by the step (a 24 s step on this box stored TTFT -23.9 s and
+    queue, prefill and decode 0 for every request until vLLM restarted). Each conversion reads both
+    clocks once (~0.1 us); a wall clock more than `step_ns` (1 ms) off the offset in effect opens a
+    new one, used for stamps after the last read that still agreed. `segments` bounds the history
+    kept (older stamps take the oldest offset kept).
     """
 
-    def __init__(self, samples: int = 7) -> None:
+    def __init__(self, samples: int = 7, step_ns: int = 1_000_000, segments: int = 64) -> None:
+        self.samples, self.step_ns, self.max_segments = samples, step_ns, segments
+        self.offset_ns = self._measure()
+        # (monotonic ns from which an offset holds, that offset), oldest first
+        self._segments: list[tuple[int, int]] = [(0, self.offset_ns)]
+        self._agreed_ns = time.monotonic_ns()
+
+    def _measure(self) -> int:
         best = None
-        for _ in range(samples):
+        for _ in range(self.samples):
             m0 = time.monotonic_ns()
             w = time.time_ns()
             m1 = time.monotonic_ns()
             width = m1 - m0
             if best is None or width < best[0]:
                 best = (width, w - (m0 + m1) // 2)
-        self.offset_ns = best[1]
+        return best[1]
+
+    def _check(self) -> None:
+        m = time.monotonic_ns()
+        if abs(time.time_ns() - m - self.offset_ns) <= self.step_ns:
+            self._agreed_ns = m
+            return
+        self.offset_ns = self._measure()
+        self._segments.append((self._agreed_ns + 1, self.offset_ns))
+        del self._segments[:-self.max_segments]
+        self._agreed_ns = time.monotonic_ns()
 
     def wall_ns(self, mono_s: float) -> int:
-        """Wall-clock ns for a monotonic timestamp in seconds."""
-        return round(mono_s * 1e9) + self.offset_ns
+        """Wall-clock ns for a monotonic timestamp in seconds (the offset in effect when it was
+        stamped, as far as the reads tell)."""
+        self._check()
+        mono_ns = round(mono_s * 1e9)
+        for since, off in reversed(self._segments):
+            if mono_ns >= since:
+                return mono_ns + off
+        return mono_ns + self._segments[0][1]
 
 
 @dataclass(slots=True)

@@ -16,7 +16,6 @@ from tailtrace.semantics.knobs import KNOBS, TRY_FLAGS
 __all__ = ["Arm", "Change", "action_change", "check_gateway_args", "known_changes", "parse_change"]
 
 _BARE = {"--enable-prefix-caching", "--no-enable-prefix-caching"}  # flags that take no value
-_LADDER_METRICS = ("ttft", "tpot", "e2e")  # the objectives the gateway's ladder predicts (not ITL: per step)
 
 
 @dataclass(frozen=True)
@@ -154,9 +153,10 @@ class Arm:
             args[:] = _without(args, c.flag) + c.argv()
         names = {a.split("=", 1)[0] for a in out.gateway}
         if "--ladder" in names and "--slo" not in names:
+            from tailtrace.semantics.ladder import PREDICTED_METRICS
             from tailtrace.semantics.slo import DEFAULT_SLO, format_slo, parse_slo
 
-            held = [o for o in parse_slo(slo or DEFAULT_SLO) if o.metric in _LADDER_METRICS]
+            held = [o for o in parse_slo(slo or DEFAULT_SLO) if o.metric in PREDICTED_METRICS]
             if held:  # none: the gateway's own refusal (--ladder without --slo) names it
                 out.gateway += ["--slo", format_slo(held)]
         return out

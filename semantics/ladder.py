@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from tailtrace.plumbing.errors import UserError
 from tailtrace.semantics.slo import parse_slo
 
-__all__ = ["STEP_KINDS", "Ladder", "LadderStep", "Transition", "check_ladder", "parse_ladder"]
+__all__ = ["PREDICTED_METRICS", "STEP_KINDS", "Ladder", "LadderStep", "Transition", "check_ladder", "parse_ladder"]
+
+# the objectives a gateway can predict and so hold: not ITL (it sees response chunks, not engine steps)
+PREDICTED_METRICS = ("ttft", "tpot", "e2e")
 
 BATCH, OUTPUT, DEFER, SHED = "batch", "output", "defer-batch", "shed"
 STEP_KINDS = (BATCH, OUTPUT, DEFER, SHED)
@@ -167,7 +170,7 @@ def check_ladder(slo: str | None, ladder: str | None, max_concurrency: int | Non
     batch step that does not lower `max_concurrency` (or one with no concurrency limit to lower)."""
     if slo is not None:
         objectives = parse_slo(slo, slo_flag)
-        itl = [o.spec for o in objectives if o.metric == "itl"]
+        itl = [o.spec for o in objectives if o.metric not in PREDICTED_METRICS]
         if itl:
             raise UserError(f"{slo_flag} {itl[0]}: the gateway cannot predict ITL (it sees response chunks, not engine "
                             "steps); give ttft, tpot or e2e objectives")

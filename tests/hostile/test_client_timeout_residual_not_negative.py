@@ -22,8 +22,11 @@ from tests.collector.test_store import full_tree
 from tests.hostile.engines import rows_on_both
 
 
-def _timed_out_with_stream(b: TraceBuilder, tid: bytes, t0: int) -> None:
-    """The client times out at 100 ms; the gateway (streaming) and the engine see it leave at 139-145 ms."""
+def _timed_out(b: TraceBuilder, tid: bytes, t0: int, stream: bool = True, upstream_end: float = 139,
+               engine_end: float = 145) -> None:
+    """The client times out at 100 ms; the gateway (its span ends at 140 ms) and the engine see it
+    leave later: by default (streaming) at 139-145 ms; `stream=False`: a gateway that stamped no
+    stream; `upstream_end`/`engine_end`: when its upstream call and the engine stopped."""
     ms = lambda x: t0 + int(x * MS)
     c = b.span("loadgen", sc.SPAN_CLIENT, ms(0), ms(100), trace_id=tid, status_code=2,
                attrs={sc.PHASE: sc.PHASE_CLIENT, sc.CLIENT_ERROR: "timeout"}).span_id
@@ -31,20 +34,22 @@ def _timed_out_with_stream(b: TraceBuilder, tid: bytes, t0: int) -> None:
                attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "abort"}).span_id
     b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, ms(1.5), ms(2), trace_id=tid, parent=g,
            attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
-    b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, ms(2.5), ms(139), trace_id=tid, parent=g, status_code=2,
+    b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, ms(2.5), ms(upstream_end), trace_id=tid, parent=g, status_code=2,
            attrs={sc.PHASE: sc.PHASE_UPSTREAM, sc.STATUS: "abort"})
-    b.span("gateway", sc.SPAN_GATEWAY_STREAM, ms(10), ms(139), trace_id=tid, parent=g, status_code=2,
-           attrs={sc.PHASE: sc.PHASE_NETWORK, sc.FIRST_CHUNK_TIME: ms(10), sc.STATUS: "abort"})
-    r = b.span("vllm", sc.SPAN_LLM_REQUEST, ms(3), ms(145), trace_id=tid, parent=g,
+    if stream:
+        b.span("gateway", sc.SPAN_GATEWAY_STREAM, ms(10), ms(139), trace_id=tid, parent=g, status_code=2,
+               attrs={sc.PHASE: sc.PHASE_NETWORK, sc.FIRST_CHUNK_TIME: ms(10), sc.STATUS: "abort"})
+    r = b.span("vllm", sc.SPAN_LLM_REQUEST, ms(3), ms(engine_end), trace_id=tid, parent=g,
                attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "rt-" + tid.hex()[:6], sc.STATUS: "abort"}).span_id
-    b.span("vllm", sc.SPAN_LLM_DECODE, ms(3), ms(145), trace_id=tid, parent=r, attrs={sc.PHASE: sc.PHASE_DECODE})
+    b.span("vllm", sc.SPAN_LLM_DECODE, ms(3), ms(engine_end), trace_id=tid, parent=r,
+           attrs={sc.PHASE: sc.PHASE_DECODE})
 
 
 def test_a_client_timeout_stores_no_negative_duration(tmp_path):
     t0 = time.time_ns() - 120 * 10**9
     streamed, unstreamed, finished = os.urandom(16), os.urandom(16), os.urandom(16)
     b = TraceBuilder()
-    _timed_out_with_stream(b, streamed, t0)
+    _timed_out(b, streamed, t0)
     # the every-layer tree without a gateway.stream span (E2E 980 ms at the engine, decode until
     # 975 ms) and a client that gave up after 400 ms
     full_tree(b, unstreamed, client=False, t0=t0 + 1_000 * MS)
@@ -75,18 +80,7 @@ def test_a_gateway_time_by_difference_is_never_negative(tmp_path):
     t0 = time.time_ns() - 120 * 10**9
     left, finished = os.urandom(16), os.urandom(16)
     b = TraceBuilder()
-    ms = lambda x: t0 + int(x * MS)
-    c = b.span("loadgen", sc.SPAN_CLIENT, ms(0), ms(100), trace_id=left, status_code=2,
-               attrs={sc.PHASE: sc.PHASE_CLIENT, sc.CLIENT_ERROR: "timeout"}).span_id
-    g = b.span("gateway", "POST /v1/completions", ms(1), ms(140), trace_id=left, parent=c, status_code=2,
-               attrs={sc.PHASE: sc.PHASE_GATEWAY, sc.STATUS: "abort"}).span_id
-    b.span("gateway", sc.SPAN_GATEWAY_ADMISSION, ms(1.5), ms(2), trace_id=left, parent=g,
-           attrs={sc.PHASE: sc.PHASE_GATEWAY_QUEUE})
-    b.span("gateway", sc.SPAN_GATEWAY_UPSTREAM, ms(2.5), ms(170), trace_id=left, parent=g, status_code=2,
-           attrs={sc.PHASE: sc.PHASE_UPSTREAM, sc.STATUS: "abort"})
-    r = b.span("vllm", sc.SPAN_LLM_REQUEST, ms(3), ms(168), trace_id=left, parent=g,
-               attrs={sc.PHASE: sc.PHASE_ENGINE, sc.REQUEST_ID: "gw-" + left.hex()[:6], sc.STATUS: "abort"}).span_id
-    b.span("vllm", sc.SPAN_LLM_DECODE, ms(3), ms(168), trace_id=left, parent=r, attrs={sc.PHASE: sc.PHASE_DECODE})
+    _timed_out(b, left, t0, stream=False, upstream_end=170, engine_end=168)
     full_tree(b, finished, t0=t0 + 5_000 * MS)
     sql = "SELECT trace_id, status, gateway_ms, round(decode_ms, 3) FROM requests ORDER BY arrival_time"
     duck, ch = rows_on_both(tmp_path, b.req, sql)

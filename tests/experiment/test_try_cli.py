@@ -35,6 +35,8 @@ SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "docs" / "compare.sch
     (["--one-engine", "--two-engines"], "give one of them"),
     (["--baseline", "http://127.0.0.1:9", "--candidate", "http://127.0.0.1:9", "--two-engines"],
      "are for the embedded stack"),
+    (["--change", "gateway:--ladder=bogus"], "the gateway refuses --ladder bogus --slo ttft_p99=2s"),
+    (["--change", "gateway:--ladder=shed", "--slo", "itl_p99=50ms"], "--ladder needs --slo"),
     (["--blocks", "0"], "argument --blocks: '0' is out of range: at least 1, at most 1000"),
 ])
 def test_bad_try_input_is_one_line_and_exit_2(argv, msg, capsys, tmp_path):
